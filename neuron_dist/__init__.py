@@ -1,0 +1,1 @@
+"""neuron_dist: a topology-aware torch.distributed backend ("neuron") for Trainium-style clusters."""

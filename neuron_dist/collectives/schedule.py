@@ -1,0 +1,119 @@
+"""The schedule: what a collective algorithm produces and an executor runs.
+
+An algorithm never touches a transport. It turns (collective, sizes, rank order, my rank) into a
+`Schedule`: a list of rounds, each a tuple of steps on slices of the operation's flat buffers.
+An executor (`executor.py` over a real transport, `simulate.py` in one process) runs it.
+
+Buffers are flat 1-D tensors of the collective's dtype, named by index:
+  IN  - the caller's input (never written unless it is also OUT, as for in-place all-reduce)
+  OUT - the caller's output
+  TMP - scratch of `Schedule.tmp_count` elements, owned by the executor
+
+Round semantics (the contract every executor implements):
+  1. The round's local steps (Copy, LocalReduce) run first, in the order listed.
+  2. Then its Send and Recv steps progress concurrently until all are complete; a Send reads its
+     slice as it stands after step 1, a Recv writes its slice when its data arrives.
+  3. Messages between a pair of ranks are matched in order: the k-th Send from a to b meets the
+     k-th Recv of b from a (within one collective), so counts must agree.
+A schedule must be deadlock-free with bounded transport buffers: whenever a rank sends to a peer,
+that peer either receives it in the same round or reaches the matching Recv without waiting on
+the sender. All schedules here pair their exchanges within a round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+IN, OUT, TMP = 0, 1, 2
+BUFFER_NAMES = ("in", "out", "tmp")
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """`count` elements of buffer `buf` starting at element `start`."""
+    buf: int
+    start: int
+    count: int
+
+    def __post_init__(self):
+        if self.buf not in (IN, OUT, TMP) or self.start < 0 or self.count < 0:
+            raise ValueError(f"bad chunk {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    peer: int
+    src: Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class Recv:
+    """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming)."""
+    peer: int
+    dst: Chunk
+    reduce: bool = False
+    base: Chunk | None = None
+
+    def __post_init__(self):
+        if self.base is not None and (not self.reduce or self.base.count != self.dst.count):
+            raise ValueError(f"bad recv base {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    src: Chunk
+    dst: Chunk
+
+    def __post_init__(self):
+        if self.src.count != self.dst.count:
+            raise ValueError(f"copy count mismatch {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalReduce:
+    """dst = op(dst, src)."""
+    src: Chunk
+    dst: Chunk
+
+    def __post_init__(self):
+        if self.src.count != self.dst.count:
+            raise ValueError(f"reduce count mismatch {self}")
+
+
+Step = Send | Recv | Copy | LocalReduce
+LOCAL_STEPS = (Copy, LocalReduce)
+
+
+@dataclass(slots=True)
+class Schedule:
+    """One rank's program for one collective."""
+    algorithm: str
+    rounds: list[tuple[Step, ...]] = field(default_factory=list)
+    tmp_count: int = 0
+
+    def add(self, *steps: Step) -> "Schedule":
+        if steps:
+            self.rounds.append(tuple(steps))
+        return self
+
+    def extend(self, other: "Schedule") -> "Schedule":
+        self.rounds.extend(other.rounds)
+        self.tmp_count = max(self.tmp_count, other.tmp_count)
+        return self
+
+    def peers(self) -> set[int]:
+        return {s.peer for r in self.rounds for s in r if isinstance(s, (Send, Recv))}
+
+    def bytes_sent(self, itemsize: int) -> int:
+        return sum(s.src.count * itemsize for r in self.rounds for s in r if isinstance(s, Send))
+
+
+def split(count: int, parts: int) -> list[tuple[int, int]]:
+    """(start, count) of `parts` near-equal contiguous pieces of `count` elements; the first
+    `count % parts` pieces are one longer. The same function on every rank, so pieces agree."""
+    base, extra = divmod(count, parts)
+    out, start = [], 0
+    for i in range(parts):
+        n = base + (1 if i < extra else 0)
+        out.append((start, n))
+        start += n
+    return out

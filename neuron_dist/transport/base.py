@@ -1,0 +1,77 @@
+"""The transport interface: the only thing an executor knows about moving bytes.
+
+One `Transport` object connects this rank to every peer of one process group. It moves frames
+(a 56-byte header from `frame.py` plus raw payload bytes) and nothing else: no collective logic,
+no reduction, no tensors beyond uint8 views. All calls are non-blocking except `wait`, `flush`
+and `close`, so one progress loop can drive many transfers at once and never deadlocks on a
+bounded buffer.
+
+Implementations: `zmq_transport.ZmqTransport` (TCP between hosts, IPC within a host),
+`shm.ShmTransport` (shared memory within a host), `mpi.MpiTransport` (mpi4py).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+
+from .frame import Header
+
+
+@dataclass
+class TransportContext:
+    """What a transport needs to connect: who we are, how to meet peers, and the limits."""
+    rank: int                 # rank in the group
+    size: int                 # group size
+    store: object             # a c10d Store already scoped to this group (PrefixStore)
+    token: int                # the job's secret, exchanged through the store; every frame carries it
+    timeout: timedelta        # connection set-up deadline
+    hostname: str             # this rank's host name (peers on the same host may share memory)
+    bind_addr: str            # the interface address this job uses (listeners bind only here)
+    hosts: list[str] = field(default_factory=list)  # every rank's hostname, filled in at set-up
+    job_id: str = ""          # names per-job resources (shared-memory segments, IPC paths)
+
+
+class TransportError(RuntimeError):
+    """A peer is unreachable, closed, or sent something we cannot accept."""
+
+
+class Transport(abc.ABC):
+    name = "abstract"
+
+    @abc.abstractmethod
+    def send(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
+        """Try to hand one frame for `peer` to the transport.
+
+        `payload` is a contiguous 1-D uint8 tensor (possibly empty). Returns False when the frame
+        cannot be accepted now (flow control); the caller retries later, after `wait`. Once True is
+        returned the transport may keep reading `payload` until `flush` returns."""
+
+    @abc.abstractmethod
+    def recv(self, peer: int) -> tuple[Header, torch.Tensor] | None:
+        """The next frame from `peer`, or None if none is complete yet.
+
+        The header has passed `frame.unpack` (well-formed) and the payload length equals
+        header.nbytes; whether it is the expected frame is the caller's check. The payload view
+        stays valid until `release(peer)`; call it before the next `recv(peer)`."""
+
+    def release(self, peer: int) -> None:
+        """Done with the last frame returned by recv(peer)."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float) -> None:
+        """Block up to `timeout` seconds until a send or recv may make progress. Spurious
+        wake-ups are allowed; burning a core is not."""
+
+    def flush(self, timeout: float) -> None:
+        """Block until no accepted send still refers to caller memory."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release every socket, segment and thread. Idempotent."""
+
+    def check_peer(self, peer: int) -> str | None:
+        """A reason if `peer` is known to be gone (closed connection, dead process), else None."""
+        return None

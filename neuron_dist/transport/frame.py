@@ -1,0 +1,110 @@
+"""The wire frame: a fixed, validated binary header followed by raw tensor bytes.
+
+No pickle on the data path. Every field is checked against what the receiver expects before a
+byte of payload is used; a mismatch raises `FrameError` naming both sides' view of the message.
+"""
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import torch
+
+MAGIC = b"NDF1"
+VERSION = 1
+
+# magic, version, kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes
+HEADER = struct.Struct("<4sHBBQQQIIIIQ")
+HEADER_SIZE = HEADER.size  # 56 bytes
+MAX_FRAME_BYTES = 1 << 30  # a hard bound on one frame's payload, whatever a peer claims
+
+
+class Kind(enum.IntEnum):
+    """What a frame belongs to. Collectives share one sequence-number space per group."""
+    ALLREDUCE = 1
+    ALLGATHER = 2
+    REDUCE_SCATTER = 3
+    BROADCAST = 4
+    REDUCE = 5
+    GATHER = 6
+    SCATTER = 7
+    ALLTOALL = 8
+    BARRIER = 9
+    P2P = 10       # send/recv: seq is the pair's message number, tag the user's tag
+    HELLO = 11     # connection set-up
+
+
+# dtype codes on the wire; one table both ways
+DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+)
+DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
+CODE_DTYPE = {i + 1: d for i, d in enumerate(DTYPES)}
+
+
+class FrameError(RuntimeError):
+    """A frame that is malformed or not the one the receiver expected."""
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    kind: int
+    dtype: int
+    token: int
+    group: int
+    seq: int
+    src: int
+    dst: int
+    chunk: int
+    tag: int
+    nbytes: int
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, VERSION, self.kind, self.dtype, self.token, self.group,
+                           self.seq, self.src, self.dst, self.chunk, self.tag, self.nbytes)
+
+    def describe(self) -> str:
+        try:
+            kind = Kind(self.kind).name.lower()
+        except ValueError:
+            kind = f"kind#{self.kind}"
+        dt = CODE_DTYPE.get(self.dtype, f"dtype#{self.dtype}")
+        return (f"{kind} seq={self.seq} from rank {self.src} (chunk {self.chunk}, "
+                f"{self.nbytes} bytes, {dt})")
+
+
+def unpack(buf) -> Header:
+    """Parse and sanity-check a header from untrusted bytes. Raises FrameError, never anything else."""
+    try:
+        mv = memoryview(buf)
+        if mv.nbytes != HEADER_SIZE:
+            raise FrameError(f"frame header is {mv.nbytes} bytes, expected {HEADER_SIZE}")
+        magic, version, kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes = HEADER.unpack(mv)
+    except FrameError:
+        raise
+    except Exception as e:  # struct.error, TypeError on odd buffer types
+        raise FrameError(f"unparseable frame header: {e}") from None
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {magic!r}: not a neuron_dist peer")
+    if version != VERSION:
+        raise FrameError(f"frame version {version}, this build speaks {VERSION}")
+    if kind not in Kind._value2member_map_:
+        raise FrameError(f"unknown frame kind {kind}")
+    if dtype not in CODE_DTYPE and dtype != 0:
+        raise FrameError(f"unknown dtype code {dtype}")
+    if nbytes > MAX_FRAME_BYTES:
+        raise FrameError(f"frame claims {nbytes} bytes, above the {MAX_FRAME_BYTES} limit")
+    return Header(kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes)
+
+
+def check(got: Header, want: Header, payload_nbytes: int) -> None:
+    """Raise FrameError unless `got` is exactly the frame `want` describes."""
+    if got.token != want.token:
+        raise FrameError(f"frame from rank {got.src} carries the wrong job token; dropped")
+    if payload_nbytes != got.nbytes:
+        raise FrameError(f"frame from rank {got.src} announces {got.nbytes} bytes but carries {payload_nbytes}")
+    if (got.kind, got.dtype, got.group, got.seq, got.src, got.dst, got.chunk, got.tag, got.nbytes) != \
+            (want.kind, want.dtype, want.group, want.seq, want.src, want.dst, want.chunk, want.tag, want.nbytes):
+        raise FrameError(f"rank {want.dst} expected {want.describe()} but received {got.describe()}")
