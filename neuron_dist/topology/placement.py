@@ -1,0 +1,223 @@
+"""Placement: which node, chip and NeuronCore(s) each rank runs on.
+
+Neuron conventions followed here:
+  * logical cores are numbered per node, chip by chip: core i sits on chip i // cores_per_chip(lnc);
+  * `NEURON_RT_VISIBLE_CORES` is one core index ("5") or an inclusive range ("4-7"); without it a
+    process gets core `local_rank` (what the Neuron torch integration sets under torchrun);
+  * `NEURON_LOGICAL_NC_CONFIG` is the LNC (default: the instance's, 2 on trn2/trn3, 1 elsewhere);
+  * the node of a rank is `GROUP_RANK` (torchrun) or `NODE_ID`/`NODE_RANK`, else
+    rank // local_world_size.
+`NEURON_DIST_INSTANCE` names the instance model (default trn2.48xlarge); it may be a path to a
+.json/.toml description (see instances.load_instance).
+
+The group's placement is agreed at group creation: each rank publishes `Slot.to_dict()` through
+the store, every rank builds the same `GroupTopology(instance, slots)` and calls `validate()`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from .instances import InstanceModel, get_instance
+
+DEFAULT_INSTANCE = "trn2.48xlarge"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one rank runs: node index, chip index on that node, logical core index(es) on the
+    node (all of them; `core` is the first), the LNC and the instance model's name."""
+    node: int
+    chip: int
+    cores: tuple[int, ...]
+    lnc: int = 2
+    instance: str = DEFAULT_INSTANCE
+
+    def __post_init__(self):
+        object.__setattr__(self, "cores", tuple(int(c) for c in self.cores))
+        if self.node < 0 or self.chip < 0 or not self.cores or min(self.cores) < 0:
+            raise ValueError(f"bad slot {self}")
+
+    @property
+    def core(self) -> int:
+        return self.cores[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "chip": self.chip, "cores": list(self.cores),
+                "lnc": self.lnc, "instance": self.instance}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Slot":
+        return cls(node=int(d["node"]), chip=int(d["chip"]), cores=tuple(d["cores"]),
+                   lnc=int(d.get("lnc", 2)), instance=str(d.get("instance", DEFAULT_INSTANCE)))
+
+
+def parse_visible_cores(spec: str) -> tuple[int, ...]:
+    """"5" -> (5,), "4-7" -> (4, 5, 6, 7), "0,2-3" -> (0, 2, 3)."""
+    out: list[int] = []
+    try:
+        for part in spec.replace(" ", "").split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                a, b = int(a), int(b)
+                if b < a:
+                    raise ValueError
+                out.extend(range(a, b + 1))
+            else:
+                out.append(int(part))
+    except ValueError:
+        raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r}: expected a core index like '5' or an "
+                         f"inclusive range like '4-7'") from None
+    if len(set(out)) != len(out):
+        raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r} lists a core twice")
+    return tuple(out)
+
+
+def make_slot(instance: InstanceModel, node: int, cores: Sequence[int], lnc: int | None = None) -> Slot:
+    """A Slot for `cores` (logical core indices on `node`), checked against the instance."""
+    lnc = instance.check_lnc(lnc)
+    n = instance.cores(lnc)
+    bad = [c for c in cores if not 0 <= c < n]
+    if bad:
+        raise ValueError(f"core(s) {bad} out of range: {instance.name} at LNC={lnc} has {n} "
+                         f"logical cores per node (0-{n - 1})")
+    if node > 0 and not instance.multi_node:
+        raise ValueError(f"{instance.name} does not support multi-node collectives, but a rank "
+                         f"was placed on node {node}")
+    return Slot(node=node, chip=cores[0] // instance.cores_per_chip(lnc), cores=tuple(cores),
+                lnc=lnc, instance=instance.name)
+
+
+def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local_rank: int,
+                       local_world_size: int) -> Slot:
+    """This rank's Slot from the environment (see the module docstring)."""
+    if not (0 <= rank < world_size) or not (0 <= local_rank < local_world_size):
+        raise ValueError(f"bad rank numbers: rank {rank} of {world_size}, local rank "
+                         f"{local_rank} of {local_world_size}")
+    instance = get_instance(env.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+    lnc_s = env.get("NEURON_LOGICAL_NC_CONFIG")
+    try:
+        lnc = instance.check_lnc(int(lnc_s) if lnc_s else None)
+    except ValueError as e:
+        raise ValueError(f"NEURON_LOGICAL_NC_CONFIG={lnc_s!r}: {e}") from None
+    ncores = instance.cores(lnc)
+    if local_world_size > ncores:
+        raise ValueError(f"{local_world_size} processes per node but {instance.name} at LNC={lnc} "
+                         f"has only {ncores} logical cores per node")
+    node_s = env.get("GROUP_RANK") or env.get("NODE_ID") or env.get("NODE_RANK")
+    node = int(node_s) if node_s not in (None, "") else rank // local_world_size
+    vis = env.get("NEURON_RT_VISIBLE_CORES")
+    if vis:
+        cores = parse_visible_cores(vis)
+        bad = [c for c in cores if not 0 <= c < ncores]
+        if bad:
+            raise ValueError(f"NEURON_RT_VISIBLE_CORES={vis!r} is out of bounds: {instance.name} "
+                             f"at LNC={lnc} has logical cores 0-{ncores - 1}")
+    else:
+        cores = (local_rank,)
+    return make_slot(instance, node, cores, lnc)
+
+
+@dataclass(frozen=True)
+class GroupTopology:
+    """The instance model and the Slot of every group rank, in group-rank order."""
+    instance: InstanceModel
+    slots: tuple[Slot, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "slots", tuple(self.slots))
+        if isinstance(self.instance, str):
+            object.__setattr__(self, "instance", get_instance(self.instance))
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def lnc(self) -> int:
+        return self.slots[0].lnc if self.slots else self.instance.default_lnc
+
+    @property
+    def nodes(self) -> list[int]:
+        """Distinct node indices of the group, ascending."""
+        return sorted({s.node for s in self.slots})
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.slots[a].node == self.slots[b].node
+
+    def same_chip(self, a: int, b: int) -> bool:
+        return self.same_node(a, b) and self.slots[a].chip == self.slots[b].chip
+
+    def ranks_on_node(self, node: int) -> list[int]:
+        return [r for r, s in enumerate(self.slots) if s.node == node]
+
+    def chip_of(self, r: int) -> tuple[int, int]:
+        return (self.slots[r].node, self.slots[r].chip)
+
+    def is_symmetric(self) -> bool:
+        """Same number of ranks on every node at the same local cores."""
+        per = {}
+        for s in self.slots:
+            per.setdefault(s.node, []).append(s.cores)
+        layouts = {tuple(sorted(v)) for v in per.values()}
+        return len(layouts) <= 1
+
+    def subgroup(self, ranks: Iterable[int]) -> "GroupTopology":
+        return GroupTopology(self.instance, tuple(self.slots[r] for r in ranks))
+
+    def validate(self, require_symmetric: bool = False) -> "GroupTopology":
+        """Raise ValueError naming the ranks if the placement is impossible."""
+        inst = self.instance
+        if not self.slots:
+            raise ValueError("a group needs at least one rank")
+        for r, s in enumerate(self.slots):
+            if s.instance != inst.name:
+                raise ValueError(f"rank {r} says instance {s.instance!r}, the group uses "
+                                 f"{inst.name!r}: set NEURON_DIST_INSTANCE the same on every node")
+        lncs = {s.lnc for s in self.slots}
+        if len(lncs) > 1:
+            raise ValueError(f"ranks disagree on NEURON_LOGICAL_NC_CONFIG: {sorted(lncs)}")
+        lnc = inst.check_lnc(self.lnc)
+        ncores, cpc = inst.cores(lnc), inst.cores_per_chip(lnc)
+        used: dict[tuple[int, int], int] = {}
+        for r, s in enumerate(self.slots):
+            for c in s.cores:
+                if not 0 <= c < ncores:
+                    raise ValueError(f"rank {r}: core {c} out of range (0-{ncores - 1}) on "
+                                     f"{inst.name} at LNC={lnc}")
+                if (s.node, c) in used:
+                    raise ValueError(f"ranks {used[s.node, c]} and {r} both use core {c} on node "
+                                     f"{s.node}; more ranks than cores or overlapping "
+                                     f"NEURON_RT_VISIBLE_CORES")
+                used[s.node, c] = r
+            if s.chip != s.cores[0] // cpc:
+                raise ValueError(f"rank {r}: core {s.cores[0]} is on chip {s.cores[0] // cpc}, "
+                                 f"not chip {s.chip}")
+            if s.node > 0 and not inst.multi_node:
+                raise ValueError(f"{inst.name} is single-instance only; rank {r} is on node "
+                                 f"{s.node}")
+        if require_symmetric and not self.is_symmetric():
+            counts = {n: len(self.ranks_on_node(n)) for n in self.nodes}
+            raise ValueError(f"this multi-node group must be symmetric (same ranks per node at "
+                             f"the same local cores); ranks per node: {counts}")
+        return self
+
+
+def place(instance: "str | InstanceModel", nodes: int, procs_per_node: int, lnc: int | None = None,
+          cores_per_rank: int = 1, first_core: int = 0) -> GroupTopology:
+    """The placement of a job of `nodes` x `procs_per_node` ranks, rank-major by node, each rank
+    on `cores_per_rank` consecutive logical cores starting at `first_core`, filled chip by chip."""
+    inst = get_instance(instance)
+    lnc = inst.check_lnc(lnc)
+    need = first_core + procs_per_node * cores_per_rank
+    if need > inst.cores(lnc):
+        raise ValueError(f"{procs_per_node} ranks x {cores_per_rank} cores from core {first_core} "
+                         f"need {need} cores; {inst.name} at LNC={lnc} has {inst.cores(lnc)}")
+    if nodes > 1 and not inst.multi_node:
+        raise ValueError(f"{inst.name} is single-instance only; asked for {nodes} nodes")
+    slots = []
+    for n in range(nodes):
+        for i in range(procs_per_node):
+            c0 = first_core + i * cores_per_rank
+            slots.append(make_slot(inst, n, range(c0, c0 + cores_per_rank), lnc))
+    return GroupTopology(inst, tuple(slots)).validate()
