@@ -1,0 +1,218 @@
+"""From parsed flags and the environment to one validated :class:`RunConfig`.
+
+All decisions live here, before anything is started, so that ``--dry-run``
+shows exactly what a real launch would do and every mistake is reported while
+the user is still looking at the terminal. Precedence, highest first:
+command line, ``NEURONRUN_*``/``PET_*`` variables, the Neuron variables the user
+already exported (``NEURON_DIST_INSTANCE``, ``NEURON_LOGICAL_NC_CONFIG``,
+``NEURON_RT_NUM_CORES``, ``NEURON_RT_VISIBLE_CORES``, ``NEURON_RT_ROOT_COMM_ID``),
+the scheduler (Slurm/MPI), built-in defaults. An explicit value that disagrees
+with an exported Neuron variable or with the scheduler is an error, not a silent pick.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from . import instances, scheduler
+from .cli import ParsedArgs
+from .plan import NeuronPlan, check_host_port
+from .slots import PlacementError, assign_slots, check_cores_per_rank, parse_core_range
+
+DEFAULT_MASTER_PORT = 29500
+_STD = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
+
+
+class ConfigError(ValueError):
+    """A launch that cannot be right; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_id: str
+    rdzv_conf: str
+    local_addr: str | None
+    max_restarts: int
+    monitor_interval: float
+    shutdown_timeout: int | None
+    role: str
+    log_dir: str | None
+    redirects: str
+    tee: str
+    local_ranks_filter: str
+    module: bool
+    no_python: bool
+    script: str | None
+    script_args: tuple[str, ...]
+    dry_run: bool
+    plan: NeuronPlan
+    scheduler: scheduler.SchedulerInfo | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> str:
+        """How the worker trampoline starts the script: python, module or exec."""
+        return "exec" if self.no_python else ("module" if self.module else "python")
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    parts = str(text).split(":")
+    try:
+        lo, hi = (int(parts[0]), int(parts[0])) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+    except (ValueError, IndexError):
+        raise ConfigError(f"--nnodes {text!r}: expected N or MIN:MAX") from None
+    if len(parts) > 2 or not 0 < lo <= hi:
+        raise ConfigError(f"--nnodes {text!r}: expected N or MIN:MAX with 0 < MIN <= MAX")
+    return lo, hi
+
+
+def _pick(args: ParsedArgs, dest: str, env: Mapping[str, str], var: str, conv=str):
+    """An explicit flag, else the user's exported Neuron variable; both set and different is an error."""
+    exported = env.get(var, "").strip()
+    exported_val = None
+    if exported:
+        try:
+            exported_val = conv(exported)
+        except ValueError:
+            raise ConfigError(f"${var}={exported!r} is not a valid value") from None
+    if args.explicit(dest):
+        value = args.values[dest]
+        if exported_val is not None and exported_val != value:
+            flag = "--" + dest.replace("_", "-")
+            raise ConfigError(
+                f"{flag} {value} (from {args.sources[dest]}) conflicts with ${var}={exported}; "
+                f"unset {var} or make them agree"
+            )
+        return value
+    return exported_val
+
+
+def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> NeuronPlan:
+    name = _pick(args, "instance", env, "NEURON_DIST_INSTANCE") or instances.DEFAULT_INSTANCE
+    try:
+        model = instances.get_instance(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if max_nodes > 1 and not model.multi_node:
+        raise ConfigError(f"{model.name} is a single-instance type; it cannot run a {max_nodes}-node job")
+    lnc = _pick(args, "lnc", env, "NEURON_LOGICAL_NC_CONFIG", int) or model.default_lnc
+    if lnc not in tuple(model.supported_lnc):
+        raise ConfigError(f"{model.name} supports LNC {', '.join(map(str, model.supported_lnc))}, not {lnc}")
+    cores_per_chip = model.cores_per_chip(lnc)
+    total = model.chips * cores_per_chip
+    m = _pick(args, "cores_per_rank", env, "NEURON_RT_NUM_CORES", int) or 1
+    try:
+        check_cores_per_rank(m, cores_per_chip)
+        visible = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
+        base, pool = parse_core_range(visible) if visible else (0, total)
+    except PlacementError as exc:
+        raise ConfigError(str(exc)) from None
+    nproc_text = str(args.nproc_per_node).strip()
+    if nproc_text == "auto":
+        nproc = pool // m
+        if nproc == 0:
+            raise ConfigError(f"--nproc-per-node auto: {pool} core(s) available, fewer than {m} per rank")
+    else:
+        try:
+            nproc = int(nproc_text)
+        except ValueError:
+            raise ConfigError(f"--nproc-per-node {nproc_text!r}: expected an integer or 'auto'") from None
+        if nproc < 1:
+            raise ConfigError(f"--nproc-per-node {nproc}: must be at least 1")
+    root = env.get("NEURON_RT_ROOT_COMM_ID", "").strip() or None
+    if root:
+        try:
+            check_host_port(root, "$NEURON_RT_ROOT_COMM_ID")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    plan = NeuronPlan(model.name, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root)
+    try:  # validates every slot: too many ranks, misaligned pool, pool outside the instance
+        assign_slots(1, nproc, cores_per_chip=cores_per_chip, chips=model.chips, cores_per_rank=m,
+                     base_core=base, pool_cores=pool)
+    except PlacementError as exc:
+        where = f" (instance {model.name}, LNC {lnc})"
+        raise ConfigError(str(exc) + where) from None
+    return plan
+
+
+def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: dict) -> None:
+    if args.explicit("nnodes"):
+        lo, hi = parse_nnodes(values["nnodes"])
+        if not lo <= sched.nnodes <= hi:
+            raise ConfigError(f"--nnodes {values['nnodes']} conflicts with {sched.name}'s {sched.nnodes} nodes")
+    else:
+        values["nnodes"] = str(sched.nnodes)
+    if args.explicit("node_rank"):
+        if values["node_rank"] != sched.node_rank:
+            raise ConfigError(f"--node-rank {values['node_rank']} conflicts with {sched.name}'s node rank "
+                              f"{sched.node_rank}; drop --node-rank")
+    else:
+        values["node_rank"] = sched.node_rank
+    if not args.explicit("master_addr"):
+        if sched.master_addr is None:
+            raise ConfigError(f"under {sched.name} the address of node 0 is unknown: pass --master-addr, or "
+                              f"export MASTER_ADDR to every task (mpirun -x MASTER_ADDR=<first host>)")
+        values["master_addr"] = sched.master_addr
+    if values["rdzv_id"] == "none" and sched.job_id:
+        values["rdzv_id"] = sched.job_id
+
+
+def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
+    values = dict(args.values)
+    try:
+        sched = scheduler.detect(env, values["scheduler"])
+    except scheduler.SchedulerError as exc:
+        raise ConfigError(str(exc)) from None
+    if sched is not None:
+        _apply_scheduler(args, sched, values)
+    min_nodes, max_nodes = parse_nnodes(values["nnodes"])
+    if values["max_restarts"] < 0:
+        raise ConfigError("--max-restarts must be >= 0")
+    if values["no_python"] and values["module"]:
+        raise ConfigError("--no-python and -m/--module cannot be used together")
+    for dest in ("redirects", "tee"):
+        if not _STD.match(str(values[dest])):
+            raise ConfigError(f"--{dest} {values[dest]!r}: expected 0-3 or local_rank:0-3 pairs like 0:3,1:2")
+    if values["local_ranks_filter"] and not re.fullmatch(r"\d+(,\d+)*", values["local_ranks_filter"]):
+        raise ConfigError("--local-ranks-filter: expected comma-separated local ranks, e.g. 0,1")
+    if not args.script and not values["dry_run"]:
+        raise ConfigError("no script given: neuronrun [options] script.py [script args]")
+
+    # Rendezvous, as torchrun resolves it.
+    backend, endpoint, rdzv_id = values["rdzv_backend"], values["rdzv_endpoint"], values["rdzv_id"]
+    master_port = values["master_port"]
+    if values["standalone"]:
+        backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
+        backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    master_port = DEFAULT_MASTER_PORT if master_port is None else master_port
+    if backend == "static":
+        if min_nodes != max_nodes:
+            raise ConfigError("static rendezvous needs a fixed --nnodes; use --rdzv-backend c10d for MIN:MAX")
+        if not 0 <= values["node_rank"] < max_nodes:
+            raise ConfigError(f"--node-rank {values['node_rank']} outside 0..{max_nodes - 1}")
+        endpoint = endpoint or f"{values['master_addr']}:{master_port}"
+
+    plan = _neuron_plan(args, env, max_nodes)
+    return RunConfig(
+        min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=plan.nproc_per_node,
+        node_rank=values["node_rank"], master_addr=values["master_addr"], master_port=master_port,
+        rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_id=rdzv_id, rdzv_conf=values["rdzv_conf"],
+        local_addr=values["local_addr"], max_restarts=values["max_restarts"],
+        monitor_interval=values["monitor_interval"], shutdown_timeout=values["shutdown_timeout"],
+        role=values["role"], log_dir=values["log_dir"], redirects=str(values["redirects"]),
+        tee=str(values["tee"]), local_ranks_filter=values["local_ranks_filter"], module=bool(values["module"]),
+        no_python=bool(values["no_python"]), script=args.script, script_args=tuple(args.script_args),
+        dry_run=bool(values["dry_run"]), plan=plan, scheduler=sched, sources=dict(args.sources),
+    )

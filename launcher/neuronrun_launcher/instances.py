@@ -1,0 +1,83 @@
+"""Instance models for placement: ``neuron_dist.topology`` when available, else a small table.
+
+The launcher and the backend must agree on the topology, so the source of truth is
+``neuron_dist.topology.instances.get_instance``. It is imported lazily (the launcher
+must work, and its tests must pass, without the backend), and only if that import
+fails does the fallback table below answer, for the six instance types whose core
+counts are fixed by AWS documentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_INSTANCE = "trn2.48xlarge"  # the current Trainium generation; LNC 2 by default
+
+
+@dataclass(frozen=True)
+class FallbackInstance:
+    """The subset of ``neuron_dist.topology.instances.InstanceModel`` the launcher reads."""
+
+    name: str
+    chips: int
+    physical_cores_per_chip: int
+    default_lnc: int
+    supported_lnc: tuple[int, ...]
+    multi_node: bool
+
+    def cores_per_chip(self, lnc: int) -> int:
+        if lnc not in self.supported_lnc:
+            raise ValueError(f"{self.name} supports LNC {self.supported_lnc}, not {lnc}")
+        return self.physical_cores_per_chip // lnc
+
+    def cores(self, lnc: int) -> int:
+        return self.chips * self.cores_per_chip(lnc)
+
+
+_FALLBACK = {
+    m.name: m
+    for m in (
+        FallbackInstance("trn1.32xlarge", 16, 2, 1, (1,), True),
+        FallbackInstance("trn1n.32xlarge", 16, 2, 1, (1,), True),
+        FallbackInstance("trn1.2xlarge", 1, 2, 1, (1,), False),
+        FallbackInstance("inf2.24xlarge", 6, 2, 1, (1,), False),
+        FallbackInstance("inf2.48xlarge", 12, 2, 1, (1,), False),
+        FallbackInstance("trn2.48xlarge", 16, 8, 2, (1, 2), True),
+    )
+}
+
+
+def _topology():
+    try:
+        from neuron_dist.topology import instances  # noqa: PLC0415 - lazy on purpose
+    except ImportError:
+        return None
+    if not hasattr(instances, "get_instance"):
+        return None
+    return instances
+
+
+def instance_names() -> list[str]:
+    topo = _topology()
+    if topo is not None and hasattr(topo, "list_instances"):
+        return sorted(getattr(i, "name", i) for i in topo.list_instances())
+    return sorted(_FALLBACK)
+
+
+def get_instance(name: str, *, use_topology: bool = True):
+    """The instance model called ``name``; a clear error naming the known ones otherwise."""
+    topo = _topology() if use_topology else None
+    if topo is not None:
+        try:
+            return topo.get_instance(name)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(
+                f"unknown instance {name!r} ({exc}); known: {', '.join(instance_names())}"
+            ) from None
+    try:
+        return _FALLBACK[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown instance {name!r}; known: {', '.join(sorted(_FALLBACK))} "
+            f"(neuron_dist.topology is not importable, so only the built-in table is used)"
+        ) from None

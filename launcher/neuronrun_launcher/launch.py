@@ -1,0 +1,182 @@
+"""Start the job with torch's elastic agent and turn its outcome into an exit code and a report.
+
+Rendezvous, monitoring, restarts and stopping ranks are torch.distributed.elastic's
+(``LaunchConfig``/``elastic_launch``); nothing here manages processes. What this
+module adds: the worker trampoline as entrypoint, ``NEURONRUN_PLAN`` in the
+environment the agent hands down, rank-prefixed output, and a root-cause report
+(rank, node, exit code or signal, last lines of its output) instead of a traceback
+of the launcher. torch is imported here only, so --help and --dry-run stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from collections import deque
+from pathlib import Path
+
+from .config import RunConfig
+from .plan import PLAN_VAR
+
+WORKER = str(Path(__file__).resolve().with_name("worker.py"))
+LINE_PREFIX = "[rank${rank}]: "
+TAIL_LINES = 20
+
+
+def worker_command(cfg: RunConfig) -> tuple[str, list[str]]:
+    """Entrypoint and arguments the agent runs for every local rank."""
+    python = os.environ.get("PYTHON_EXEC", sys.executable)
+    return python, ["-u", WORKER, cfg.mode, cfg.script or "", *cfg.script_args]
+
+
+def _std(text: str):
+    from torch.distributed.elastic.multiprocessing import Std
+
+    return Std.from_str(text)
+
+
+def _logs_specs_class():
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    class RecordingLogsSpecs(DefaultLogsSpecs):
+        """torch's default log layout, remembering where each local rank's files went
+        (``reify`` is the LogsSpecs plugin hook) so a failure report can quote them."""
+
+        last_dest = None
+
+        def reify(self, envs):
+            self.last_dest = super().reify(envs)
+            return self.last_dest
+
+    return RecordingLogsSpecs
+
+
+def launch_config(cfg: RunConfig, log_dir: str | None = None):
+    """The torch LaunchConfig equivalent to ``cfg`` (as torchrun's config_from_args builds it)."""
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+    from torch.distributed.launcher.api import LaunchConfig
+
+    rdzv_configs = _parse_rendezvous_config(cfg.rdzv_conf)
+    if cfg.rdzv_backend == "static":
+        rdzv_configs["rank"] = cfg.node_rank
+    ranks = set(map(int, cfg.local_ranks_filter.split(","))) if cfg.local_ranks_filter else None
+    logs = _logs_specs_class()(log_dir=log_dir or cfg.log_dir, redirects=_std(cfg.redirects), tee=_std(cfg.tee),
+                            local_ranks_filter=ranks)
+    return LaunchConfig(
+        min_nodes=cfg.min_nodes,
+        max_nodes=cfg.max_nodes,
+        nproc_per_node=cfg.nproc_per_node,
+        run_id=cfg.rdzv_id,
+        role=cfg.role,
+        rdzv_endpoint=cfg.rdzv_endpoint,
+        rdzv_backend=cfg.rdzv_backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=cfg.max_restarts,
+        monitor_interval=cfg.monitor_interval,
+        start_method="spawn",
+        log_line_prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", LINE_PREFIX),
+        local_addr=cfg.local_addr,
+        logs_specs=logs,
+        shutdown_timeout=cfg.shutdown_timeout,
+    )
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, errors="replace") as fh:
+            return [line.rstrip("\n") for line in deque(fh, maxlen=n)]
+    except OSError:
+        return []
+
+
+def _how(failure) -> str:
+    code = failure.exitcode
+    if code is not None and code < 0:
+        return f"was killed by signal {failure.signal_name()} ({-code})"
+    return f"exited with code {code}"
+
+
+def root_cause(failures: dict) -> int:
+    """The global rank whose failure started it all.
+
+    torch's ``get_first_failure`` orders by a timestamp in whole seconds, so a rank
+    the agent SIGTERMed while stopping the group often ties with, and wins over, the
+    rank that really failed. Ranks that died of the agent's own SIGTERM therefore
+    come last; then earliest timestamp; then lowest rank."""
+    def key(rank):
+        f = failures[rank]
+        return (f.exitcode == -int(signal.SIGTERM), f.timestamp, rank)
+
+    return min(failures, key=key)
+
+
+def describe_failure(rank: int, failure, nproc_per_node: int, host: str, logs: dict | None = None) -> str:
+    """The root-cause paragraph for one failed rank (``failure``: torch's ProcessFailure;
+    ``logs``: stream name -> log file of that rank, when its output was captured)."""
+    node = rank // nproc_per_node
+    how = _how(failure)
+    lines = [f"neuronrun: rank {rank} (local rank {failure.local_rank}, node {node}, host {host}, "
+             f"pid {failure.pid}) {how}"]
+    msg = getattr(failure, "message", None)
+    if isinstance(msg, dict):
+        msg = msg.get("message")
+    if msg and "To enable traceback" not in str(msg) and not str(msg).startswith("Signal "):
+        lines.append("  error: " + str(msg).strip().replace("\n", "\n    "))
+    shown = False
+    for stream, path in (logs or {}).items():
+        tail = _tail(Path(path)) if path and path != os.devnull else []
+        if tail:
+            shown = True
+            lines.append(f"  last {len(tail)} lines of its {stream} ({path}):")
+            lines.extend("    " + t for t in tail)
+    if not shown:
+        lines.append("  (its output was not captured: run with --tee 3 or --redirects 3 to see it here)")
+    return "\n".join(lines)
+
+
+def exit_code_of(failure) -> int:
+    code = failure.exitcode
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else (code or 1)
+
+
+def launch(cfg: RunConfig) -> int:
+    """Run the job on this node; returns neuronrun's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
+    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
+    entrypoint, args = worker_command(cfg)
+    own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
+    config = launch_config(cfg, own_log_dir)
+    try:
+        elastic_launch(config, entrypoint)(*args)
+    except ChildFailedError as err:
+        rank = root_cause(err.failures)
+        first = err.failures[rank]
+        dest = config.logs_specs.last_dest
+        logs = {}
+        if dest is not None:
+            logs = {"stderr": dest.stderrs.get(first.local_rank), "stdout": dest.stdouts.get(first.local_rank)}
+        report = [describe_failure(rank, first, cfg.nproc_per_node, socket.gethostname(), logs)]
+        others = [f"{r} ({_how(f)})" for r, f in sorted(err.failures.items()) if r != rank]
+        if others:
+            report.append(f"neuronrun: then stopped: rank {', rank '.join(others)}")
+        report.append("neuronrun: job failed; every rank on this node is stopped")
+        print("\n".join(report), file=sys.stderr, flush=True)
+        return exit_code_of(first)
+    except SignalException as sig:
+        print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank", file=sys.stderr,
+              flush=True)
+        return 128 + int(sig.sigval)
+    if own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
+        shutil.rmtree(own_log_dir, ignore_errors=True)
+    return 0

@@ -1,0 +1,93 @@
+"""The Neuron part of a job, shared by the launcher and the worker trampoline.
+
+The launcher decides a :class:`NeuronPlan` once (instance, LNC, cores per rank,
+the node's core pool) and passes it to every rank as JSON in ``NEURONRUN_PLAN``.
+Each rank then derives its own Neuron variables with :func:`neuron_env` from its
+LOCAL_RANK and the MASTER_ADDR/MASTER_PORT the elastic agent chose. The plan is
+data only and this module imports nothing heavy: the trampoline runs it before
+every rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from .slots import Slot, local_slot
+
+PLAN_VAR = "NEURONRUN_PLAN"
+# What neuron_env sets, in the order it is printed.
+NEURON_VARS = (
+    "NEURON_RT_VISIBLE_CORES",
+    "NEURON_RT_NUM_CORES",
+    "NEURON_LOGICAL_NC_CONFIG",
+    "NEURON_RT_ROOT_COMM_ID",
+    "NEURON_DIST_INSTANCE",
+)
+_HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\s]+):(\d{1,5})$")
+
+
+@dataclass(frozen=True)
+class NeuronPlan:
+    instance: str
+    lnc: int
+    chips: int
+    cores_per_chip: int  # logical, at this LNC
+    cores_per_rank: int
+    nproc_per_node: int
+    base_core: int  # first core of this node's pool
+    pool_cores: int  # cores of the pool (all of the instance unless NEURON_RT_VISIBLE_CORES said otherwise)
+    root_comm_id: str | None = None  # user-set NEURON_RT_ROOT_COMM_ID, used as is
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "NeuronPlan":
+        return cls(**json.loads(text))
+
+    def slot(self, local_rank: int, node_rank: int = 0, nnodes: int = 1) -> Slot:
+        return local_slot(
+            local_rank,
+            nproc_per_node=self.nproc_per_node,
+            cores_per_chip=self.cores_per_chip,
+            chips=self.chips,
+            cores_per_rank=self.cores_per_rank,
+            base_core=self.base_core,
+            pool_cores=self.pool_cores,
+            node_rank=node_rank,
+            nnodes=nnodes,
+        )
+
+
+def check_host_port(value: str, what: str) -> str:
+    m = _HOST_PORT.match(value)
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ValueError(f"{what}={value!r} is not host:port")
+    return value
+
+
+def root_comm_id(plan: NeuronPlan, master_addr: str, master_port: int | str) -> str:
+    """The Neuron collectives bootstrap root: the user's value, else ``MASTER_ADDR:MASTER_PORT+1``.
+
+    MASTER_PORT itself is taken by torch's store; the next port is the documented
+    convention here (the job's host must leave it free)."""
+    if plan.root_comm_id:
+        return plan.root_comm_id
+    port = int(master_port) + 1
+    if port > 65535:
+        raise ValueError(f"MASTER_PORT={master_port} leaves no port for NEURON_RT_ROOT_COMM_ID; set it yourself")
+    return f"{master_addr}:{port}"
+
+
+def neuron_env(plan: NeuronPlan, local_rank: int, master_addr: str, master_port: int | str) -> dict[str, str]:
+    """The Neuron variables of one rank."""
+    slot = plan.slot(local_rank)
+    return {
+        "NEURON_RT_VISIBLE_CORES": slot.visible_cores,
+        "NEURON_RT_NUM_CORES": str(plan.cores_per_rank),
+        "NEURON_LOGICAL_NC_CONFIG": str(plan.lnc),
+        "NEURON_RT_ROOT_COMM_ID": root_comm_id(plan, master_addr, master_port),
+        "NEURON_DIST_INSTANCE": plan.instance,
+    }

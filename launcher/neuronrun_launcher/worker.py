@@ -1,0 +1,101 @@
+"""Worker trampoline: set one rank's Neuron environment, then become the user's program.
+
+The elastic agent starts ``python -u .../worker.py MODE SCRIPT ARGS...`` for every
+local rank with torch's variables (RANK, LOCAL_RANK, MASTER_ADDR, ...) set. Why a
+trampoline rather than environment computed in the launcher:
+
+* The agent builds each rank's environment itself, with no per-rank hook, and
+  with c10d rendezvous MASTER_ADDR/MASTER_PORT (hence NEURON_RT_ROOT_COMM_ID) are
+  only known after rendezvous, inside the agent. Subclassing the agent would mean
+  depending on its private ``_start_workers``; the trampoline uses only the
+  documented worker variables and survives torch upgrades.
+* It ``exec``s the program instead of ``runpy``-ing it: the rank keeps the pid the
+  agent monitors and signals, the program gets a pristine interpreter exactly as
+  under torchrun (``sys.path[0]``, ``__main__`` pickling for multiprocessing,
+  no launcher modules loaded), and ``--no-python`` executables work the same way.
+* It is started by file path, not ``-m``, so it works from a source checkout as well
+  as an installed package; the ``sys.path`` tweak that allows this dies with ``exec``.
+
+Before ``exec`` it asks Linux to SIGKILL the rank if the agent dies
+(PR_SET_PDEATHSIG survives exec), so even a SIGKILLed ``neuronrun`` leaves no ranks behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # started by file path: make the package importable
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from neuronrun_launcher.plan import PLAN_VAR, NeuronPlan, neuron_env  # noqa: E402
+else:
+    from .plan import PLAN_VAR, NeuronPlan, neuron_env
+
+MODES = ("python", "module", "exec")
+
+
+def rank_env(environ: dict[str, str]) -> dict[str, str]:
+    """The full environment of the rank: ``environ`` (as the agent built it) plus Neuron's.
+
+    The launcher already reconciled the user's exported Neuron variables with the plan,
+    so the plan's values win here (the exported NEURON_RT_VISIBLE_CORES is the node's
+    pool, and each rank gets its own slice of it)."""
+    try:
+        plan = NeuronPlan.from_json(environ[PLAN_VAR])
+        local_rank = int(environ["LOCAL_RANK"])
+        master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
+    except KeyError as exc:
+        raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
+    env = {k: v for k, v in environ.items() if k != PLAN_VAR}
+    env.update(neuron_env(plan, local_rank, master_addr, master_port))
+    return env
+
+
+def command(mode: str, target: str, args: list[str], python: str) -> list[str]:
+    if mode == "python":
+        return [python, "-u", target, *args]
+    if mode == "module":
+        return [python, "-u", "-m", target, *args]
+    if mode == "exec":
+        return [target, *args]
+    raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+
+
+def _die_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() == 1:  # the agent died before prctl took effect
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) < 2:
+        sys.exit("usage: worker.py {python|module|exec} SCRIPT [ARGS...] (started by neuronrun)")
+    mode, target, args = argv[0], argv[1], argv[2:]
+    try:
+        env = rank_env(dict(os.environ))
+        cmd = command(mode, target, args, sys.executable)
+    except (RuntimeError, ValueError) as exc:
+        print(f"neuronrun worker (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    _die_with_parent()
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as exc:
+        print(f"neuronrun worker (rank {env.get('RANK', '?')}): cannot run {cmd[0]!r}: {exc}", file=sys.stderr,
+              flush=True)
+        sys.exit(127)
+
+
+if __name__ == "__main__":
+    main()
