@@ -1,0 +1,159 @@
+"""Run one Schedule per rank in one process, without transports, for tests and tools.
+
+Honours the round semantics of `schedule.py`: a round's local steps run first, then its sends
+post their slices (as they stand then) to per-(src, dst) FIFO queues and its receives complete
+in order as matching messages arrive. A rank blocked on a receive whose message has not been sent
+yet waits; when no rank can move and some have not finished, `Deadlock` names every waiting
+rank, its round and the peer it waits on. Every message is recorded as (src, dst, bytes).
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .schedule import IN, OUT, TMP, Copy, LocalReduce, Recv, Schedule, Send
+
+
+class Deadlock(RuntimeError):
+    pass
+
+
+class ScheduleError(RuntimeError):
+    pass
+
+
+@dataclass
+class SimResult:
+    outs: list            # each rank's OUT buffer
+    transfers: list = field(default_factory=list)   # (src, dst, bytes) per message, in send order
+    rounds: int = 0        # the longest schedule's round count
+
+    def pairs(self) -> set[tuple[int, int]]:
+        return {(s, d) for s, d, _ in self.transfers}
+
+    def bytes_by_pair(self) -> dict[tuple[int, int], int]:
+        out: dict[tuple[int, int], int] = {}
+        for s, d, b in self.transfers:
+            out[s, d] = out.get(s, 0) + b
+        return out
+
+
+def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None = None, *,
+             op: Callable = np.add, inplace: bool = False) -> SimResult:
+    """Run `schedules[r]` as rank r. `ins[r]`: rank r's IN buffer (1-D numpy array or torch
+    tensor); `outs[r]`: its OUT buffer (allocated like IN when None); inplace=True makes OUT the
+    same buffer as IN (all-reduce). `op(a, b)` is the reduction. Returns the OUT buffers and the
+    transfers."""
+    n = len(schedules)
+    if len(ins) != n:
+        raise ValueError(f"{n} schedules but {len(ins)} inputs")
+    bufs = []
+    for r in range(n):
+        x = ins[r]
+        o = x if inplace else (outs[r] if outs is not None else _empty_like(x, len(x)))
+        tmp = _empty_like(x, schedules[r].tmp_count)
+        bufs.append((x, o, tmp))
+    itemsize = _itemsize(ins[0]) if n else 8
+    queues: dict[tuple[int, int], deque] = {}
+    transfers: list = []
+    pc = [0] * n                      # current round
+    pending: list = [None] * n        # remaining Recvs of the current round, None = not started
+    done = 0
+    finished = [False] * n
+
+    def view(r, c):
+        return bufs[r][c.buf][c.start:c.start + c.count]
+
+    def start_round(r):
+        steps = schedules[r].rounds[pc[r]]
+        for s in steps:
+            if isinstance(s, Copy):
+                view(r, s.dst)[...] = _copy(view(r, s.src))
+            elif isinstance(s, LocalReduce):
+                d = view(r, s.dst)
+                d[...] = op(d, view(r, s.src))
+        recvs = []
+        for s in steps:
+            if isinstance(s, Send):
+                if not 0 <= s.peer < n or s.peer == r:
+                    raise ScheduleError(f"rank {r} round {pc[r]}: send to bad peer {s.peer}")
+                queues.setdefault((r, s.peer), deque()).append(_copy(view(r, s.src)))
+                transfers.append((r, s.peer, s.src.count * itemsize))
+            elif isinstance(s, Recv):
+                if not 0 <= s.peer < n or s.peer == r:
+                    raise ScheduleError(f"rank {r} round {pc[r]}: recv from bad peer {s.peer}")
+                recvs.append(s)
+        pending[r] = recvs
+
+    def progress(r) -> bool:
+        moved = False
+        while not finished[r]:
+            if pc[r] >= len(schedules[r].rounds):
+                finished[r] = True
+                return True
+            if pending[r] is None:
+                start_round(r)
+                moved = True
+            recvs = pending[r]
+            keep = []
+            blocked_peers = set()
+            for s in recvs:
+                q = queues.get((s.peer, r))
+                if s.peer in blocked_peers or not q:
+                    blocked_peers.add(s.peer)
+                    keep.append(s)
+                    continue
+                data = q.popleft()
+                if len(data) != s.dst.count:
+                    raise ScheduleError(f"rank {r} round {pc[r]}: receives {s.dst.count} elements "
+                                        f"from rank {s.peer}, which sent {len(data)}")
+                d = view(r, s.dst)
+                if s.reduce:
+                    b = view(r, s.base) if s.base is not None else d
+                    d[...] = op(b, data)
+                else:
+                    d[...] = data
+                moved = True
+            if keep:
+                pending[r] = keep
+                return moved
+            pending[r] = None
+            pc[r] += 1
+        return moved
+
+    while done < n:
+        moved = False
+        for r in range(n):
+            if not finished[r]:
+                if progress(r):
+                    moved = True
+                if finished[r]:
+                    done += 1
+        if not moved and done < n:
+            waits = [f"rank {r} round {pc[r]} waits on "
+                     f"{sorted({s.peer for s in pending[r] or ()})}"
+                     for r in range(n) if not finished[r]]
+            raise Deadlock("schedules deadlock: " + "; ".join(waits[:16]) +
+                           (f" (+{len(waits) - 16} more)" if len(waits) > 16 else ""))
+    left = {k: len(q) for k, q in queues.items() if q}
+    if left:
+        raise ScheduleError(f"messages sent but never received (src, dst): {left}")
+    return SimResult([b[1] for b in bufs], transfers, max((len(s.rounds) for s in schedules), default=0))
+
+
+def _empty_like(x, count):
+    if isinstance(x, np.ndarray):
+        return np.zeros(count, dtype=x.dtype)
+    import torch
+    return torch.zeros(count, dtype=x.dtype)
+
+
+def _copy(v):
+    return v.copy() if isinstance(v, np.ndarray) else v.clone()
+
+
+def _itemsize(x):
+    return x.itemsize if isinstance(x, np.ndarray) else x.element_size()
