@@ -1,1 +1,16 @@
-"""neuron_dist: a topology-aware torch.distributed backend ("neuron") for Trainium-style clusters."""
+"""neuron_dist: a topology-aware torch.distributed backend ("neuron") for Trainium-style clusters.
+
+    import neuron_dist
+    torch.distributed.init_process_group("neuron")
+
+Importing the package registers the backend once; DDP, FSDP, DTensor and plain
+torch.distributed code then run unchanged.
+"""
+from . import config as _config
+from .c10d import NeuronProcessGroup, NeuronWork, register as _register
+
+__all__ = ["NeuronProcessGroup", "NeuronWork"]
+__version__ = "0.1.0"
+
+_config.setup_logging()
+_register()

@@ -1,0 +1,664 @@
+"""The c10d adapter: the only module that knows torch.distributed's calling conventions.
+
+`NeuronProcessGroup` turns each of c10d's collective calls (options objects, lists of tensors,
+Work handles) into one `Op` on the `Group`: arguments are checked here, before any byte moves;
+inputs and outputs are flattened (non-contiguous tensors go through staging copies); the
+schedule is built when the engine starts the op. Every private torch name used by the package
+is imported in this module alone.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
+
+from .collectives import reduce_ops
+from .collectives.algorithms import Spec, build
+from .collectives.executor import Execution
+from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
+from .group import Group, GroupError, Op
+from .transport.frame import DTYPE_CODE, Kind
+
+BACKEND = "neuron"
+
+_OPS = {
+    _ReduceOp.SUM: "sum", _ReduceOp.AVG: "avg", _ReduceOp.PRODUCT: "product", _ReduceOp.MIN: "min",
+    _ReduceOp.MAX: "max", _ReduceOp.BAND: "band", _ReduceOp.BOR: "bor", _ReduceOp.BXOR: "bxor",
+    _ReduceOp.PREMUL_SUM: "premul_sum",
+}
+
+
+def _reduce_op(op) -> tuple[str, object]:
+    """(name, premul factor or None) from a ReduceOp / RedOpType as c10d hands it over."""
+    kind = getattr(op, "op", op)
+    name = _OPS.get(kind)
+    if name is None:
+        raise ValueError(f"unsupported reduce op {op!r}")
+    factor = None
+    if name == "premul_sum":
+        factor = getattr(op, "factor", None)
+        if factor is None:
+            raise ValueError("ReduceOp.PREMUL_SUM needs a factor: use dist._make_nccl_premul_sum(factor)")
+    return name, factor
+
+
+class NeuronWork(dist.Work):
+    """A handle on one Op: wait() blocks and raises the op's error; get_future() completes with
+    the output tensors, or fails through a `.then` callback (a future's stored exception would
+    reach DDP's reducer as a value and crash it)."""
+
+    def __init__(self, op: Op):
+        super().__init__()
+        self._op = op
+        self._fut = torch.futures.Future()
+        op.add_done_callback(lambda o: self._fut.set_result(o.outputs))
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        secs = timeout.total_seconds() if timeout else 0
+        self._op.wait(secs if secs > 0 else None)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._op.event.is_set()
+
+    def is_success(self) -> bool:
+        return self._op.event.is_set() and self._op.error is None
+
+    def exception(self):
+        return self._op.error
+
+    def result(self):
+        return self._op.outputs
+
+    def synchronize(self) -> None:
+        self._op.wait()
+
+    def _source_rank(self) -> int:
+        return self._op.source_rank
+
+    def get_future(self) -> torch.futures.Future:
+        op = self._op
+
+        def check(fut):
+            if op.error is not None:
+                raise op.error
+            return fut.value()
+
+        return self._fut.then(check)
+
+
+def _check_tensor(t, what: str, rank: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"[rank {rank}] {what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"[rank {rank}] {what}: tensor is on {t.device}; the neuron backend "
+                         f"moves CPU tensors (register the group for 'cpu' or move the tensor)")
+    if t.dtype not in DTYPE_CODE:
+        raise ValueError(f"[rank {rank}] {what}: dtype {t.dtype} is not supported")
+    if t.is_sparse:
+        raise ValueError(f"[rank {rank}] {what}: sparse tensors are not supported")
+
+
+def _one(tensors, what: str, rank: int) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"[rank {rank}] {what}: expects exactly one tensor per process, got {len(tensors)}")
+    return tensors[0]
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """A flat view of `t` if contiguous, else a flat staging copy of it."""
+    return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+
+
+def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(f"[rank {rank}] {what}: tensors must share one dtype, got {sorted(map(str, dtypes))}")
+    return tensors[0].dtype
+
+
+class NeuronProcessGroup(dist.ProcessGroup):
+    """torch.distributed ProcessGroup for the "neuron" backend (CPU tensors)."""
+
+    def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
+                 global_ranks: list[int] | None = None):
+        super().__init__(rank, size)
+        self._store, self._timeout = store, timeout
+        self._name, self._desc = group_name, ""
+        self.group = Group(store, rank, size, timeout, name=group_name or "default",
+                           global_ranks=global_ranks)
+
+    # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    @property
+    def _device_types(self):
+        return [torch.device("cpu")]
+
+    def __repr__(self) -> str:
+        return f"NeuronProcessGroup(rank={self.rank()}, size={self.size()}, name={self._name!r})"
+
+    # -- plumbing ------------------------------------------------------------------------------
+    @property
+    def _r(self) -> int:
+        return self.group.rank
+
+    def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
+                dtype=torch.uint8, algorithm="", peer=None, direction="") -> NeuronWork:
+        op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
+                dtype=dtype, algorithm=algorithm)
+        return NeuronWork(self.group.submit(op))
+
+    def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
+                    out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
+                    before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None):
+        """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
+        before the schedule starts (premultiply), `after` once it has finished (AVG, copy-back)."""
+        g = self.group
+        reduce = reduce_ops.reducer(op_name, dtype)
+        algo = algorithm or g.choose(collective, nbytes)
+        desc = f"{collective}({nbytes} bytes, {str(dtype).replace('torch.', '')}" + \
+               (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
+               (f", root {spec_args['root']}" if "root" in spec_args else "") + ")"
+
+        def start(op: Op) -> Execution:
+            if before:
+                before()
+            spec = Spec(collective, g.rank, g.size, order=tuple(g.order), topo=g.topology, **spec_args)
+            sched = build(spec, algo)
+            tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
+            return g.execution(op, sched, [inp, out, tmp], reduce, dtype)
+
+        def finish(op: Op) -> None:
+            if op_name == "avg" and out is not None:
+                reduce_ops.finish_avg(out, g.size)
+            if after:
+                after()
+
+        return self._submit(kind, desc, start, finish, outputs, nbytes, dtype, algo)
+
+    # -- all-reduce ----------------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        t = _one(tensors, "allreduce", self._r)
+        return self._allreduce_flat([t], opts, "allreduce")
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self._allreduce_flat(list(tensors), opts, "allreduce_coalesced")
+
+    def _allreduce_flat(self, tensors, opts, what):
+        for t in tensors:
+            _check_tensor(t, what, self._r)
+        dtype = _same_dtype(tensors, what, self._r)
+        op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
+        reduce_ops.check(op_name, dtype)
+        if len(tensors) == 1 and tensors[0].is_contiguous():
+            buf, back = tensors[0].view(-1), None
+        else:
+            buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
+            back = tensors
+
+        def before():
+            if factor is not None:
+                buf.mul_(factor)
+
+        def after():
+            if back is not None:
+                off = 0
+                for t in back:
+                    t.copy_(buf[off:off + t.numel()].view_as(t))
+                    off += t.numel()
+
+        return self._collective("allreduce", Kind.ALLREDUCE, dict(count=buf.numel()), buf, buf, dtype,
+                                op_name, before, after, tensors, buf.numel() * buf.element_size())
+
+    # -- broadcast -----------------------------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        t = _one(tensors, "broadcast", self._r)
+        _check_tensor(t, "broadcast", self._r)
+        root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
+        buf = _flat(t)
+        after = None if buf.data_ptr() == t.data_ptr() or t.numel() == 0 else (lambda: t.copy_(buf.view_as(t)))
+        return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
+                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size())
+
+    def _root(self, root: int, what: str) -> int:
+        if not 0 <= root < self.group.size:
+            raise ValueError(f"[rank {self._r}] {what}: root rank {root} is out of range for a group of "
+                             f"size {self.group.size}")
+        return root
+
+    # -- all-gather ----------------------------------------------------------------------------
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        inp = _one(input_tensors, "allgather", self._r)
+        outs = _one(output_tensors, "allgather", self._r)
+        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs))
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self._allgather_lists(list(output_lists), list(input_list), "allgather_coalesced",
+                                     outputs=[t for lst in output_lists for t in lst])
+
+    def _allgather_lists(self, output_lists, inputs, what, outputs):
+        n = self.group.size
+        for inp, outs in zip(inputs, output_lists):
+            _check_tensor(inp, what, self._r)
+            if len(outs) != n:
+                raise ValueError(f"[rank {self._r}] {what}: needs {n} output tensors (one per rank), got {len(outs)}")
+            for o in outs:
+                _check_tensor(o, what, self._r)
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(f"[rank {self._r}] {what}: output tensor of {o.numel()} {o.dtype} does not "
+                                     f"match the input's {inp.numel()} {inp.dtype}")
+        if len(inputs) != len(output_lists):
+            raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
+        return self._allgather_packed(inputs, output_lists, what, outputs)
+
+    def _allgather_packed(self, inputs, output_lists, what, outputs):
+        """All-gather several inputs in one collective: each rank's block is its inputs packed
+        back to back; the result is unpacked into each output (list of per-rank tensors or one
+        flat tensor per input)."""
+        n = self.group.size
+        dtype = _same_dtype(inputs, what, self._r) if inputs else torch.float32
+        sizes = [i.numel() for i in inputs]
+        c = sum(sizes)
+        inp = _flat(inputs[0]) if len(inputs) == 1 else torch.cat([i.reshape(-1) for i in inputs])
+        single = len(inputs) == 1 and isinstance(output_lists[0], torch.Tensor) and output_lists[0].is_contiguous()
+        out = output_lists[0].view(-1) if single else torch.empty(c * n, dtype=dtype)
+
+        def after():
+            if single or c == 0:
+                return
+            rows, off = out.view(n, c), 0
+            for dst, sz in zip(output_lists, sizes):
+                if isinstance(dst, torch.Tensor):  # into_tensor form: rank r's block is row r
+                    dst.copy_(rows[:, off:off + sz].reshape(dst.shape))
+                else:                               # list form: one tensor per rank
+                    for r in range(n):
+                        dst[r].copy_(rows[r, off:off + sz].reshape(dst[r].shape))
+                off += sz
+
+        return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
+                                after=after, outputs=outputs, nbytes=c * n * torch.empty(0, dtype=dtype).element_size())
+
+    def all_gather_single(self, output, input, opts=None):
+        _check_tensor(input, "all_gather_into_tensor", self._r)
+        _check_tensor(output, "all_gather_into_tensor", self._r)
+        self._check_gather_single(output, input, "all_gather_into_tensor")
+        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output])
+
+    _allgather_base = all_gather_single
+
+    def _check_gather_single(self, output, input, what):
+        n = self.group.size
+        if output.numel() != input.numel() * n:
+            raise ValueError(f"[rank {self._r}] {what}: output has {output.numel()} elements, expected "
+                             f"world_size ({n}) x input ({input.numel()}) = {n * input.numel()}")
+        if output.dtype != input.dtype:
+            raise ValueError(f"[rank {self._r}] {what}: output dtype {output.dtype} != input dtype {input.dtype}")
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"[rank {self._r}] allgather_into_tensor_coalesced: {len(inputs)} inputs, "
+                             f"{len(outputs)} outputs")
+        for o, i in zip(outputs, inputs):
+            _check_tensor(i, "allgather_into_tensor_coalesced", self._r)
+            _check_tensor(o, "allgather_into_tensor_coalesced", self._r)
+            self._check_gather_single(o, i, "allgather_into_tensor_coalesced")
+        if not inputs:
+            return self._empty_work(outputs)
+        return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    # -- reduce-scatter ------------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        out = _one(output_tensors, "reduce_scatter", self._r)
+        ins = list(_one(input_tensors, "reduce_scatter", self._r))
+        n = self.group.size
+        if len(ins) != n:
+            raise ValueError(f"[rank {self._r}] reduce_scatter: needs {n} input tensors (one per rank), got {len(ins)}")
+        for t in ins + [out]:
+            _check_tensor(t, "reduce_scatter", self._r)
+            if t.numel() != out.numel() or t.dtype != out.dtype:
+                raise ValueError(f"[rank {self._r}] reduce_scatter: every input must match the output's "
+                                 f"{out.numel()} {out.dtype} elements, got {t.numel()} {t.dtype}")
+        return self._reduce_scatter_packed([out], [torch.stack([t.reshape(-1) for t in ins]) if ins else out], opts,
+                                           "reduce_scatter")
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        self._check_scatter_single(output, input, "reduce_scatter_tensor")
+        return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = list(outputs), list(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"[rank {self._r}] reduce_scatter_tensor_coalesced: {len(inputs)} inputs, "
+                             f"{len(outputs)} outputs")
+        for o, i in zip(outputs, inputs):
+            self._check_scatter_single(o, i, "reduce_scatter_tensor_coalesced")
+        if not inputs:
+            return self._empty_work(outputs)
+        return self._reduce_scatter_packed(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _check_scatter_single(self, output, input, what):
+        _check_tensor(input, what, self._r)
+        _check_tensor(output, what, self._r)
+        n = self.group.size
+        if input.numel() != output.numel() * n:
+            raise ValueError(f"[rank {self._r}] {what}: input has {input.numel()} elements, expected "
+                             f"world_size ({n}) x output ({output.numel()}) = {n * output.numel()}")
+        if output.dtype != input.dtype:
+            raise ValueError(f"[rank {self._r}] {what}: output dtype {output.dtype} != input dtype {input.dtype}")
+
+    def _reduce_scatter_packed(self, outputs, inputs, opts, what):
+        """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the
+        r-th piece of every input, packed back to back."""
+        n = self.group.size
+        dtype = _same_dtype(inputs + outputs, what, self._r)
+        op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
+        reduce_ops.check(op_name, dtype)
+        sizes = [o.numel() for o in outputs]
+        c = sum(sizes)
+        if len(inputs) == 1:
+            inp = _flat(inputs[0])
+        else:
+            inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
+        single = len(outputs) == 1 and outputs[0].is_contiguous()
+        out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
+
+        def before():
+            nonlocal inp
+            if factor is not None:
+                inp = inp * factor  # never scale the caller's input in place
+
+        def after():
+            if single:
+                return
+            off = 0
+            for o, sz in zip(outputs, sizes):
+                o.copy_(out[off:off + sz].view(o.shape))
+                off += sz
+
+        g = self.group
+        reduce = reduce_ops.reducer(op_name, dtype)
+        nbytes = c * n * torch.empty(0, dtype=dtype).element_size()
+        algo = g.choose("reduce_scatter", nbytes)
+        desc = f"{what}({nbytes} bytes, {str(dtype).replace('torch.', '')}, {op_name})"
+
+        def start(op: Op) -> Execution:
+            before()
+            spec = Spec("reduce_scatter", g.rank, n, counts=(c,) * n, order=tuple(g.order), topo=g.topology)
+            sched = build(spec, algo)
+            tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
+            return g.execution(op, sched, [inp, out, tmp], reduce, dtype)
+
+        def finish(op: Op) -> None:
+            if op_name == "avg":
+                reduce_ops.finish_avg(out, n)
+            after()
+
+        return self._submit(Kind.REDUCE_SCATTER, desc, start, finish, outputs, nbytes, dtype, algo)
+
+    # -- rooted collectives --------------------------------------------------------------------
+    def reduce(self, tensors, opts=None):
+        t = _one(tensors, "reduce", self._r)
+        _check_tensor(t, "reduce", self._r)
+        root = self._root(opts.rootRank if opts is not None else 0, "reduce")
+        op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
+        reduce_ops.check(op_name, t.dtype)
+        buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * factor
+        is_root = self.group.rank == root
+        out = buf if (is_root and buf.data_ptr() == t.data_ptr()) else (buf.clone() if is_root else None)
+        after = None
+        if is_root and out.data_ptr() != t.data_ptr():
+            after = lambda: t.copy_(out.view_as(t))
+        outs = out if is_root else torch.empty(0, dtype=t.dtype)
+        return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
+                                op_name if is_root else ("sum" if op_name == "avg" else op_name),
+                                after=after, outputs=[t], nbytes=t.numel() * t.element_size())
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        inp = _one(input_tensors, "gather", self._r)
+        _check_tensor(inp, "gather", self._r)
+        n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "gather")
+        outs = []
+        if self.group.rank == root:
+            outs = list(_one(output_tensors, "gather", self._r))
+            if len(outs) != n:
+                raise ValueError(f"[rank {self._r}] gather: the root needs {n} output tensors, got {len(outs)}")
+            for o in outs:
+                _check_tensor(o, "gather", self._r)
+                if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                    raise ValueError(f"[rank {self._r}] gather: output of {o.numel()} {o.dtype} does not match "
+                                     f"the input's {inp.numel()} {inp.dtype}")
+        elif output_tensors and any(len(lst) for lst in output_tensors):
+            raise ValueError(f"[rank {self._r}] gather: only the root (rank {root}) passes output tensors")
+        c = inp.numel()
+        out = torch.empty(c * n, dtype=inp.dtype) if outs else None
+
+        def after():
+            for r, o in enumerate(outs):
+                o.copy_(out[r * c:(r + 1) * c].view(o.shape))
+
+        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), out,
+                                inp.dtype, after=after, outputs=outs or [inp], nbytes=c * n * inp.element_size())
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        out_t = _one(output_tensors, "scatter", self._r)
+        _check_tensor(out_t, "scatter", self._r)
+        n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "scatter")
+        c = out_t.numel()
+        inp = None
+        if self.group.rank == root:
+            ins = list(_one(input_tensors, "scatter", self._r))
+            if len(ins) != n:
+                raise ValueError(f"[rank {self._r}] scatter: the root needs {n} input tensors, got {len(ins)}")
+            for i in ins:
+                _check_tensor(i, "scatter", self._r)
+                if i.numel() != c or i.dtype != out_t.dtype:
+                    raise ValueError(f"[rank {self._r}] scatter: input of {i.numel()} {i.dtype} does not match "
+                                     f"the output's {c} {out_t.dtype}")
+            inp = torch.cat([i.reshape(-1) for i in ins]) if c else torch.empty(0, dtype=out_t.dtype)
+        elif input_tensors and any(len(lst) for lst in input_tensors):
+            raise ValueError(f"[rank {self._r}] scatter: only the root (rank {root}) passes input tensors")
+        out = _flat(out_t) if out_t.is_contiguous() else torch.empty(c, dtype=out_t.dtype)
+        after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
+        return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
+                                out_t.dtype, after=after, outputs=[out_t], nbytes=c * n * out_t.element_size())
+
+    # -- all-to-all ----------------------------------------------------------------------------
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        outs, ins, n = list(output_tensors), list(input_tensors), self.group.size
+        if len(outs) != n or len(ins) != n:
+            raise ValueError(f"[rank {self._r}] all_to_all: needs {n} input and {n} output tensors, "
+                             f"got {len(ins)} and {len(outs)}")
+        for t in ins + outs:
+            _check_tensor(t, "all_to_all", self._r)
+        dtype = _same_dtype(ins + outs, "all_to_all", self._r)
+        inp = torch.cat([i.reshape(-1) for i in ins])
+        out = torch.empty(sum(o.numel() for o in outs), dtype=dtype)
+
+        def after():
+            off = 0
+            for o in outs:
+                o.copy_(out[off:off + o.numel()].view(o.shape))
+                off += o.numel()
+
+        return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        _check_tensor(input, "all_to_all_single", self._r)
+        _check_tensor(output, "all_to_all_single", self._r)
+        if output.dtype != input.dtype:
+            raise ValueError(f"[rank {self._r}] all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
+        n = self.group.size
+        send = self._splits(input, list(input_split_sizes), n, "input")
+        recv = self._splits(output, list(output_split_sizes), n, "output")
+        out = output.view(-1) if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype)
+        after = None if output.is_contiguous() else (lambda: output.copy_(out.view(output.shape)))
+        return self._alltoall(_flat(input), out, send, recv, input.dtype, after, [output])
+
+    alltoall_base = all_to_all_single
+
+    def _splits(self, t, splits, n, which) -> list[int]:
+        rows = t.shape[0] if t.dim() else 1
+        row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % n:
+                raise ValueError(f"[rank {self._r}] all_to_all_single: {which} dim 0 ({rows}) is not divisible "
+                                 f"by the group size {n}; pass split sizes")
+            return [rows // n * row] * n
+        if len(splits) != n or sum(splits) != rows or min(splits) < 0:
+            raise ValueError(f"[rank {self._r}] all_to_all_single: {which} split sizes {splits} must be {n} "
+                             f"non-negative numbers summing to dim 0 ({rows})")
+        return [s * row for s in splits]
+
+    def _alltoall(self, inp, out, send, recv, dtype, after, outputs):
+        nbytes = sum(send) * torch.empty(0, dtype=dtype).element_size()
+        return self._collective("alltoall", Kind.ALLTOALL, dict(counts=tuple(send), recv_counts=tuple(recv)),
+                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes)
+
+    # -- barrier -------------------------------------------------------------------------------
+    def barrier(self, opts=None):
+        empty = torch.empty(0, dtype=torch.uint8)
+        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty])
+
+    def _empty_work(self, outputs) -> NeuronWork:
+        """A Work for a call with nothing to move (still ordered after earlier ops)."""
+        empty = torch.empty(0, dtype=torch.uint8)
+        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=list(outputs),
+                                algorithm="dissemination")
+
+    # -- point to point ------------------------------------------------------------------------
+    def send(self, tensors, dstRank, tag=0):
+        t = _one(tensors, "send", self._r)
+        _check_tensor(t, "send", self._r)
+        self._peer(dstRank, "send")
+        buf = _flat(t)
+        sched = Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, buf.numel())))
+        return self._p2p(sched, [buf, None, None], t, dstRank, tag, "send", [t])
+
+    def recv(self, tensors, srcRank, tag=0):
+        t = _one(tensors, "recv", self._r)
+        _check_tensor(t, "recv", self._r)
+        self._peer(srcRank, "recv")
+        out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
+        sched = Schedule("p2p").add(Recv(srcRank, Chunk(OUT, 0, out.numel())))
+        after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
+        return self._p2p(sched, [None, out, None], t, srcRank, tag, "recv", [t], after)
+
+    def recv_anysource(self, tensors, tag=0):
+        t = _one(tensors, "recv", self._r)
+        _check_tensor(t, "recv", self._r)
+        out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
+        after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
+        g = self.group
+        nbytes = t.numel() * t.element_size()
+
+        def start(op: Op):
+            return _AnySource(self, op, out, t.dtype, tag)
+
+        return self._submit(Kind.P2P, f"recv(any source, tag {tag}, {nbytes} bytes)", start,
+                            (lambda op: after()) if after else None, [t], nbytes, t.dtype, "p2p",
+                            peer=None, direction="recv-any")
+
+    def _peer(self, peer: int, what: str) -> None:
+        if not 0 <= peer < self.group.size or peer == self.group.rank:
+            raise ValueError(f"[rank {self._r}] {what}: peer rank {peer} is invalid in a group of size "
+                             f"{self.group.size} (and cannot be this rank)")
+
+    def _p2p(self, sched, bufs, t, peer, tag, what, outputs, after=None):
+        g = self.group
+        nbytes = t.numel() * t.element_size()
+
+        def start(op: Op):
+            return g.execution(op, sched, bufs, None, t.dtype, tag)
+
+        return self._submit(Kind.P2P, f"{what}({nbytes} bytes, {'to' if what == 'send' else 'from'} rank {peer}, "
+                            f"tag {tag})", start, (lambda op: after()) if after else None, outputs, nbytes,
+                            t.dtype, "p2p", peer=peer, direction=what)
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def abort(self) -> None:
+        self.group.close(abort=True)
+
+    def shutdown(self) -> None:
+        self.group.close()
+
+    def report(self) -> list[dict]:
+        return self.group.report()
+
+
+class _AnySource:
+    """recv from any source: waits for the first message with `tag` from any peer, then
+    receives the rest of it from that peer like a plain recv."""
+
+    def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag):
+        self.pg, self.op, self.out, self.dtype, self.tag = pg, op, out, dtype, tag
+        self.inner: Execution | None = None
+        self.done, self.waiting_on = False, None
+
+    def progress(self) -> bool:
+        g = self.pg.group
+        if self.inner is None:
+            for peer in range(g.size):
+                if peer == g.rank:
+                    continue
+                got = g.mailbox.take(peer, ("p2p", self.tag))
+                if got is None:
+                    continue
+                h, payload, owned = got
+                g.mailbox.early.setdefault((peer, ("p2p", self.tag)), __import__("collections").deque()).appendleft(
+                    (h, payload if owned else payload.clone()))
+                if not owned:
+                    g.transport.release(peer)
+                self.op.source_rank = peer
+                sched = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, self.out.numel())))
+                self.inner = g.execution(self.op, sched, [None, self.out, None], None, self.dtype, self.tag)
+                break
+            else:
+                return False
+        moved = self.inner.progress()
+        self.done, self.waiting_on = self.inner.done, self.inner.waiting_on
+        return True if self.done else moved
+
+
+def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:
+    """c10d's creator hook (registered by `neuron_dist/__init__.py`)."""
+    return NeuronProcessGroup(store, rank, size, timeout)
+
+
+def create_extended(opts, backend_opts=None) -> NeuronProcessGroup:
+    """Extended-API creator: also knows the group's global ranks (for error messages)."""
+    timeout = getattr(opts, "timeout", None) or timedelta(minutes=30)
+    ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
+    return NeuronProcessGroup(opts.store, opts.group_rank, opts.group_size, timeout,
+                              group_name=str(getattr(opts, "group_id", "")), global_ranks=ranks or None)
+
+
+def register() -> None:
+    if BACKEND in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND, create_extended, extended_api=True, devices=["cpu"])

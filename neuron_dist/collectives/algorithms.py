@@ -1,0 +1,73 @@
+"""The algorithm table: (collective, algorithm name) -> schedule builder.
+
+Every builder takes one `Spec` so the group can build any algorithm the same way; the topology's
+selector names the algorithm, this table turns the name into a schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import direct, ring
+from .schedule import Schedule
+
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather",
+               "scatter", "alltoall", "barrier")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything a builder may use. `counts` is per group rank: for allgather the block each
+    rank contributes, for reduce_scatter the block each rank receives, for gather/scatter each
+    rank's block; `recv_counts` is all-to-all's. `order` is the ring order from the topology,
+    `topo` the GroupTopology (or None when no placement is known)."""
+    collective: str
+    rank: int
+    size: int
+    count: int = 0
+    counts: tuple[int, ...] = ()
+    recv_counts: tuple[int, ...] = ()
+    root: int = 0
+    order: tuple[int, ...] = ()
+    topo: object = field(default=None, compare=False)
+
+    @property
+    def ring(self) -> list[int]:
+        return list(self.order) if self.order else list(range(self.size))
+
+
+Builder = Callable[[Spec], Schedule]
+
+BUILDERS: dict[tuple[str, str], Builder] = {
+    ("allreduce", "ring"): lambda s: ring.allreduce(s.ring, s.rank, s.count),
+    ("allreduce", "direct"): lambda s: direct.allreduce(s.rank, s.size, s.count),
+    ("allgather", "ring"): lambda s: ring.allgather(s.ring, s.rank, list(s.counts)),
+    ("allgather", "direct"): lambda s: direct.allgather(s.rank, s.size, list(s.counts)),
+    ("reduce_scatter", "ring"): lambda s: ring.reduce_scatter(s.ring, s.rank, list(s.counts)),
+    ("reduce_scatter", "direct"): lambda s: direct.reduce_scatter(s.rank, s.size, list(s.counts)),
+    ("broadcast", "tree"): lambda s: direct.broadcast(s.rank, s.size, s.root, s.count),
+    ("reduce", "tree"): lambda s: direct.reduce(s.rank, s.size, s.root, s.count),
+    ("gather", "direct"): lambda s: direct.gather(s.rank, s.size, s.root, list(s.counts)),
+    ("scatter", "direct"): lambda s: direct.scatter(s.rank, s.size, s.root, list(s.counts)),
+    ("alltoall", "direct"): lambda s: direct.alltoall(s.rank, s.size, list(s.counts), list(s.recv_counts)),
+    ("barrier", "dissemination"): lambda s: direct.barrier(s.rank, s.size),
+}
+
+
+def algorithms_for(collective: str) -> list[str]:
+    return [a for (c, a) in BUILDERS if c == collective]
+
+
+def register(collective: str, algorithm: str, builder: Builder) -> None:
+    if collective not in COLLECTIVES:
+        raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    BUILDERS[(collective, algorithm)] = builder
+
+
+def build(spec: Spec, algorithm: str) -> Schedule:
+    try:
+        builder = BUILDERS[(spec.collective, algorithm)]
+    except KeyError:
+        raise ValueError(f"no algorithm {algorithm!r} for {spec.collective}; available: "
+                         f"{', '.join(algorithms_for(spec.collective))}") from None
+    return builder(spec)

@@ -1,0 +1,143 @@
+"""Tree and direct (mesh) schedules: rooted collectives, all-to-all, barrier, and the
+one-round all-reduce / all-gather / reduce-scatter for latency-bound sizes.
+
+Direct reductions combine contributions in group-rank order on every rank, so all ranks end
+bit-identical and, at two ranks, equal to Gloo's result.
+"""
+from __future__ import annotations
+
+from .schedule import IN, OUT, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
+
+
+def _offsets(counts: list[int]) -> list[int]:
+    out, s = [], 0
+    for c in counts:
+        out.append(s)
+        s += c
+    return out
+
+
+def _binomial(rank: int, root: int, n: int) -> tuple[int | None, list[int]]:
+    """(parent, children) of `rank` in the binomial tree rooted at `root`; children nearest
+    the root's subtree split first, so the deepest subtree starts earliest."""
+    rel = (rank - root) % n
+    parent, mask = None, 1
+    while mask < n:
+        if rel & mask:
+            parent = ((rel - mask) + root) % n
+            break
+        mask <<= 1
+    children = []
+    mask >>= 1
+    while mask > 0:
+        if rel + mask < n:
+            children.append(((rel + mask) + root) % n)
+        mask >>= 1
+    return parent, children
+
+
+def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
+    """OUT is the tensor on every rank (the root's holds the data)."""
+    parent, children = _binomial(rank, root, n)
+    s = Schedule("tree")
+    whole = Chunk(OUT, 0, count)
+    if parent is not None:
+        s.add(Recv(parent, whole))
+    s.add(*[Send(c, whole) for c in children])
+    return s
+
+
+def reduce(rank: int, n: int, root: int, count: int) -> Schedule:
+    """IN is each rank's contribution (never written); OUT (the root's tensor) gets the result.
+    Partial results accumulate in TMP along a binomial tree."""
+    parent, children = _binomial(rank, root, n)
+    s = Schedule("tree", tmp_count=count)
+    acc = Chunk(TMP, 0, count)
+    s.add(Copy(Chunk(IN, 0, count), acc))
+    for c in reversed(children):  # deepest subtree last: it finishes last
+        s.add(Recv(c, acc, reduce=True))
+    if parent is not None:
+        s.add(Send(parent, acc))
+    else:
+        s.add(Copy(acc, Chunk(OUT, 0, count)))
+    return s
+
+
+def gather(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
+    """IN: counts[rank] elements; on the root OUT gets every rank's block in rank order."""
+    s = Schedule("direct")
+    if rank != root:
+        return s.add(Send(root, Chunk(IN, 0, counts[rank])))
+    off = _offsets(counts)
+    s.add(Copy(Chunk(IN, 0, counts[rank]), Chunk(OUT, off[rank], counts[rank])),
+          *[Recv(r, Chunk(OUT, off[r], counts[r])) for r in range(n) if r != rank])
+    return s
+
+
+def scatter(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
+    """On the root IN holds every rank's block in rank order; OUT gets this rank's block."""
+    s = Schedule("direct")
+    if rank != root:
+        return s.add(Recv(root, Chunk(OUT, 0, counts[rank])))
+    off = _offsets(counts)
+    s.add(Copy(Chunk(IN, off[rank], counts[rank]), Chunk(OUT, 0, counts[rank])),
+          *[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank])
+    return s
+
+
+def alltoall(rank: int, n: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
+    """IN holds send_counts[j] elements for rank j, in rank order; OUT receives recv_counts[j]
+    from rank j. Sends are staggered (rank+k) so no rank is everyone's first target."""
+    so, ro = _offsets(send_counts), _offsets(recv_counts)
+    steps = [Copy(Chunk(IN, so[rank], send_counts[rank]), Chunk(OUT, ro[rank], recv_counts[rank]))]
+    for k in range(1, n):
+        to, frm = (rank + k) % n, (rank - k) % n
+        steps += [Send(to, Chunk(IN, so[to], send_counts[to])),
+                  Recv(frm, Chunk(OUT, ro[frm], recv_counts[frm]))]
+    return Schedule("direct").add(*steps)
+
+
+def barrier(rank: int, n: int) -> Schedule:
+    """Dissemination barrier: ceil(log2 n) rounds of empty messages."""
+    s, k, empty = Schedule("dissemination"), 1, Chunk(OUT, 0, 0)
+    while k < n:
+        s.add(Send((rank + k) % n, empty), Recv((rank - k) % n, empty))
+        k <<= 1
+    return s
+
+
+def allreduce(rank: int, n: int, count: int) -> Schedule:
+    """One round: everyone sends its vector to everyone; each rank then reduces all n vectors
+    in rank order. n-1 messages of the full size per rank: for latency-bound sizes only."""
+    s = Schedule("direct", tmp_count=count * n)
+    slot = lambda r: Chunk(TMP, r * count, count)
+    whole = Chunk(OUT, 0, count)
+    s.add(Copy(whole, slot(rank)),
+          *[Send(r, whole) for r in range(n) if r != rank],
+          *[Recv(r, slot(r)) for r in range(n) if r != rank])
+    s.add(Copy(slot(0), whole), *[LocalReduce(slot(r), whole) for r in range(1, n)])
+    return s
+
+
+def allgather(rank: int, n: int, counts: list[int]) -> Schedule:
+    off = _offsets(counts)
+    mine = Chunk(IN, 0, counts[rank])
+    return Schedule("direct").add(
+        Copy(mine, Chunk(OUT, off[rank], counts[rank])),
+        *[Send(r, mine) for r in range(n) if r != rank],
+        *[Recv(r, Chunk(OUT, off[r], counts[r])) for r in range(n) if r != rank])
+
+
+def reduce_scatter(rank: int, n: int, counts: list[int]) -> Schedule:
+    """Each rank sends block j to rank j; each rank reduces the n blocks it holds in rank order."""
+    off, c = _offsets(counts), counts[rank]
+    s = Schedule("direct", tmp_count=c * n)
+    slot = lambda r: Chunk(TMP, r * c, c)
+    s.add(*[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank],
+          *[Recv(r, slot(r)) for r in range(n) if r != rank])
+    mine = Chunk(IN, off[rank], c)
+    first = mine if rank == 0 else slot(0)
+    steps = [Copy(first, Chunk(OUT, 0, c))]
+    for r in range(1, n):
+        steps.append(LocalReduce(mine if r == rank else slot(r), Chunk(OUT, 0, c)))
+    return s.add(*steps)

@@ -1,0 +1,62 @@
+"""Reduction operators on torch tensors, in the tensor's own dtype (fp64 stays fp64, bf16 is
+reduced as bf16 like Gloo does), with torch.distributed's meaning of every ReduceOp.
+
+AVG and PREMUL_SUM are SUM on the wire: PREMUL_SUM scales the input first, AVG divides the
+result by the group size last (integers: truncating division, as NCCL does).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (out, a, b): out = a op b
+
+OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
+_BITWISE = ("band", "bor", "bxor")
+_COMPLEX = (torch.complex64, torch.complex128)
+
+
+def _fn(op: str, dtype: torch.dtype):
+    if dtype == torch.bool:  # torch treats bool SUM/MAX as OR, PRODUCT/MIN as AND
+        return {"sum": torch.logical_or, "max": torch.logical_or, "bor": torch.logical_or,
+                "product": torch.logical_and, "min": torch.logical_and, "band": torch.logical_and,
+                "bxor": torch.logical_xor}.get(op)
+    table = {"sum": torch.add, "avg": torch.add, "premul_sum": torch.add, "product": torch.mul,
+             "min": torch.minimum, "max": torch.maximum, "band": torch.bitwise_and,
+             "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+    if op in _BITWISE and dtype.is_floating_point:
+        return None
+    if dtype in _COMPLEX and op in ("min", "max") + _BITWISE:
+        return None
+    return table.get(op)
+
+
+def check(op: str, dtype: torch.dtype) -> None:
+    """Raise ValueError for op/dtype pairs that have no meaning, before any byte moves."""
+    if op not in OPS:
+        raise ValueError(f"unknown reduce op {op!r}")
+    if op in ("avg", "premul_sum") and dtype == torch.bool:
+        raise ValueError(f"ReduceOp.{op.upper()} is not defined for torch.bool tensors")
+    if op == "premul_sum" and not (dtype.is_floating_point or dtype in _COMPLEX):
+        raise ValueError(f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+    if _fn(op, dtype) is None:
+        raise ValueError(f"ReduceOp.{op.upper()} is not supported for {dtype} tensors")
+
+
+def reducer(op: str, dtype: torch.dtype) -> Reducer:
+    check(op, dtype)
+    fn = _fn(op, dtype)
+
+    def reduce(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        fn(a, b, out=out)
+
+    return reduce
+
+
+def finish_avg(t: torch.Tensor, size: int) -> None:
+    """In place: the SUM already in `t` becomes the average over `size` ranks."""
+    if t.dtype.is_floating_point or t.dtype in _COMPLEX:
+        t.div_(size)
+    else:
+        t.copy_(torch.div(t, size, rounding_mode="trunc"))

@@ -1,0 +1,85 @@
+"""Ring reduce-scatter, all-gather and all-reduce over any ring order of the group's ranks.
+
+Blocks are indexed by group rank (block b is rank b's share), whatever the ring order: the
+order only decides who talks to whom, so the topology can supply any Hamiltonian cycle.
+Position p in the ring sends to position p+1 and receives from p-1 in every round.
+"""
+from __future__ import annotations
+
+from .schedule import IN, OUT, TMP, Chunk, Copy, Recv, Schedule, Send, split
+
+
+def _positions(order: list[int], rank: int) -> tuple[int, int, int, int]:
+    n = len(order)
+    if sorted(order) != list(range(n)):
+        raise ValueError(f"ring order {order} is not a permutation of 0..{n - 1}")
+    p = order.index(rank)
+    return n, p, order[(p + 1) % n], order[(p - 1) % n]
+
+
+def reduce_scatter_rounds(order: list[int], rank: int, blocks: list[tuple[int, int]],
+                          src_buf: int, acc_buf: int) -> Schedule:
+    """After these n-1 rounds, block `rank` of `acc_buf` holds the reduction of every rank's
+    block `rank`. Blocks are read from `src_buf` the first time and accumulated in `acc_buf`
+    (src_buf == acc_buf reduces in place; otherwise src_buf is never written)."""
+    n, p, nxt, prv = _positions(order, rank)
+    s = Schedule("ring")
+    for step in range(n - 1):
+        send_b = order[(p - step - 1) % n]
+        recv_b = order[(p - step - 2) % n]
+        sb, rb = blocks[send_b], blocks[recv_b]
+        send_from = src_buf if step == 0 else acc_buf
+        base = None if src_buf == acc_buf else Chunk(src_buf, rb[0], rb[1])
+        s.add(Send(nxt, Chunk(send_from, sb[0], sb[1])),
+              Recv(prv, Chunk(acc_buf, rb[0], rb[1]), reduce=True, base=base))
+    return s
+
+
+def all_gather_rounds(order: list[int], rank: int, blocks: list[tuple[int, int]], buf: int) -> Schedule:
+    """Given block `rank` of `buf`, after these n-1 rounds every block of `buf` is filled."""
+    n, p, nxt, prv = _positions(order, rank)
+    s = Schedule("ring")
+    for step in range(n - 1):
+        send_b = order[(p - step) % n]
+        recv_b = order[(p - step - 1) % n]
+        sb, rb = blocks[send_b], blocks[recv_b]
+        s.add(Send(nxt, Chunk(buf, sb[0], sb[1])), Recv(prv, Chunk(buf, rb[0], rb[1])))
+    return s
+
+
+def allreduce(order: list[int], rank: int, count: int) -> Schedule:
+    """In place on OUT (IN is OUT): reduce-scatter then all-gather, 2(n-1) rounds."""
+    blocks = split(count, len(order))
+    s = reduce_scatter_rounds(order, rank, blocks, OUT, OUT)
+    s.extend(all_gather_rounds(order, rank, blocks, OUT))
+    s.algorithm = "ring"
+    return s
+
+
+def allgather(order: list[int], rank: int, counts: list[int]) -> Schedule:
+    """IN holds counts[rank] elements; OUT holds every rank's block in group-rank order."""
+    blocks, start = [], 0
+    for c in counts:
+        blocks.append((start, c))
+        start += c
+    s = Schedule("ring")
+    s.add(Copy(Chunk(IN, 0, counts[rank]), Chunk(OUT, blocks[rank][0], counts[rank])))
+    return s.extend(all_gather_rounds(order, rank, blocks, OUT))
+
+
+def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
+    """IN holds every rank's block (group-rank order); OUT gets the reduction of block `rank`.
+    IN is never written: partial sums live in TMP."""
+    blocks, start = [], 0
+    for c in counts:
+        blocks.append((start, c))
+        start += c
+    n = len(order)
+    if n == 1:
+        return Schedule("ring").add(Copy(Chunk(IN, 0, counts[0]), Chunk(OUT, 0, counts[0])))
+    s = reduce_scatter_rounds(order, rank, blocks, IN, TMP)
+    s.tmp_count = start
+    mine = blocks[rank]
+    s.add(Copy(Chunk(TMP, mine[0], mine[1]), Chunk(OUT, 0, mine[1])))
+    s.algorithm = "ring"
+    return s

@@ -1,0 +1,61 @@
+"""Every NEURON_DIST_* environment variable, read in one place and logged when read.
+
+NEURON_DIST_ALGO       force algorithms per collective: "allreduce:ring;allgather:direct"
+NEURON_DIST_TRANSPORT  force a transport for every peer pair: zmq | shm | mpi
+NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT,COLL (or ALL)
+NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host time, modelled
+                       device time) when a group is destroyed: 1, or a file path
+NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface that reaches
+                       MASTER_ADDR, loopback for a single-host job)
+NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288)
+NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("neuron_dist")
+
+SUBSYSTEMS = ("INIT", "TOPO", "TUNING", "TRANSPORT", "COLL")
+_LOGGERS = {"INIT": "neuron_dist.init", "TOPO": "neuron_dist.topology", "TUNING": "neuron_dist.tuning",
+            "TRANSPORT": "neuron_dist.transport", "COLL": "neuron_dist.coll"}
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name, default)
+    if name in os.environ:
+        log.debug("env %s=%s", name, value)
+    return value
+
+
+def env_int(name: str, default: int) -> int:
+    raw = env(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def setup_logging() -> None:
+    """Turn on debug logging for the subsystems named in NEURON_DIST_DEBUG."""
+    raw = os.environ.get("NEURON_DIST_DEBUG", "")
+    if not raw:
+        return
+    names = SUBSYSTEMS if raw.strip().upper() in ("1", "ALL") else [s.strip().upper() for s in raw.split(",")]
+    unknown = [n for n in names if n not in _LOGGERS]
+    if unknown:
+        raise ValueError(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}; known: {', '.join(SUBSYSTEMS)}")
+    handler = logging.StreamHandler()
+    rank = os.environ.get("RANK", "?")
+    handler.setFormatter(logging.Formatter(f"[neuron_dist rank {rank}] %(name)s %(levelname)s: %(message)s"))
+    for n in names:
+        lg = logging.getLogger(_LOGGERS[n])
+        lg.setLevel(logging.DEBUG)
+        if not lg.handlers:
+            lg.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    if not log.handlers:
+        log.addHandler(handler)
