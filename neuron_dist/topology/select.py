@@ -1,0 +1,49 @@
+"""Algorithm choice: the cheapest estimate, unless NEURON_DIST_ALGO forces one per collective."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from .cost import AVAILABLE, COLLECTIVES, applicable, check_algorithm, estimate, normalise_collective
+from .placement import GroupTopology
+
+ENV_ALGO = "NEURON_DIST_ALGO"
+
+
+def parse_forced(spec: str | None) -> dict[str, str]:
+    """"allreduce:ring;allgather:torus" -> {"allreduce": "ring", "allgather": "torus"}.
+    Entries are separated by ';' or ','; collective names may be spelt all_reduce etc.;
+    an unknown collective or algorithm is a ValueError naming the valid ones."""
+    out: dict[str, str] = {}
+    if not spec or not spec.strip():
+        return out
+    for entry in spec.replace(",", ";").split(";"):
+        entry = entry.strip()
+        if not entry:
+            continue
+        if ":" not in entry:
+            raise ValueError(f"{ENV_ALGO}: entry {entry!r} is not 'collective:algorithm' "
+                             f"(for example 'allreduce:ring;allgather:torus')")
+        coll, algo = (x.strip() for x in entry.split(":", 1))
+        try:
+            coll = normalise_collective(coll)
+            out[coll] = check_algorithm(coll, algo)
+        except ValueError as e:
+            raise ValueError(f"{ENV_ALGO}={spec!r}: {e}") from None
+    return out
+
+
+def choose(collective: str, nbytes: int, topo: GroupTopology,
+           forced: Mapping[str, str] | None = None,
+           available: Sequence[str] | None = None) -> str:
+    """The algorithm to run: forced[collective] if given, else the cheapest modelled one among
+    `available` (default `cost.AVAILABLE[collective]`, earlier names winning ties)."""
+    coll = normalise_collective(collective)
+    if forced and coll in forced:
+        return check_algorithm(coll, forced[coll])
+    cands = [a for a in (available or AVAILABLE[coll]) if applicable(coll, a, topo)]
+    if not cands:
+        raise ValueError(f"no algorithm available for {coll}")
+    return min(cands, key=lambda a: (estimate(coll, a, nbytes, topo), cands.index(a)))
+
+
+__all__ = ["parse_forced", "choose", "COLLECTIVES", "AVAILABLE", "ENV_ALGO"]
