@@ -98,12 +98,30 @@ def _pick(args: ParsedArgs, dest: str, env: Mapping[str, str], var: str, conv=st
     return exported_val
 
 
+def _instance(args: ParsedArgs, env: Mapping[str, str]):
+    """The instance model, and the name ranks get in NEURON_DIST_INSTANCE: the model's own
+    name, or the file path when the user described the instance in a .json/.toml file."""
+    def load(spec: str, source: str):
+        try:
+            return instances.get_instance(spec)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    exported = env.get("NEURON_DIST_INSTANCE", "").strip()
+    if args.explicit("instance"):
+        spec = args.values["instance"]
+        model = load(spec, f"--instance (from {args.sources['instance']})")
+        if exported and load(exported, "$NEURON_DIST_INSTANCE").name != model.name:
+            raise ConfigError(f"--instance {spec} (from {args.sources['instance']}) conflicts with "
+                              f"$NEURON_DIST_INSTANCE={exported}; unset NEURON_DIST_INSTANCE or make them agree")
+    else:
+        spec = exported or instances.DEFAULT_INSTANCE
+        model = load(spec, "$NEURON_DIST_INSTANCE" if exported else "default instance")
+    return model, (spec if spec.endswith((".json", ".toml")) else model.name)
+
+
 def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> NeuronPlan:
-    name = _pick(args, "instance", env, "NEURON_DIST_INSTANCE") or instances.DEFAULT_INSTANCE
-    try:
-        model = instances.get_instance(name)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    model, spec = _instance(args, env)
     if max_nodes > 1 and not model.multi_node:
         raise ConfigError(f"{model.name} is a single-instance type; it cannot run a {max_nodes}-node job")
     lnc = _pick(args, "lnc", env, "NEURON_LOGICAL_NC_CONFIG", int) or model.default_lnc
@@ -136,7 +154,7 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
             check_host_port(root, "$NEURON_RT_ROOT_COMM_ID")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    plan = NeuronPlan(model.name, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root)
+    plan = NeuronPlan(spec, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root)
     try:  # validates every slot: too many ranks, misaligned pool, pool outside the instance
         assign_slots(1, nproc, cores_per_chip=cores_per_chip, chips=model.chips, cores_per_rank=m,
                      base_core=base, pool_cores=pool)

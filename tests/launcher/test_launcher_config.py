@@ -1,0 +1,165 @@
+"""Command line, environment fallbacks, conflicts and --dry-run, without starting anything."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import clean_env, neuronrun
+
+from neuronrun_launcher.cli import FLAGS, parse
+from neuronrun_launcher.config import ConfigError
+from neuronrun_launcher.dryrun import rank_table
+from neuronrun_launcher.run import config_from_argv
+
+
+def cfg(*argv, **env):
+    return config_from_argv(list(argv), env)
+
+
+def test_each_flag_defined_once_with_both_spellings():
+    names = [n for f in FLAGS for n in f.names]
+    assert len(names) == len(set(names))
+    dests = [f.dest for f in FLAGS]
+    assert len(dests) == len(set(dests))
+    for f in FLAGS:
+        for n in f.names:
+            if n.startswith("--") and "-" in n[2:]:
+                assert "--" + n[2:].replace("-", "_") in f.names
+
+
+def test_torchrun_spellings_parse_the_same():
+    a = cfg("--nnodes=2", "--nproc-per-node=4", "--node-rank=1", "--master-addr=h0", "--master-port=1234",
+            "--max-restarts=2", "--monitor-interval=0.5", "train.py", "--lr", "1")
+    b = cfg("--nnodes", "2", "--nproc_per_node", "4", "--node_rank", "1", "--master_addr", "h0",
+            "--master_port", "1234", "--max_restarts", "2", "--monitor_interval", "0.5", "train.py", "--lr", "1")
+    fields = ("min_nodes", "max_nodes", "nproc_per_node", "node_rank", "rdzv_backend", "rdzv_endpoint",
+              "max_restarts", "monitor_interval", "script", "script_args")
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields] == [
+        2, 2, 4, 1, "static", "h0:1234", 2, 0.5, "train.py", ("--lr", "1")]
+
+
+def test_env_fallback_order():
+    assert cfg("t.py", PET_NPROC_PER_NODE="3").nproc_per_node == 3
+    assert cfg("t.py", PET_NPROC_PER_NODE="3", NEURONRUN_NPROC_PER_NODE="5").nproc_per_node == 5
+    assert cfg("--nproc-per-node", "2", "t.py", NEURONRUN_NPROC_PER_NODE="5").nproc_per_node == 2
+    c = cfg("t.py", NEURONRUN_NO_PYTHON="1", NEURONRUN_INSTANCE="trn1.32xlarge")
+    assert c.no_python and c.plan.instance == "trn1.32xlarge" and c.sources["instance"] == "$NEURONRUN_INSTANCE"
+    with pytest.raises(ConfigError, match=r"\$NEURONRUN_MAX_RESTARTS='x'"):
+        cfg("t.py", NEURONRUN_MAX_RESTARTS="x")
+
+
+def test_single_node_defaults_like_torchrun():
+    c = cfg("t.py")
+    assert (c.rdzv_backend, c.rdzv_endpoint, c.nproc_per_node, c.tee, c.max_restarts) == ("c10d", "localhost:0", 1,
+                                                                                          "3", 0)
+    assert (c.plan.instance, c.plan.lnc, c.plan.cores_per_chip) == ("trn2.48xlarge", 2, 4)
+    s = cfg("--standalone", "--rdzv-backend", "static", "t.py")
+    assert (s.rdzv_backend, s.rdzv_endpoint) == ("c10d", "localhost:0")
+
+
+@pytest.mark.parametrize("argv, env, nproc, cpc", [
+    (["--nproc-per-node", "auto"], {}, 64, 4),
+    (["--nproc-per-node", "auto", "--lnc", "1"], {}, 128, 8),
+    (["--nproc-per-node", "auto", "--lnc", "1", "--cores-per-rank", "4"], {}, 32, 8),
+    (["--nproc-per-node", "auto", "--instance", "trn1.32xlarge"], {}, 32, 2),
+    (["--nproc-per-node", "auto", "--instance", "inf2.24xlarge", "--cores-per-rank", "2"], {}, 6, 2),
+    (["--nproc-per-node", "auto"], {"NEURON_RT_VISIBLE_CORES": "8-15"}, 8, 4),
+    (["--nproc-per-node", "auto"], {"NEURON_RT_NUM_CORES": "2", "NEURON_DIST_INSTANCE": "trn1.2xlarge"}, 1, 2),
+])
+def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
+    c = cfg(*argv, "t.py", **env)
+    assert (c.nproc_per_node, c.plan.cores_per_chip) == (nproc, cpc)
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--nproc-per-node", "33", "--instance", "trn1.32xlarge"], {}, "only 32 logical NeuronCores"),
+    (["--lnc", "2", "--instance", "trn1.32xlarge"], {}, "supports LNC 1, not 2"),
+    (["--lnc", "1"], {"NEURON_LOGICAL_NC_CONFIG": "2"}, r"--lnc 1 \(from command line\) conflicts with "
+                                                         r"\$NEURON_LOGICAL_NC_CONFIG=2"),
+    (["--instance", "trn1.32xlarge"], {"NEURON_DIST_INSTANCE": "trn2.48xlarge"}, "conflicts with"),
+    (["--cores-per-rank", "2"], {"NEURON_RT_NUM_CORES": "4"}, "conflicts with"),
+    (["--cores-per-rank", "3"], {}, "straddles a chip"),
+    (["--instance", "p4d.24xlarge"], {}, "unknown instance"),
+    (["--nproc-per-node", "gpu"], {}, "integer or 'auto'"),
+    (["--nnodes", "2", "--instance", "inf2.48xlarge"], {}, "single-instance"),
+    (["--nnodes", "1:2", "--rdzv-backend", "static", "--master-port", "1"], {}, "fixed --nnodes"),
+    (["--nnodes", "2", "--node-rank", "2"], {}, r"outside 0\.\.1"),
+    (["--nproc-per-node", "4"], {"NEURON_RT_VISIBLE_CORES": "0-2"}, "restricted to 3"),
+    ([], {"NEURON_RT_ROOT_COMM_ID": "nohostport"}, "not host:port"),
+    (["--no-python", "-m"], {}, "cannot be used together"),
+    (["--tee", "9"], {}, "--tee '9'"),
+])
+def test_mistakes_are_clear_errors(argv, env, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg(*argv, "t.py", **env)
+
+
+def test_user_set_neuron_values_are_respected():
+    c = cfg("--nproc-per-node", "2", "t.py", NEURON_LOGICAL_NC_CONFIG="1", NEURON_RT_NUM_CORES="2",
+            NEURON_DIST_INSTANCE="trn2.48xlarge", NEURON_RT_VISIBLE_CORES="4-7", NEURON_RT_ROOT_COMM_ID="h:9")
+    p = c.plan
+    assert (p.lnc, p.cores_per_rank, p.base_core, p.pool_cores, p.root_comm_id) == (1, 2, 4, 4, "h:9")
+    # agreeing explicit flags are fine
+    cfg("--lnc", "1", "--instance", "trn2.48xlarge", "t.py", NEURON_LOGICAL_NC_CONFIG="1",
+        NEURON_DIST_INSTANCE="trn2.48xlarge")
+
+
+SRUN = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_NTASKS": "2",
+        "SLURM_JOB_NODELIST": "trn[07-08]", "SLURM_JOB_ID": "4242"}
+
+
+def test_under_srun_nothing_is_hand_computed():
+    c = cfg("--nproc-per-node", "auto", "t.py", **SRUN)
+    assert (c.max_nodes, c.node_rank, c.master_addr, c.rdzv_backend, c.rdzv_endpoint, c.rdzv_id) == (
+        2, 1, "trn07", "static", "trn07:29500", "4242")
+    assert cfg("--master-addr", "trn07-ib", "t.py", **SRUN).rdzv_endpoint == "trn07-ib:29500"
+    with pytest.raises(ConfigError, match="--node-rank 0 conflicts with slurm's node rank 1"):
+        cfg("--node-rank", "0", "t.py", **SRUN)
+    with pytest.raises(ConfigError, match="conflicts with slurm's 2 nodes"):
+        cfg("--nnodes", "3", "t.py", **SRUN)
+    assert cfg("--scheduler", "none", "t.py", **SRUN).max_nodes == 1
+
+
+def test_under_mpirun():
+    mpi = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    with pytest.raises(ConfigError, match="mpirun -x MASTER_ADDR"):
+        cfg("t.py", **mpi)
+    c = cfg("t.py", MASTER_ADDR="head", **mpi)
+    assert (c.max_nodes, c.node_rank, c.rdzv_endpoint) == (2, 1, "head:29500")
+
+
+def test_rank_table_two_nodes_trn1_two_cores_per_rank():
+    c = cfg("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.1.1.1", "--master-port", "7000",
+            "--instance", "trn1.32xlarge", "--cores-per-rank", "2", "--nproc-per-node", "auto", "t.py")
+    rows = rank_table(c)
+    assert len(rows) == 32
+    fields, env = rows[17]
+    assert fields == {"rank": "17", "host": "(node 1)", "node rank": "1", "local rank": "1", "chip": "1",
+                      "cores": "2-3"}
+    assert env["RANK"] == "17" and env["GROUP_RANK"] == "1" and env["WORLD_SIZE"] == "32"
+    assert env["NEURON_RT_VISIBLE_CORES"] == "2-3" and env["NEURON_RT_ROOT_COMM_ID"] == "10.1.1.1:7001"
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "1" and env["NEURON_RT_NUM_CORES"] == "2"
+
+
+def test_dry_run_cli_output():
+    r = neuronrun(["--dry-run", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.9",
+                   "--master-port", "6000", "--nproc-per-node", "2", "--lnc", "1", "--cores-per-rank", "8",
+                   "train.py", "--epochs", "3"], env=clean_env(SLURM_STEP_ID="0", SLURM_NODEID="1",
+                                                               SLURM_NNODES="2", SLURM_JOB_NODELIST="n[1-2]"))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "trn2.48xlarge, LNC 1 (16 chips x 8 logical cores), 2 node(s) x 2 rank(s), 8 core(s) per rank" in out
+    assert "worker.py python train.py --epochs 3" in out
+    block = out.split("rank 3, ")[1]
+    assert block.startswith("host n2, node rank 1, local rank 1, chip 1, cores 8-15\n")
+    for line in ("RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
+                 "MASTER_ADDR=10.0.0.9", "MASTER_PORT=6000", "NEURON_RT_VISIBLE_CORES=8-15",
+                 "NEURON_RT_NUM_CORES=8", "NEURON_LOGICAL_NC_CONFIG=1", "NEURON_RT_ROOT_COMM_ID=10.0.0.9:6001",
+                 "NEURON_DIST_INSTANCE=trn2.48xlarge"):
+        assert f"\n  {line}\n" in block + "\n"
+
+
+def test_help_is_the_manual_and_errors_exit_2():
+    r = neuronrun(["--help"])
+    assert r.returncode == 0 and "Environment of each rank" in r.stdout and "NEURONRUN_FOO_BAR" in r.stdout
+    r = neuronrun(["--nproc-per-node", "999", "t.py"])
+    assert r.returncode == 2 and "neuronrun: error:" in r.stderr and "Traceback" not in r.stderr
