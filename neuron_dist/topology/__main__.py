@@ -1,0 +1,137 @@
+"""python -m neuron_dist.topology: look at the modelled hardware and the cost model.
+
+  show INSTANCE [--lnc N] [--svg FILE]
+      the instance's chips, cores and links, every figure with its source, and the node's
+      Hamiltonian ring(s) drawn over the chip graph to an SVG file (default INSTANCE-rings.svg)
+  predict COLLECTIVE --instance NAME [--nodes N] [--ppn K] [--lnc N] [--sizes 8K,1M,64M]
+          [--algo NAME]
+      an nccl-tests-like table of modelled time, algbw and busbw, with the algorithm chosen at
+      each size (or the one given with --algo); NEURON_DIST_ALGO is honoured.
+  list
+      the known instance models
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .cost import AVAILABLE, bus_factor, estimate, normalise_collective
+from .draw import svg
+from .graph import hamiltonian_cycles
+from .instances import get_instance, list_instances
+from .placement import place
+from .select import ENV_ALGO, choose, parse_forced
+
+_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().rstrip("B")
+    if s and s[-1] in _SUFFIX:
+        return int(float(s[:-1]) * _SUFFIX[s[-1]])
+    return int(s)
+
+
+def _fmt_bw(v: float) -> str:
+    return f"{v / 1e9:.2f} GB/s" if v >= 1e9 else f"{v / 1e6:.1f} MB/s"
+
+
+def cmd_show(args) -> int:
+    inst = get_instance(args.instance)
+    lnc = inst.check_lnc(args.lnc)
+    p = print
+    p(f"{inst.name}: {inst.chips} chips x {inst.physical_cores_per_chip} physical cores; "
+      f"LNC={lnc}: {inst.cores_per_chip(lnc)} logical cores per chip, {inst.cores(lnc)} per node "
+      f"(LNC supported: {', '.join(map(str, inst.supported_lnc))}; default {inst.default_lnc})")
+    graph = inst.graph + (f" {'x'.join(map(str, inst.torus_dims))} wrap={list(inst.torus_wrap)}"
+                          if inst.torus_dims else "")
+    if inst.domain_nodes > 1:
+        graph += f", {inst.domain_nodes} nodes per NeuronLink domain (3D torus)"
+    p(f"  chip graph: {graph}; {inst.links_per_chip()} links per chip")
+    for name in ("link_bandwidth", "domain_link_bandwidth", "hbm_bandwidth", "efa_bandwidth"):
+        v = getattr(inst, name)
+        if v:
+            p(f"  {name:22s} {_fmt_bw(v):>14}   [{inst.sources.get(name, '-')}]")
+    for name in ("link_latency", "efa_latency"):
+        v = getattr(inst, name)
+        if v:
+            p(f"  {name:22s} {v * 1e6:11.1f} us   [{inst.sources.get(name, '-')}]")
+    p(f"  multi_node: {inst.multi_node}")
+    if inst.notes:
+        p(f"  notes: {inst.notes}")
+    for c in range(inst.chips):
+        p(f"  chip {c:2d} at {inst.chip_coords(c)}: cores {c * inst.cores_per_chip(lnc)}-"
+          f"{(c + 1) * inst.cores_per_chip(lnc) - 1}, neighbours {inst.chip_neighbours(c)}")
+    rings = hamiltonian_cycles(inst)
+    for i, r in enumerate(rings):
+        p(f"  ring {i}: {' '.join(map(str, r))}")
+    path = args.svg or f"{inst.name}-rings.svg"
+    with open(path, "w") as f:
+        f.write(svg(inst, rings, lnc, f"{inst.name} (LNC={lnc}): chips, links, "
+                                      f"{len(rings)} link-disjoint ring(s)"))
+    p(f"  drawing: {path}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    coll = normalise_collective(args.collective)
+    inst = get_instance(args.instance)
+    lnc = inst.check_lnc(args.lnc)
+    ppn = args.ppn or inst.cores(lnc)
+    topo = place(inst, args.nodes, ppn, lnc)
+    forced = parse_forced(os.environ.get(ENV_ALGO))
+    if args.algo:
+        forced[coll] = args.algo
+    n = topo.size
+    print(f"# {coll} on {args.nodes} x {inst.name} ({ppn} ranks per node, LNC={lnc}, {n} ranks); "
+          f"modelled device time")
+    print(f"# {'size(B)':>12} {'count':>12} {'type':>6} {'time(us)':>10} {'algbw(GB/s)':>12} "
+          f"{'busbw(GB/s)':>12}  algorithm")
+    busbws = []
+    for s in args.sizes.split(","):
+        nbytes = parse_size(s)
+        algo = choose(coll, nbytes, topo, forced)
+        t = estimate(coll, algo, nbytes, topo)
+        algbw = nbytes / t / 1e9 if t > 0 else 0.0
+        busbw = algbw * bus_factor(coll, n)
+        busbws.append(busbw)
+        print(f"  {nbytes:>12} {nbytes // 4:>12} {'float':>6} {t * 1e6:>10.2f} {algbw:>12.2f} "
+              f"{busbw:>12.2f}  {algo}")
+    print(f"# Avg bus bandwidth (modelled): {sum(busbws) / len(busbws):.2f} GB/s")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m neuron_dist.topology", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("show")
+    s.add_argument("instance")
+    s.add_argument("--lnc", type=int)
+    s.add_argument("--svg")
+    pr = sub.add_parser("predict")
+    pr.add_argument("collective")
+    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE", "trn2.48xlarge"))
+    pr.add_argument("--nodes", type=int, default=1)
+    pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
+    pr.add_argument("--lnc", type=int)
+    pr.add_argument("--sizes", default="8K,64K,1M,16M,64M,512M")
+    pr.add_argument("--algo")
+    sub.add_parser("list")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "show":
+            return cmd_show(args)
+        if args.cmd == "predict":
+            return cmd_predict(args)
+        for name in list_instances():
+            print(name)
+        return 0
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
