@@ -255,6 +255,7 @@ _add(InstanceModel(
     name="trn1.2xlarge", chips=1, graph="single", efa_bandwidth=25 * Gbps,
     efa_latency=_EFA_LAT, multi_node=False, link_latency=_HOP,
     sources={**_TRN1_SRC, "chips": _ARCH + "trn1-arch.rst: 1 Trainium1 chip",
+             "graph": _ARCH + "trn1-arch.rst: one chip, no chip-to-chip NeuronLink",
              "efa_bandwidth": _ARCH + "trn1-arch.rst: 25 Gbps network, no multi-node collectives",
              "multi_node": _ARCH + "trn1-arch.rst"},
     **_TRN1_COMMON))

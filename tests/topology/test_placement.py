@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from neuron_dist.topology import GroupTopology, Slot, get_instance, place, placement_from_env
+from neuron_dist.topology.placement import make_slot, parse_visible_cores
+
+
+def test_defaults_trn2_lnc2():
+    s = placement_from_env({}, rank=5, world_size=16, local_rank=5, local_world_size=8)
+    assert (s.node, s.chip, s.cores, s.lnc, s.instance) == (0, 1, (5,), 2, "trn2.48xlarge")
+    s = placement_from_env({}, rank=13, world_size=16, local_rank=5, local_world_size=8)
+    assert s.node == 1
+
+
+def test_env_visible_cores_and_lnc():
+    env = {"NEURON_RT_VISIBLE_CORES": "8-15", "NEURON_LOGICAL_NC_CONFIG": "1", "GROUP_RANK": "3"}
+    s = placement_from_env(env, 0, 8, 0, 2)
+    assert s.node == 3 and s.cores == tuple(range(8, 16)) and s.chip == 1 and s.lnc == 1
+    s = placement_from_env({"NEURON_RT_VISIBLE_CORES": "7", "NEURON_DIST_INSTANCE": "trn1.32xlarge"},
+                           0, 1, 0, 1)
+    assert s.chip == 3 and s.lnc == 1 and s.instance == "trn1.32xlarge"
+    assert parse_visible_cores("0,2-3") == (0, 2, 3)
+
+
+@pytest.mark.parametrize("env,args,match", [
+    ({"NEURON_RT_VISIBLE_CORES": "60-70"}, (0, 1, 0, 1), "out of bounds"),
+    ({"NEURON_RT_VISIBLE_CORES": "a-b"}, (0, 1, 0, 1), "inclusive range"),
+    ({"NEURON_RT_VISIBLE_CORES": "5-3"}, (0, 1, 0, 1), "inclusive range"),
+    ({"NEURON_LOGICAL_NC_CONFIG": "3"}, (0, 1, 0, 1), "LNC"),
+    ({"NEURON_DIST_INSTANCE": "trn1.32xlarge"}, (0, 40, 0, 40), "only 32 logical cores"),
+    ({}, (0, 200, 0, 100), "only 64 logical cores"),
+    ({"NEURON_DIST_INSTANCE": "inf2.48xlarge"}, (30, 48, 6, 24), "single-instance|multi-node"),
+    ({}, (3, 2, 0, 1), "bad rank"),
+])
+def test_env_errors(env, args, match):
+    with pytest.raises(ValueError, match=match):
+        placement_from_env(env, *args)
+
+
+def test_slot_roundtrip_json():
+    s = Slot(node=2, chip=3, cores=(12, 13), lnc=1, instance="trn2.48xlarge")
+    assert Slot.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+
+
+def test_group_topology_helpers_and_validate():
+    topo = place("trn2.48xlarge", 2, 8)
+    assert topo.size == 16 and topo.nodes == [0, 1]
+    assert topo.same_node(0, 7) and not topo.same_node(7, 8)
+    assert topo.same_chip(0, 3) and not topo.same_chip(3, 4)
+    assert topo.is_symmetric()
+    inst = get_instance("trn2")
+    dup = GroupTopology(inst, (make_slot(inst, 0, [1]), make_slot(inst, 0, [1])))
+    with pytest.raises(ValueError, match="both use core 1"):
+        dup.validate()
+    asym = GroupTopology(inst, (make_slot(inst, 0, [0]), make_slot(inst, 0, [1]),
+                                make_slot(inst, 1, [0])))
+    asym.validate()
+    with pytest.raises(ValueError, match="symmetric"):
+        asym.validate(require_symmetric=True)
+    mixed = GroupTopology(inst, (make_slot(inst, 0, [0], lnc=2), make_slot(inst, 0, [9], lnc=1)))
+    with pytest.raises(ValueError, match="disagree"):
+        mixed.validate()
+    other = GroupTopology(inst, (Slot(0, 0, (0,), 2, "trn1.32xlarge"),))
+    with pytest.raises(ValueError, match="NEURON_DIST_INSTANCE"):
+        other.validate()
+    with pytest.raises(ValueError, match="need 70 cores"):
+        place("trn2", 1, 70)
+    with pytest.raises(ValueError, match="single-instance"):
+        place("inf2.48xlarge", 2, 4)
+
+
+def test_place_cores_chip_by_chip():
+    topo = place("trn2", 1, 16, lnc=1)
+    assert [s.chip for s in topo.slots] == [0] * 8 + [1] * 8
+    topo = place("trn1.32xlarge", 1, 4, cores_per_rank=8)
+    assert [s.chip for s in topo.slots] == [0, 4, 8, 12]
