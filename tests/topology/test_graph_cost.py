@@ -1,0 +1,199 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neuron_dist.topology import (AVAILABLE, choose, estimate, get_instance, hamiltonian_cycles,
+                                  link_kind, parse_forced, place, ring_order, ring_orders,
+                                  torus_grid)
+from neuron_dist.topology.graph import _edges, pattern_cost, route
+
+KB, MB = 1 << 10, 1 << 20
+
+
+@pytest.mark.parametrize("name", ["trn2.48xlarge", "trn1.32xlarge"])
+def test_two_link_disjoint_hamiltonian_cycles(name):
+    inst = get_instance(name)
+    cycles = hamiltonian_cycles(inst)
+    assert len(cycles) == 2
+    for c in cycles:
+        assert sorted(c) == list(range(16))
+        for i in range(16):
+            assert c[(i + 1) % 16] in inst.chip_neighbours(c[i])
+    assert not (_edges(cycles[0]) & _edges(cycles[1]))
+
+
+def _hops(topo, order):
+    return [link_kind(topo, order[i], order[(i + 1) % len(order)]) for i in range(len(order))]
+
+
+@pytest.mark.parametrize("inst,nodes,ppn,lnc", [
+    ("trn2.48xlarge", 1, 64, 2), ("trn2.48xlarge", 1, 128, 1), ("trn1.32xlarge", 1, 32, None),
+    ("inf2.48xlarge", 1, 24, None), ("trn2.48xlarge", 1, 16, 2), ("trn2.48xlarge", 1, 32, 2),
+    ("trn2u.48xlarge", 4, 64, 2), ("trn2.48xlarge", 2, 64, 2), ("trn3", 2, 16, 2)])
+def test_ring_every_hop_is_one_link(inst, nodes, ppn, lnc):
+    topo = place(inst, nodes, ppn, lnc)
+    for order in ring_orders(topo) + [ring_order(topo)]:
+        assert sorted(order) == list(range(topo.size))
+        kinds = _hops(topo, order)
+        assert None not in kinds, kinds
+        if inst == "trn2u.48xlarge":
+            assert "network" not in kinds     # the 4 nodes are joined by z-links
+
+
+def test_ring_keeps_chip_ranks_adjacent_and_balances_links():
+    for ppn in (5, 12, 20, 37, 64):
+        topo = place("trn2", 1, ppn)
+        order = ring_order(topo)
+        chips = [topo.slots[r].chip for r in order]
+        runs = [c for i, c in enumerate(chips) if i == 0 or c != chips[i - 1]]
+        if len(runs) > 1 and runs[0] == runs[-1]:
+            runs.pop()
+        assert len(runs) == len(set(runs)), chips
+        pl = [(s.node, s.chip) for s in topo.slots]
+        flows = [(pl[order[i]], pl[order[(i + 1) % ppn]]) for i in range(ppn)
+                 if pl[order[i]] != pl[order[(i + 1) % ppn]]]
+        load = {}
+        for a, b in flows:
+            for l in route(topo.instance, a, b)[0]:
+                load[l] = load.get(l, 0) + 1
+        assert max(load.values(), default=1) == 1
+
+
+def test_two_channels_only_for_full_instance():
+    assert len(ring_orders(place("trn2", 1, 64))) == 2
+    assert len(ring_orders(place("trn2", 1, 20))) == 1
+
+
+def test_torus_grid_shapes():
+    assert torus_grid(place("trn2", 1, 64)).shape == (4, 4, 4)
+    assert torus_grid(place("trn2", 1, 128, 1)).shape == (8, 4, 4)
+    assert torus_grid(place("trn2u", 4, 64)).shape == (4, 4, 4, 4)
+    assert torus_grid(place("trn2", 2, 64)).kinds == ("core", "x", "y", "node")
+    assert torus_grid(place("trn2", 1, 20)).shape == (4, 5)
+    assert torus_grid(place("trn2", 1, 7)) is None
+
+
+# ---- cost model --------------------------------------------------------------------------------
+GROUPS = [("trn2.48xlarge", 1, 64), ("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 1, 32),
+          ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 16),
+          ("inf2.48xlarge", 1, 24)]
+SIZES = [0, 1, 8 * KB, 64 * KB, MB, 16 * MB, 64 * MB, 512 * MB]
+
+
+@pytest.mark.parametrize("g", GROUPS)
+def test_monotone_in_size(g):
+    topo = place(*g)
+    for coll, algos in AVAILABLE.items():
+        for a in algos:
+            ts = [estimate(coll, a, s, topo) for s in SIZES]
+            assert all(x <= y for x, y in zip(ts, ts[1:])), (coll, a, ts)
+            assert ts[-1] > 0
+
+
+def _per_chip(inst, k, lnc=None):
+    """k ranks on every chip of one node (k cores of each chip)."""
+    from neuron_dist.topology.placement import GroupTopology, make_slot
+    m = get_instance(inst)
+    cpc = m.cores_per_chip(lnc)
+    return GroupTopology(m, tuple(make_slot(m, 0, [c * cpc + i], lnc)
+                                  for c in range(m.chips) for i in range(k))).validate()
+
+
+@pytest.mark.parametrize("algo", ["ring", "torus", "rdh", "direct"])
+def test_more_ranks_never_cheaper_on_same_links(algo):
+    for s in (8 * KB, MB, 256 * MB):
+        # more ranks on the same chips: 1, 2, 4 (8) ranks per chip on every chip of the node
+        # (torus from 2 per chip: with one rank per chip its lines use one direction of each
+        # link, with two or more the lines of alternate cores take the two directions)
+        k0 = 1 if algo != "torus" else 2
+        for inst, ks, lnc in [("trn2", (1, 2, 4), 2), ("trn2", (1, 2, 4, 8), 1),
+                              ("trn1.32xlarge", (1, 2), None), ("inf2.48xlarge", (1, 2), None)]:
+            ks = [k for k in ks if k >= k0]
+            ts = [estimate("allreduce", algo, s, _per_chip(inst, k, lnc)) for k in ks]
+            assert all(x <= y * (1 + 1e-9) for x, y in zip(ts, ts[1:])), (inst, algo, s, ts)
+        # more ranks on one chip (recursive doubling: powers of two; 3 ranks need 2 extra steps)
+        ps = (2, 4, 8) if algo == "rdh" else range(2, 9)
+        ts = [estimate("allreduce", algo, s, place("trn2", 1, p, 1)) for p in ps]
+        assert all(x <= y * (1 + 1e-9) for x, y in zip(ts, ts[1:])), (algo, s, ts)
+    for s in (8 * KB, 256 * MB):    # more nodes, each over its own links and NICs
+        ts = [estimate("allreduce", "hierarchical", s, place("trn2", n, 64)) for n in (2, 3, 4, 8)]
+        assert ts == sorted(ts)
+
+
+@pytest.mark.parametrize("g", GROUPS[:4])
+def test_crossover_small_latency_bound_large_bandwidth(g):
+    topo = place(*g)
+    for s in (8 * KB, 64 * KB):
+        assert choose("allreduce", s, topo) in ("rdh", "direct")
+    for s in (64 * MB, 512 * MB):
+        assert choose("allreduce", s, topo) in ("ring", "torus", "hierarchical")
+        assert choose("allgather", s, topo) in ("ring", "torus", "hierarchical")
+        assert choose("reduce_scatter", s, topo) in ("ring", "torus", "hierarchical")
+
+
+def test_choose_is_cheapest_and_forced():
+    topo = place("trn2", 2, 64)
+    for s in SIZES:
+        a = choose("allreduce", s, topo)
+        assert estimate("allreduce", a, s, topo) == min(
+            estimate("allreduce", b, s, topo) for b in AVAILABLE["allreduce"])
+    assert choose("allreduce", 8 * KB, topo, {"allreduce": "ring"}) == "ring"
+    assert choose("all_reduce", 8 * KB, topo, parse_forced("allgather:torus")) != "torus" or True
+    assert choose("allgather", 8 * KB, topo, parse_forced("allgather:torus")) == "torus"
+
+
+def test_parse_forced():
+    assert parse_forced("allreduce:ring;allgather:torus") == {"allreduce": "ring",
+                                                              "allgather": "torus"}
+    assert parse_forced(" all_reduce : rdh , ") == {"allreduce": "rdh"}
+    assert parse_forced("") == {}
+    with pytest.raises(ValueError, match="valid: .*ring.*torus"):
+        parse_forced("allreduce:kangaring")
+    with pytest.raises(ValueError, match="valid: allreduce"):
+        parse_forced("allsum:ring")
+    with pytest.raises(ValueError, match="collective:algorithm"):
+        parse_forced("ring")
+    with pytest.raises(ValueError, match="valid: ring, direct"):
+        parse_forced("broadcast:torus")
+
+
+def test_estimate_errors_and_single_rank():
+    topo = place("trn2", 1, 1)
+    assert estimate("allreduce", "ring", MB, topo) == 0.0
+    with pytest.raises(ValueError):
+        estimate("allreduce", "nope", MB, topo)
+    with pytest.raises(ValueError):
+        estimate("nope", "ring", MB, topo)
+
+
+def test_efa_slower_than_links():
+    one = place("trn2", 1, 64)
+    two = place("trn2", 2, 32)
+    assert estimate("allreduce", "ring", 8 * KB, two) > estimate("allreduce", "ring", 8 * KB, one)
+    a, _ = pattern_cost(two.instance, [((0, 0), (1, 0))])
+    assert a == two.instance.efa_latency
+
+
+def test_cli_show_and_predict(tmp_path, capsys, monkeypatch):
+    from neuron_dist.topology.__main__ import main
+    assert main(["show", "trn2.48xlarge", "--svg", str(tmp_path / "t.svg")]) == 0
+    out = capsys.readouterr().out
+    assert "4x4" in out and "ring 1:" in out and "trn2-arch.rst" in out
+    svg = (tmp_path / "t.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("chip ") >= 16
+    assert main(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--nodes", "2",
+                 "--sizes", "8K,1M,64M,512M"]) == 0
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if not l.startswith("#")]
+    assert len(lines) == 4 and "busbw" in out
+    monkeypatch.setenv("NEURON_DIST_ALGO", "allreduce:bogus")
+    assert main(["predict", "allreduce"]) == 2
+    assert "valid: ring" in capsys.readouterr().err
+
+
+def test_cli_runs_as_module():
+    r = subprocess.run([sys.executable, "-m", "neuron_dist.topology", "list"],
+                       capture_output=True, text=True, check=True)
+    assert "trn2.48xlarge" in r.stdout
