@@ -107,6 +107,11 @@ def _one(tensors, what: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
+def _factor_for(factor, dtype: torch.dtype):
+    """PREMUL_SUM's factor in the tensor's dtype (a float64 factor tensor must not promote)."""
+    return factor.to(dtype) if isinstance(factor, torch.Tensor) else factor
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A flat view of `t` if contiguous, else a flat staging copy of it."""
     return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
@@ -217,7 +222,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         def before():
             if factor is not None:
-                buf.mul_(factor)
+                buf.mul_(_factor_for(factor, dtype))
 
         def after():
             if back is not None:
@@ -391,7 +396,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         def before():
             nonlocal inp
             if factor is not None:
-                inp = inp * factor  # never scale the caller's input in place
+                inp = inp * _factor_for(factor, dtype)  # never scale the caller's input in place
 
         def after():
             if single:
@@ -428,7 +433,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         reduce_ops.check(op_name, t.dtype)
-        buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * factor
+        buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * _factor_for(factor, t.dtype)
         is_root = self.group.rank == root
         out = buf if (is_root and buf.data_ptr() == t.data_ptr()) else (buf.clone() if is_root else None)
         after = None

@@ -78,6 +78,8 @@ class Execution:
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES):
+        empty = torch.empty(0, dtype=stamp.dtype)
+        bufs = [empty if b is None else b for b in bufs]
         self.rounds, self.bufs, self.reduce = schedule.rounds, bufs, reduce
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport

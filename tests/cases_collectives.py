@@ -1,0 +1,374 @@
+"""Rank-side checks for every collective: each runs the neuron backend and Gloo on the same
+inputs and compares both with a reference computed from every rank's (regenerated) input.
+Each function returns how many comparisons it made, so the test can assert coverage."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import rankctx as R
+from rankctx import DTYPES, c10d_op, factor, gloo_ran, ops_for, reference, same, values
+
+COUNTS = (0, 1, 7, 1003)
+BIG = 300_001  # > one 512 KiB frame in fp32: exercises pipelined frames
+
+
+def _ops(dtype):
+    return ops_for(dtype)
+
+
+def allreduce(rank, world, seed=0, dtypes=None):
+    checks = 0
+    for dtype in dtypes or DTYPES:
+        for op in _ops(dtype):
+            for count in COUNTS + ((BIG,) if dtype == torch.float32 and op == "sum" else ()):
+                ins = [values(r, count, dtype, op, seed) for r in range(world)]
+                want = reference(ins, op, dtype)
+                x = ins[rank].clone()
+                dist.all_reduce(x, op=c10d_op(op))
+                same(x, want, f"all_reduce {dtype} {op} n={count}")
+                checks += 1
+                if op in ("sum", "product", "min", "max", "band", "bor", "bxor"):
+                    y = ins[rank].clone()
+                    if gloo_ran(lambda: dist.all_reduce(y, op=c10d_op(op), group=R.GLOO)):
+                        same(x, y, f"all_reduce vs gloo {dtype} {op} n={count}")
+                        checks += 1
+                elif op.startswith("premul"):  # Gloo has no PREMUL_SUM: SUM then scale
+                    y = ins[rank].clone()
+                    dist.all_reduce(y, group=R.GLOO)
+                    same(x, (y.double() * factor(op)).to(dtype), f"all_reduce premul vs gloo {dtype}")
+                    checks += 1
+    return checks
+
+
+def allreduce_noncontig(rank, world):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6) + rank
+    x = base.t()  # non-contiguous
+    assert not x.is_contiguous()
+    dist.all_reduce(x)
+    want = sum(torch.arange(24, dtype=torch.float32).reshape(4, 6) + r for r in range(world)).t()
+    same(x, want, "all_reduce non-contiguous")
+    s = torch.tensor(float(rank + 1))  # 0-dim
+    dist.all_reduce(s, op=dist.ReduceOp.MAX)
+    same(s, torch.tensor(float(world)), "all_reduce 0-dim")
+    return 2
+
+
+def allreduce_coalesced(rank, world):
+    checks = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        ts = [values(rank, c, dtype, "sum", 3) for c in (5, 0, 17)]
+        want = [reference([values(r, c, dtype, "sum", 3) for r in range(world)], "sum", dtype) for c in (5, 0, 17)]
+        dist.all_reduce_coalesced(ts)
+        for t, w in zip(ts, want):
+            same(t, w, f"all_reduce_coalesced {dtype}")
+            checks += 1
+    return checks
+
+
+def async_ops(rank, world):
+    """async_op=True: several in flight, completed out of order of waiting, futures resolve."""
+    xs = [values(rank, 1000 + i, torch.float32, "sum", i) for i in range(4)]
+    wants = [reference([values(r, 1000 + i, torch.float32, "sum", i) for r in range(world)], "sum", torch.float32)
+             for i in range(4)]
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    fut = works[2].get_future()
+    for w in reversed(works):
+        w.wait()
+    got = fut.wait()
+    assert isinstance(got, list) and got[0] is xs[2], "future must hold the output tensors"
+    for x, w in zip(xs, wants):
+        same(x, w, "async all_reduce")
+    assert all(w.is_completed() and w.is_success() for w in works)
+    return len(xs)
+
+
+def allgather(rank, world):
+    checks = 0
+    for dtype in DTYPES:
+        for count in COUNTS + ((BIG,) if dtype == torch.float32 else ()):
+            ins = [values(r, count, dtype, "sum", 1) for r in range(world)]
+            out = [torch.empty(count, dtype=dtype) for _ in range(world)]
+            dist.all_gather(out, ins[rank])
+            for r in range(world):
+                same(out[r], ins[r], f"all_gather {dtype} n={count} block {r}")
+            flat = torch.empty(world * count, dtype=dtype)
+            dist.all_gather_into_tensor(flat, ins[rank])
+            same(flat, torch.cat(ins), f"all_gather_into_tensor {dtype} n={count}")
+            g = torch.empty(world * count, dtype=dtype)
+            if gloo_ran(lambda: dist.all_gather_into_tensor(g, ins[rank], group=R.GLOO)):
+                same(flat, g, f"all_gather_into_tensor vs gloo {dtype} n={count}")
+                checks += 1
+            checks += 2
+    # 2-D output in the into-tensor form, and a non-contiguous output
+    x = torch.full((2, 3), float(rank))
+    out2 = torch.empty(2 * world, 3)
+    dist.all_gather_into_tensor(out2, x)
+    same(out2, torch.cat([torch.full((2, 3), float(r)) for r in range(world)]), "all_gather_into_tensor 2-D")
+    nc = torch.empty(3, 2 * world).t()
+    dist.all_gather_into_tensor(nc, x)
+    same(nc, out2, "all_gather_into_tensor non-contiguous output")
+    return checks + 2
+
+
+def allgather_coalesced(rank, world):
+    ins = [values(rank, c, torch.float32, "sum", 5) for c in (3, 0, 11)]
+    outs = [torch.empty(world * i.numel()) for i in ins]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, ins):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for o, c in zip(outs, (3, 0, 11)):
+        same(o, torch.cat([values(r, c, torch.float32, "sum", 5) for r in range(world)]), "coalesced all_gather")
+    pg = dist.distributed_c10d._get_default_group()
+    outs2 = [torch.empty(world * i.numel()) for i in ins]
+    pg.allgather_into_tensor_coalesced(outs2, ins).wait()
+    for o, o2 in zip(outs, outs2):
+        same(o2, o, "allgather_into_tensor_coalesced")
+    lists = [[torch.empty(i.numel()) for _ in range(world)] for i in ins]
+    pg.allgather_coalesced(lists, ins).wait()
+    for lst, c in zip(lists, (3, 0, 11)):
+        for r in range(world):
+            same(lst[r], values(r, c, torch.float32, "sum", 5), "allgather_coalesced")
+    return 9
+
+
+def reduce_scatter(rank, world):
+    checks = 0
+    for dtype in DTYPES:
+        for op in _ops(dtype):
+            for count in (0, 1, 5) + ((70_001,) if dtype == torch.float32 and op == "sum" else ()):
+                ins = [values(r, count * world, dtype, op, 2) for r in range(world)]
+                want = reference(ins, op, dtype)[rank * count:(rank + 1) * count]
+                out = torch.empty(count, dtype=dtype)
+                before = ins[rank].clone()
+                dist.reduce_scatter_tensor(out, ins[rank], op=c10d_op(op))
+                same(out, want, f"reduce_scatter_tensor {dtype} {op} n={count}")
+                same(ins[rank], before, "reduce_scatter_tensor must not modify its input")
+                out_l = torch.empty(count, dtype=dtype)
+                dist.reduce_scatter(out_l, list(ins[rank].chunk(world)) if count else
+                                    [torch.empty(0, dtype=dtype)] * world, op=c10d_op(op))
+                same(out_l, want, f"reduce_scatter list {dtype} {op} n={count}")
+                checks += 2
+                if op == "sum" and dtype != torch.bool:
+                    g = torch.empty(count, dtype=dtype)
+                    if gloo_ran(lambda: dist.reduce_scatter_tensor(g, ins[rank], group=R.GLOO)):
+                        same(out, g, f"reduce_scatter vs gloo {dtype}")
+                        checks += 1
+    return checks
+
+
+def reduce_scatter_coalesced(rank, world):
+    sizes = (2, 0, 9)
+    ins = [values(rank, c * world, torch.float32, "sum", 6) for c in sizes]
+    outs = [torch.empty(c) for c in sizes]
+    pg = dist.distributed_c10d._get_default_group()
+    from torch.distributed import ReduceScatterOptions
+    opts = ReduceScatterOptions()
+    opts.reduceOp = dist.ReduceOp.AVG
+    pg.reduce_scatter_tensor_coalesced(outs, ins, opts).wait()
+    for o, c in zip(outs, sizes):
+        full = reference([values(r, c * world, torch.float32, "sum", 6) for r in range(world)], "avg", torch.float32)
+        same(o, full[rank * c:(rank + 1) * c], "reduce_scatter_tensor_coalesced avg")
+    return len(sizes)
+
+
+def broadcast(rank, world):
+    checks = 0
+    for root in range(world):
+        for dtype in DTYPES:
+            for count in COUNTS:
+                src = values(root, count, dtype, "sum", 4)
+                x = src.clone() if rank == root else torch.zeros(count, dtype=dtype)
+                dist.broadcast(x, src=root)
+                same(x, src, f"broadcast root {root} {dtype} n={count}")
+                checks += 1
+        x = torch.arange(12.).reshape(3, 4).t().contiguous().t() * (rank == root)
+        y = torch.zeros(4, 3).t()
+        if rank == root:
+            y.copy_(torch.arange(12.).reshape(3, 4))
+        dist.broadcast(y, src=root)
+        same(y, torch.arange(12.).reshape(3, 4), "broadcast non-contiguous")
+        g = values(root, 9, torch.float32) if rank == root else torch.zeros(9)
+        dist.broadcast(g, src=root, group=R.GLOO)
+        same(g, values(root, 9, torch.float32), "gloo broadcast agrees")
+        checks += 2
+    return checks
+
+
+def reduce(rank, world):
+    checks = 0
+    for root in range(world):
+        for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.bool):
+            for op in _ops(dtype):
+                for count in (0, 1, 13):
+                    ins = [values(r, count, dtype, op, 8) for r in range(world)]
+                    x = ins[rank].clone()
+                    dist.reduce(x, dst=root, op=c10d_op(op))
+                    if rank == root:
+                        same(x, reference(ins, op, dtype), f"reduce root {root} {dtype} {op} n={count}")
+                        checks += 1
+    return checks
+
+
+def gather_scatter(rank, world):
+    checks = 0
+    for root in range(world):
+        for dtype in (torch.float32, torch.float16, torch.int64, torch.bool):
+            for count in (0, 1, 10):
+                ins = [values(r, count, dtype, "sum", 9) for r in range(world)]
+                outs = [torch.empty(count, dtype=dtype) for _ in range(world)] if rank == root else None
+                dist.gather(ins[rank], gather_list=outs, dst=root)
+                if rank == root:
+                    for r in range(world):
+                        same(outs[r], ins[r], f"gather root {root} {dtype} block {r}")
+                    checks += 1
+                out = torch.empty(count, dtype=dtype)
+                dist.scatter(out, scatter_list=ins if rank == root else None, src=root)
+                same(out, ins[rank], f"scatter root {root} {dtype}")
+                checks += 1
+    return checks
+
+
+def alltoall(rank, world):
+    checks = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.bool):
+        # even: dim 0 = world * 3 rows of 2
+        x = values(rank, world * 6, dtype, "sum", 10).reshape(world * 3, 2)
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)
+        want = torch.cat([values(r, world * 6, dtype, "sum", 10).reshape(world * 3, 2)[rank * 3:(rank + 1) * 3]
+                          for r in range(world)])
+        same(out, want, f"all_to_all_single even {dtype}")
+        # uneven: rank r sends (r + j) % 3 rows to rank j (zero rows included)
+        split = lambda r: [(r + j) % 3 for j in range(world)]
+        xin = values(rank, sum(split(rank)) * 2, dtype, "sum", 11).reshape(-1, 2)
+        recv = [split(j)[rank] for j in range(world)]
+        out = torch.empty(sum(recv), 2, dtype=dtype)
+        dist.all_to_all_single(out, xin, output_split_sizes=recv, input_split_sizes=split(rank))
+        pieces = []
+        for j in range(world):
+            xj = values(j, sum(split(j)) * 2, dtype, "sum", 11).reshape(-1, 2)
+            start = sum(split(j)[:rank])
+            pieces.append(xj[start:start + split(j)[rank]])
+        same(out, torch.cat(pieces), f"all_to_all_single uneven {dtype}")
+        # list form
+        ins = [values(rank * world + j, j + 1, dtype, "sum", 12) for j in range(world)]
+        outs = [torch.empty(rank + 1, dtype=dtype) for _ in range(world)]
+        dist.all_to_all(outs, ins)
+        for j in range(world):
+            same(outs[j], values(j * world + rank, rank + 1, dtype, "sum", 12), f"all_to_all list {dtype}")
+        g = torch.empty_like(x)
+        if gloo_ran(lambda: dist.all_to_all_single(g, x, group=R.GLOO)):
+            same(g, want, f"gloo all_to_all agrees {dtype}")
+        checks += 3
+    return checks
+
+
+def p2p(rank, world):
+    """send/recv around a ring, with tags out of order, isend/irecv, batch_isend_irecv and
+    recv from any source."""
+    if world == 1:
+        return 0
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    a = values(rank, 5, torch.float32, "sum", 13)
+    b = values(rank, 300_000, torch.float32, "sum", 14)
+    r_a, r_b = torch.empty(5), torch.empty(300_000)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, a, nxt, tag=1), dist.P2POp(dist.isend, b, nxt, tag=2),
+                                   dist.P2POp(dist.irecv, r_b, prv, tag=2), dist.P2POp(dist.irecv, r_a, prv, tag=1)])
+    for q in reqs:
+        q.wait()
+    same(r_a, values(prv, 5, torch.float32, "sum", 13), "p2p tag 1")
+    same(r_b, values(prv, 300_000, torch.float32, "sum", 14), "p2p tag 2 (large, reordered)")
+    # blocking send/recv, even ranks first
+    x = torch.full((3,), float(rank))
+    y = torch.empty(3, dtype=torch.float32)
+    if rank % 2 == 0:
+        dist.send(x, nxt)
+        dist.recv(y, prv)
+    else:
+        dist.recv(y, prv)
+        dist.send(x, nxt)
+    same(y, torch.full((3,), float(prv)), "send/recv")
+    # recv from any source at rank 0
+    if rank == 0:
+        got = set()
+        for _ in range(world - 1):
+            z = torch.empty(2, dtype=torch.int64)
+            src = dist.recv(z, tag=7)
+            assert z.tolist() == [src, src * 10], (src, z)
+            got.add(src)
+        assert got == set(range(1, world)), got
+    else:
+        dist.send(torch.tensor([rank, rank * 10]), 0, tag=7)
+    dist.barrier()
+    return 4
+
+
+def object_collectives(rank, world):
+    objs = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})
+    assert objs == [{"rank": r, "s": "x" * r} for r in range(world)], objs
+    lst = [f"from-{rank}", rank] if rank == 0 else [None, None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst == ["from-0", 0], lst
+    out = [None]
+    dist.scatter_object_list(out, [r * 2 for r in range(world)] if rank == 0 else None, src=0)
+    assert out == [rank * 2], out
+    g = [None] * world if rank == 0 else None
+    dist.gather_object(rank + 100, g, dst=0)
+    if rank == 0:
+        assert g == [r + 100 for r in range(world)], g
+    return 4
+
+
+def subgroups(rank, world):
+    """new_group with a subset in a scrambled order, two groups in flight at once."""
+    checks = 0
+    ranks = list(range(world))[::-1]
+    sub = dist.new_group(ranks)  # every rank calls new_group
+    odd = dist.new_group([r for r in range(world) if r % 2 == 1]) if world > 1 else None
+    x = torch.tensor([float(rank + 1)])
+    w1 = dist.all_reduce(x, group=sub, async_op=True)
+    y = torch.tensor([float(rank + 1)])
+    w2 = None
+    if odd is not None and rank % 2 == 1:
+        w2 = dist.all_reduce(y, group=odd, async_op=True)
+    w1.wait()
+    same(x, torch.tensor([float(world * (world + 1) / 2)]), "subgroup all_reduce")
+    checks += 1
+    if w2 is not None:
+        w2.wait()
+        same(y, torch.tensor([float(sum(r + 1 for r in range(world) if r % 2 == 1))]), "odd subgroup all_reduce")
+        checks += 1
+    dist.barrier(group=sub)
+    # broadcast from a group rank that maps to another global rank
+    z = torch.tensor([float(rank)])
+    dist.broadcast(z, src=ranks[0], group=sub)
+    same(z, torch.tensor([float(ranks[0])]), "subgroup broadcast global src")
+    dist.destroy_process_group(sub)
+    if odd is not None:
+        dist.destroy_process_group(odd)
+    return checks + 1
+
+
+def device_mesh(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    checks = 0
+    mesh = init_device_mesh("cpu", (world,))
+    x = torch.tensor([1.0])
+    dist.all_reduce(x, group=mesh.get_group())
+    same(x, torch.tensor([float(world)]), "1-D mesh")
+    checks += 1
+    if world % 2 == 0:
+        mesh2 = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
+        y = torch.tensor([float(rank)])
+        dist.all_reduce(y, group=mesh2.get_group("shard"))
+        row = rank // (world // 2)
+        same(y, torch.tensor([float(sum(range(row * world // 2, (row + 1) * world // 2)))]), "2-D mesh shard dim")
+        z = torch.tensor([float(rank)])
+        dist.all_reduce(z, group=mesh2.get_group("rep"))
+        col = rank % (world // 2)
+        same(z, torch.tensor([float(col + col + world // 2)]), "2-D mesh rep dim")
+        checks += 2
+    return checks

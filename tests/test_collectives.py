@@ -1,0 +1,17 @@
+"""The collective table: every collective x dtype x op at world sizes 1-4, on real processes,
+against a reference reduction and against Gloo on the same inputs (cases_collectives.py)."""
+import pytest
+
+WORLDS = (1, 2, 3, 4)
+CASES = ["allreduce", "allreduce_noncontig", "allreduce_coalesced", "async_ops", "allgather",
+         "allgather_coalesced", "reduce_scatter", "reduce_scatter_coalesced", "broadcast", "reduce",
+         "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh"]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", CASES)
+def test_collective(pools, case, world):
+    checks = pools(world).run(f"cases_collectives:{case}")
+    assert len(checks) == world
+    if not (case == "p2p" and world == 1):
+        assert sum(checks) > 0, "the case compared nothing"
