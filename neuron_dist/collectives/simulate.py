@@ -42,12 +42,14 @@ class SimResult:
 
 
 def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None = None, *,
-             op: Callable = np.add, inplace: bool = False) -> SimResult:
+             op: Callable | None = None, inplace: bool = False) -> SimResult:
     """Run `schedules[r]` as rank r. `ins[r]`: rank r's IN buffer (1-D numpy array or torch
     tensor); `outs[r]`: its OUT buffer (allocated like IN when None); inplace=True makes OUT the
-    same buffer as IN (all-reduce). `op(a, b)` is the reduction. Returns the OUT buffers and the
-    transfers."""
+    same buffer as IN (all-reduce). `op(a, b)` is the reduction (default: addition). Returns the
+    OUT buffers and the transfers."""
     n = len(schedules)
+    if op is None:
+        op = np.add if not n or isinstance(ins[0], np.ndarray) else _torch_add
     if len(ins) != n:
         raise ValueError(f"{n} schedules but {len(ins)} inputs")
     bufs = []
@@ -157,3 +159,8 @@ def _copy(v):
 
 def _itemsize(x):
     return x.itemsize if isinstance(x, np.ndarray) else x.element_size()
+
+
+def _torch_add(a, b):
+    import torch
+    return torch.add(a, b)
