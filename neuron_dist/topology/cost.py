@@ -26,18 +26,18 @@ from .placement import GroupTopology
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather",
                "scatter", "alltoall", "barrier")
-ALGORITHMS = ("ring", "torus", "hierarchical", "rdh", "direct")
+ALGORITHMS = ("ring", "torus", "hierarchical", "rdh", "direct", "tree", "dissemination")
 # Algorithms the backend may run, per collective, in order of preference on equal cost.
 AVAILABLE: dict[str, tuple[str, ...]] = {
     "allreduce": ("ring", "torus", "hierarchical", "rdh", "direct"),
     "allgather": ("ring", "torus", "hierarchical", "direct"),
     "reduce_scatter": ("ring", "torus", "hierarchical", "direct"),
-    "broadcast": ("ring", "direct"),
-    "reduce": ("ring", "direct"),
+    "broadcast": ("tree", "ring", "direct"),
+    "reduce": ("tree", "ring", "direct"),
     "gather": ("ring", "direct"),
     "scatter": ("ring", "direct"),
     "alltoall": ("direct", "ring"),
-    "barrier": ("direct", "ring"),
+    "barrier": ("dissemination", "direct", "ring"),
 }
 REDUCE_PASSES, COPY_PASSES = 3, 2
 # nccl-tests bus bandwidth factors: busbw = algbw * factor(n)
@@ -139,6 +139,26 @@ def _rdh_terms(topo) -> list[Term]:
     return terms
 
 
+def _log_terms(topo, c, a) -> list[Term]:
+    """Binomial tree (broadcast, reduce; root 0, group-rank numbering) or dissemination barrier:
+    ceil(log2 n) steps; level k pairs rank i with i + 2^k."""
+    pl = _places(topo)
+    n = topo.size
+    terms: list[Term] = []
+    k = 1
+    while k < n:
+        if a == "tree":
+            flows = [(pl[i], pl[i + k]) for i in range(k) if i + k < n]
+            alpha, beta = pattern_cost(topo.instance, flows)
+            passes = REDUCE_PASSES if c == "reduce" else COPY_PASSES
+            terms.append((1, alpha, beta + _hbm(topo, passes)))
+        else:
+            alpha, _ = pattern_cost(topo.instance, [(pl[i], pl[(i + k) % n]) for i in range(n)])
+            terms.append((1, alpha, 0.0))
+        k <<= 1
+    return terms
+
+
 @functools.lru_cache(maxsize=4096)
 def plan_terms(collective: str, algorithm: str, topo: GroupTopology) -> tuple[Term, ...]:
     """The (steps, alpha, beta) terms of one collective and algorithm on a group."""
@@ -152,7 +172,11 @@ def plan_terms(collective: str, algorithm: str, topo: GroupTopology) -> tuple[Te
     if c == "allreduce" and a == "rdh":
         return tuple(_rdh_terms(topo))
     if c == "allreduce" and a == "direct":
-        return (_all_pairs(topo, 1 / n, REDUCE_PASSES), _all_pairs(topo, 1 / n, COPY_PASSES))
+        # one burst: every rank sends its whole vector to every other, then reduces n vectors
+        _, alpha, beta = _all_pairs(topo, 1.0, 0)
+        return ((1, alpha, beta + _hbm(topo, n + 1)),)
+    if a in ("tree", "dissemination"):
+        return tuple(_log_terms(topo, c, a))
     if c in ("allgather", "reduce_scatter", "alltoall") and a == "direct":
         return (_all_pairs(topo, 1 / n, REDUCE_PASSES if c == "reduce_scatter" else COPY_PASSES),)
     if c == "alltoall" and a == "ring":
