@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .config import RunConfig
 from .plan import PLAN_VAR
+from .worker import GROUPS_VAR
 
 WORKER = str(Path(__file__).resolve().with_name("worker.py"))
 LINE_PREFIX = "[rank${rank}]: "
@@ -39,6 +40,28 @@ def _std(text: str):
     return Std.from_str(text)
 
 
+def sweep_groups(groups_dir: str | None) -> None:
+    """SIGKILL whatever is left in the process groups of ranks that have ended.
+
+    Each rank is a session leader (the agent starts it with start_new_session) and
+    the trampoline left its pid in ``groups_dir``. The agent signals the groups of
+    ranks still running when it stops a worker group, but not of ranks that already
+    exited or were killed, whose children (data loaders, helpers) would be orphaned.
+    Called when each attempt starts (previous ranks are all stopped by then) and
+    when the job ends."""
+    if not groups_dir or not os.path.isdir(groups_dir):
+        return
+    for name in os.listdir(groups_dir):
+        try:
+            os.killpg(int(name), signal.SIGKILL)
+        except (ValueError, ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.unlink(os.path.join(groups_dir, name))
+        except OSError:
+            pass
+
+
 def _logs_specs_class():
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
@@ -47,8 +70,10 @@ def _logs_specs_class():
         (``reify`` is the LogsSpecs plugin hook) so a failure report can quote them."""
 
         last_dest = None
+        groups_dir = None
 
-        def reify(self, envs):
+        def reify(self, envs):  # called as each attempt starts: the previous ranks are stopped
+            sweep_groups(self.groups_dir)
             self.last_dest = super().reify(envs)
             return self.last_dest
 
@@ -147,16 +172,27 @@ def exit_code_of(failure) -> int:
 
 def launch(cfg: RunConfig) -> int:
     """Run the job on this node; returns neuronrun's exit code."""
+    os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
+    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1:
+        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
+    own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
+    groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
+    os.environ[GROUPS_VAR] = groups_dir
+    config = launch_config(cfg, own_log_dir)
+    config.logs_specs.groups_dir = groups_dir
+    try:
+        return _run(cfg, config, own_log_dir)
+    finally:
+        sweep_groups(groups_dir)
+        shutil.rmtree(groups_dir, ignore_errors=True)
+
+
+def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
-    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1:
-        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
     entrypoint, args = worker_command(cfg)
-    own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
-    config = launch_config(cfg, own_log_dir)
     try:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:

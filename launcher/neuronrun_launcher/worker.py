@@ -17,7 +17,9 @@ trampoline rather than environment computed in the launcher:
   as an installed package; the ``sys.path`` tweak that allows this dies with ``exec``.
 
 Before ``exec`` it asks Linux to SIGKILL the rank if the agent dies
-(PR_SET_PDEATHSIG survives exec), so even a SIGKILLed ``neuronrun`` leaves no ranks behind.
+(PR_SET_PDEATHSIG survives exec), so even a SIGKILLed ``neuronrun`` leaves no ranks
+behind, and records its process group so the launcher can kill what a finished or
+failed rank left running (see ``launch.sweep_groups``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ else:
     from .plan import PLAN_VAR, NeuronPlan, neuron_env
 
 MODES = ("python", "module", "exec")
+GROUPS_VAR = "NEURONRUN_GROUPS_DIR"
 
 
 def rank_env(environ: dict[str, str]) -> dict[str, str]:
@@ -46,7 +49,7 @@ def rank_env(environ: dict[str, str]) -> dict[str, str]:
         master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
-    env = {k: v for k, v in environ.items() if k != PLAN_VAR}
+    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
     return env
 
@@ -77,6 +80,18 @@ def _die_with_parent() -> None:
         pass
 
 
+def _register_group() -> None:
+    """Leave this rank's process group id (= its pid: the agent starts ranks in a new
+    session) where the launcher sweeps leftovers: the agent only signals ranks that
+    are still running, so children of a rank that exited would otherwise outlive the job."""
+    groups = os.environ.get(GROUPS_VAR)
+    if groups and os.getpgid(0) == os.getpid():
+        try:
+            open(os.path.join(groups, str(os.getpid())), "w").close()
+        except OSError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
@@ -89,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"neuronrun worker (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
     _die_with_parent()
+    _register_group()
     try:
         os.execvpe(cmd[0], cmd, env)
     except OSError as exc:

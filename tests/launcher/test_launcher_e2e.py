@@ -1,0 +1,177 @@
+"""Real jobs: ranks started by torch's elastic agent through neuronrun, talking over gloo.
+
+Every rank writes its pid (and its child's) to a file so that tests can check,
+without psutil, that nothing survives a failure or a signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import clean_env, free_port, neuronrun
+
+pytest.importorskip("torch.distributed")
+
+RANK_SCRIPT = textwrap.dedent('''
+    import os, subprocess, sys, time
+    piddir, mode = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    pidfile = os.path.join(piddir, f"{rank}.{restart}.pid")
+    with open(pidfile + ".tmp", "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(pidfile + ".tmp", pidfile)
+    env = {k: os.environ[k] for k in ("LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "NEURON_RT_VISIBLE_CORES",
+           "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_ROOT_COMM_ID", "NEURON_DIST_INSTANCE")}
+    assert "NEURONRUN_PLAN" not in os.environ
+    assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
+    print("env", sorted(env.items()), flush=True)
+    if mode in ("fail", "kill") and rank == 1:  # fail only once every rank is up and recorded
+        while len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(os.environ["WORLD_SIZE"]):
+            time.sleep(0.05)
+    if mode == "allreduce":
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t)
+        print(f"sum={t.item():g} world={dist.get_world_size()}", flush=True)
+        dist.destroy_process_group()
+    elif mode == "fail" and rank == 1:
+        print("rank 1 is about to fail", flush=True)
+        print("ValueError: the root cause", file=sys.stderr, flush=True)
+        sys.exit(7)
+    elif mode == "kill" and rank == 1:
+        os.kill(os.getpid(), 9)
+    elif mode == "flaky" and rank == 1 and restart == 0:
+        sys.exit(3)
+    elif mode in ("fail", "kill", "hang"):
+        time.sleep(120)
+    child.kill()
+    print(f"done restart={restart}", flush=True)
+''')
+
+
+@pytest.fixture
+def job(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    piddir = tmp_path / "pids"
+    piddir.mkdir()
+    return script, piddir
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def pids(piddir: Path) -> list[int]:
+    return [int(p) for f in piddir.glob("*.pid") for p in f.read_text().split()]
+
+
+def assert_all_gone(piddir: Path, expected_files: int, within: float = 10.0) -> None:
+    assert len(list(piddir.glob("*.pid"))) >= expected_files
+    deadline = time.monotonic() + within
+    while any(alive(p) for p in pids(piddir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids(piddir) if alive(p)] == []
+
+
+def wait_for_files(piddir: Path, n: int, proc: subprocess.Popen, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while len(list(piddir.glob("*.pid"))) < n:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "ranks did not start"
+        time.sleep(0.1)
+
+
+def test_two_ranks_allreduce_with_prefixed_output(job):
+    script, piddir = job
+    r = neuronrun(["--nproc-per-node", "2", "--instance", "trn1.32xlarge", "--cores-per-rank", "2",
+                   str(script), str(piddir), "allreduce"])
+    assert r.returncode == 0, r.stderr
+    assert "[rank0]: sum=1 world=2" in r.stdout and "[rank1]: sum=1 world=2" in r.stdout
+    assert "('NEURON_RT_VISIBLE_CORES', '2-3')" in r.stdout.split("[rank1]: env")[1].splitlines()[0]
+    assert "('NEURON_DIST_INSTANCE', 'trn1.32xlarge')" in r.stdout
+    assert_all_gone(piddir, 2)
+
+
+def test_two_nodes_on_loopback_c10d(job):
+    script, piddir = job
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{port}", "--rdzv-id", "loopback", "--local-addr", "127.0.0.1",
+            str(script), str(piddir), "allreduce"]
+    cmd = [sys.executable, "-m", "neuronrun_launcher.run", *args]
+    nodes = [subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=90) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [o[1][-3000:] for o in outs]
+    stdout = "".join(o[0] for o in outs)
+    assert sorted(line.split("]:")[0] for line in stdout.splitlines() if "sum=6 world=4" in line) == [
+        "[rank0", "[rank1", "[rank2", "[rank3"]
+    groups = sorted(line.split("('GROUP_RANK', '")[1][0] for line in stdout.splitlines() if " env " in line)
+    assert groups == ["0", "0", "1", "1"]
+    assert_all_gone(piddir, 4)
+
+
+@pytest.mark.parametrize("mode, code, how", [("fail", 7, "exited with code 7"),
+                                             ("kill", 128 + 9, "was killed by signal SIGKILL")])
+def test_failing_rank_brings_the_job_down(job, mode, code, how):
+    script, piddir = job
+    t0 = time.monotonic()
+    r = neuronrun(["--nproc-per-node", "2", "--shutdown-timeout", "5", str(script), str(piddir), mode])
+    assert r.returncode == code, r.stderr
+    assert time.monotonic() - t0 < 30
+    assert f"neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr
+    assert "then stopped: rank 0 (was killed by signal SIGTERM" in r.stderr
+    if mode == "fail":
+        assert "    ValueError: the root cause" in r.stderr and "    rank 1 is about to fail" in r.stderr
+    assert_all_gone(piddir, 2)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_signals_to_neuronrun_leave_no_orphans(job, sig):
+    script, piddir = job
+    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2",
+                             "--shutdown-timeout", "5", str(script), str(piddir), "hang"],
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_files(piddir, 2, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    if sig == signal.SIGKILL:
+        # Ranks die with the agent (PR_SET_PDEATHSIG); their own children are the program's business.
+        time.sleep(0.5)
+        ranks = [int(f.read_text().split()[0]) for f in piddir.glob("*.pid")]
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [p for p in ranks if alive(p)] == []
+        for p in pids(piddir):  # the grandchildren were orphaned: clean them up
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+        return
+    assert proc.returncode == 128 + sig, err
+    assert f"received {sig.name}, stopped every rank" in err
+    assert_all_gone(piddir, 2)
+
+
+def test_max_restarts_restarts_the_group(job):
+    script, piddir = job
+    r = neuronrun(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+                   str(script), str(piddir), "flaky"])
+    assert r.returncode == 0, r.stderr
+    assert "[rank0]: done restart=1" in r.stdout and "[rank1]: done restart=1" in r.stdout
+    assert {f.name for f in piddir.glob("*.pid")} == {"0.0.pid", "1.0.pid", "0.1.pid", "1.1.pid"}
+    assert_all_gone(piddir, 4)

@@ -1,0 +1,168 @@
+"""Exact argv and environment of every rank, through torch's real elastic agent, with the spawner mocked.
+
+``start_processes`` (what LocalElasticAgent calls to start ranks) is replaced by a
+recorder; the agent, rendezvous and our launch code run for real. Each recorded
+rank environment is then passed through the worker trampoline's ``rank_env`` and
+``command``, which is exactly what the rank's program would see after ``exec``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+from conftest import free_port
+
+from neuronrun_launcher import launch, worker
+from neuronrun_launcher.dryrun import rank_table
+from neuronrun_launcher.run import config_from_argv
+
+torch_agent = pytest.importorskip("torch.distributed.elastic.agent.server.local_elastic_agent")
+from torch.distributed.elastic.multiprocessing.api import RunProcsResult  # noqa: E402
+
+TORCH_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+              "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+              "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+
+
+class Recorder:
+    """Stands in for torch.distributed.elastic.multiprocessing.start_processes."""
+
+    def __init__(self):
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, name, entrypoint, args, envs, logs_specs, **kwargs):
+        # What the agent's SubprocessHandler would pass to Popen: os.environ updated by the rank's env.
+        spawned = {lr: (entrypoint, args[lr], {**os.environ, **envs[lr]}) for lr in envs}
+        with self.lock:
+            self.calls.append(spawned)
+        return FakeContext(envs)
+
+    def ranks(self):
+        """Per global rank: (argv after exec, environment after exec)."""
+        out = {}
+        for call in self.calls:
+            for entry, args, env in call.values():
+                assert entry == sys.executable and args[:2] == ("-u", launch.WORKER)
+                final = worker.rank_env(env)
+                out[int(final["RANK"])] = (worker.command(args[2], args[3], list(args[4:]), sys.executable), final)
+        return out
+
+
+class FakeContext:
+    def __init__(self, envs):
+        self._pids = {lr: 4_000_000 + lr for lr in envs}
+
+    def pids(self):
+        return self._pids
+
+    def wait(self, timeout=-1, period=1):
+        return RunProcsResult(return_values=dict.fromkeys(self._pids))
+
+    def close(self, death_sig=None, timeout=30):
+        pass
+
+
+@pytest.fixture
+def recorder(monkeypatch, scrubbed_environ):
+    rec = Recorder()
+    monkeypatch.setattr(torch_agent, "start_processes", rec)
+    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):  # launch() sets these; restore them afterwards
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    return rec
+
+
+def _launch_nodes(argv_for_node, nnodes):
+    """Run one real agent per node, in threads (signal handlers are skipped off the main thread)."""
+    codes, errors = {}, []
+
+    def node(n):
+        try:
+            codes[n] = launch.launch(config_from_argv(argv_for_node(n), dict(os.environ)))
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in range(nnodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert codes == dict.fromkeys(range(nnodes), 0)
+
+
+CASES = {
+    # name: (flags, expected visible cores per local rank, lnc, cores per rank, instance)
+    "trn2-lnc2": (["--nproc-per-node", "4"], ["0", "1", "2", "3"], "2", "1", "trn2.48xlarge"),
+    "trn2-lnc1-4pr": (["--lnc", "1", "--cores-per-rank", "4", "--nproc-per-node", "3"], ["0-3", "4-7", "8-11"],
+                      "1", "4", "trn2.48xlarge"),
+    "trn1-2pr": (["--instance", "trn1.32xlarge", "--cores-per-rank", "2", "--nproc-per-node", "2"],
+                 ["0-1", "2-3"], "1", "2", "trn1.32xlarge"),
+    "inf2-auto": (["--instance", "inf2.24xlarge", "--nproc-per-node", "auto", "--cores-per-rank", "4"],
+                  ["0-3", "4-7", "8-11"], "1", "4", "inf2.24xlarge"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_every_rank_argv_and_env(recorder, case, nnodes):
+    flags, cores, lnc, m, inst = CASES[case]
+    if nnodes > 1 and inst.startswith("inf2"):
+        pytest.skip("inf2 is single-instance")
+    port = free_port()
+    script = ["train.py", "--epochs", "2"]
+    if nnodes == 1:
+        node_argv = lambda n: [*flags, "--max-restarts", "1", *script]  # noqa: E731
+    else:
+        node_argv = lambda n: ["--nnodes", str(nnodes), "--node-rank", str(n), "--master-addr", "127.0.0.1",  # noqa: E731
+                               "--master-port", str(port), "--rdzv-id", "job1", "--max-restarts", "1", *flags, *script]
+    _launch_nodes(node_argv, nnodes)
+    ranks = recorder.ranks()
+    nproc = len(cores)
+    world = nproc * nnodes
+    assert sorted(ranks) == list(range(world))
+    master = {ranks[r][1]["MASTER_ADDR"] + ":" + ranks[r][1]["MASTER_PORT"] for r in ranks}
+    assert len(master) == 1
+    (master,) = master
+    host, mport = master.rsplit(":", 1)
+    if nnodes > 1:
+        assert master == f"127.0.0.1:{port}"
+    for rank, (argv, env) in ranks.items():
+        lr, node = rank % nproc, rank // nproc
+        assert argv == [sys.executable, "-u", "train.py", "--epochs", "2"]
+        assert {k: env[k] for k in TORCH_KEYS} == {
+            "RANK": str(rank), "LOCAL_RANK": str(lr), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": str(node), "GROUP_WORLD_SIZE": str(nnodes), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": host, "MASTER_PORT": mport,
+            "TORCHELASTIC_RUN_ID": env["TORCHELASTIC_RUN_ID"], "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "1",
+        }
+        assert {k: v for k, v in env.items() if k.startswith("NEURON")} == {
+            "NEURON_RT_VISIBLE_CORES": cores[lr],
+            "NEURON_RT_NUM_CORES": m,
+            "NEURON_LOGICAL_NC_CONFIG": lnc,
+            "NEURON_RT_ROOT_COMM_ID": f"{host}:{int(mport) + 1}",
+            "NEURON_DIST_INSTANCE": inst,
+        }
+        if nproc > 1:
+            assert env["OMP_NUM_THREADS"] == "1"
+        assert not [k for k in env if k.startswith("NEURONRUN_")]
+    if nnodes > 1:  # --dry-run promises the same environment the agent produces (static rendezvous)
+        dry = rank_table(config_from_argv(node_argv(0), {}))
+        for fields, denv in dry:
+            real = ranks[int(fields["rank"])][1]
+            assert {k: real[k] for k in denv if k != "TORCHELASTIC_RUN_ID"} == {
+                k: v for k, v in denv.items() if k != "TORCHELASTIC_RUN_ID"}
+
+
+def test_module_and_no_python_argv(recorder):
+    _launch_nodes(lambda n: ["--nproc-per-node", "2", "-m", "pkg.train", "x"], 1)
+    assert {r: a for r, (a, _) in recorder.ranks().items()} == {
+        r: [sys.executable, "-u", "-m", "pkg.train", "x"] for r in (0, 1)}
+    recorder.calls.clear()
+    _launch_nodes(lambda n: ["--nproc-per-node", "1", "--no-python", "/bin/echo", "hi"], 1)
+    assert recorder.ranks()[0][0] == ["/bin/echo", "hi"]
