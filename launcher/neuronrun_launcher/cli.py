@@ -160,7 +160,7 @@ def parse(argv: Sequence[str], env: Mapping[str, str], description: str | None =
             continue
         for var in flag.env_names:
             if var in env and (flag.switch or env[var] != ""):
-                values[flag.dest], sources[flag.dest] = _from_env(flag, env[var], "" + var), "$" + var
+                values[flag.dest], sources[flag.dest] = _from_env(flag, env[var], var), "$" + var
                 break
         else:
             values[flag.dest], sources[flag.dest] = flag.default, "default"

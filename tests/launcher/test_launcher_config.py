@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import clean_env, neuronrun
 
-from neuronrun_launcher.cli import FLAGS, parse
+from neuronrun_launcher.cli import FLAGS
 from neuronrun_launcher.config import ConfigError
 from neuronrun_launcher.dryrun import rank_table
 from neuronrun_launcher.run import config_from_argv

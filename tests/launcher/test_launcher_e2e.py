@@ -134,7 +134,7 @@ def test_failing_rank_brings_the_job_down(job, mode, code, how):
     r = neuronrun(["--nproc-per-node", "2", "--shutdown-timeout", "5", str(script), str(piddir), mode])
     assert r.returncode == code, r.stderr
     assert time.monotonic() - t0 < 30
-    assert f"neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr
+    assert "neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr
     assert "then stopped: rank 0 (was killed by signal SIGTERM" in r.stderr
     if mode == "fail":
         assert "    ValueError: the root cause" in r.stderr and "    rank 1 is about to fail" in r.stderr
