@@ -16,9 +16,12 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
+import sys
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -36,6 +39,8 @@ log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
 
 RECORD_LEN = 64  # recent collectives kept per group for hang diagnosis
+PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
+_LIVE: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every open group of this process (for dumps)
 
 
 class GroupError(dist.DistBackendError):
@@ -151,10 +156,11 @@ class Group:
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
-        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "ranks": self.global_ranks}
         me.update(self._placement_info())
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
+        self._check_membership()
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
@@ -167,6 +173,7 @@ class Group:
         self._queue: deque[Op] = deque()
         self._thread = threading.Thread(target=self._engine, name=f"neuron_dist-{name}", daemon=True)
         self._thread.start()
+        self._start_failure_watch()
         log.debug("group %s rank %d/%d up in %.1f ms over %s", name, rank, size,
                   (time.perf_counter() - t0) * 1e3, self.transport.name)
 
@@ -226,6 +233,7 @@ class Group:
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:
         from .collectives.executor import FRAME_BYTES
         from .config import env_int
+        self._check_members(op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
                          env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES))
 
@@ -299,9 +307,16 @@ class Group:
                 st[3][op.nbytes] = st[3].get(op.nbytes, 0) + 1
         op.complete(error)
 
+    def _name(self, op: Op) -> str:
+        return op.desc if op.is_p2p else f"{op.desc} (seq {op.seq})"
+
+    def _who(self, r: int) -> str:
+        g = self.global_ranks[r] if r < len(self.global_ranks) else r
+        return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: deque[Op]) -> None:
         if not isinstance(e, dist.DistBackendError):
-            err = GroupError(f"[rank {self.rank}] {op.desc} (seq {op.seq}) failed: {e}")
+            err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {e}")
             err.__cause__ = e
         else:
             err = e
@@ -316,6 +331,52 @@ class Group:
             self._queue.clear()
         for o in rest:
             self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run, the group failed: {err}"))
+        self._send_abort(str(err))
+        self._publish_progress()
+        self._dump_if_asked(f"failure: {err}")
+
+    def _send_abort(self, reason: str) -> None:
+        """Tell every peer this rank's copy of the group is dead, so a peer waiting on us fails
+        now with our cause instead of at its time-out. Best effort: a peer may be gone too."""
+        if self._abort_sent:
+            return
+        self._abort_sent = True
+        from .transport.frame import MAX_ABORT_BYTES, Header
+        msg = reason.encode("utf-8", "replace")[:MAX_ABORT_BYTES]
+        payload = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else torch.empty(0, dtype=torch.uint8)
+        for p in range(self.size):
+            if p == self.rank:
+                continue
+            h = Header(int(Kind.ABORT), 0, self.token, self.group_id, max(self._seq - 1, 0), self.rank, p, 0, 0,
+                       payload.numel())
+            try:
+                self.transport.send(p, h, payload)
+            except Exception as e:  # noqa: BLE001 - the peer may be the one that died
+                coll_log.debug("rank %d: abort notice to rank %d not sent: %s", self.rank, p, e)
+
+    def _peer_gone(self, p: int, now: float | None = None, grace: float = PEER_GRACE_S) -> str | None:
+        """The transport's reason for `p` being gone, once it has held for `grace` seconds."""
+        try:
+            reason = self.transport.check_peer(p)
+        except Exception as e:  # noqa: BLE001
+            reason = f"liveness check failed: {e}"
+        if not reason:
+            return None
+        now = time.monotonic() if now is None else now
+        first = self._gone_seen.setdefault(p, now)
+        return reason if now - first >= grace else None
+
+    def _check_members(self, op: Op) -> None:
+        """Before an op starts: every peer it needs must still be there (a collective needs all)."""
+        if op.is_p2p:
+            peers = [op.peer] if op.peer is not None else []
+        else:
+            peers = [p for p in range(self.size) if p != self.rank]
+        for p in peers:
+            reason = self._peer_gone(p, grace=0.0)
+            if reason:
+                raise GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._who(p)} is gone "
+                                 f"({reason}) before the operation started")
 
     def _check_stalled(self, active: list[Op], waiting: deque[Op]) -> None:
         now = time.monotonic()
@@ -323,26 +384,114 @@ class Group:
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
             if peer is not None:
-                gone = self.transport.check_peer(peer)
+                gone = self._peer_gone(peer, now)
                 if gone:
                     active.remove(op)
                     self._fail(op, GroupError(
-                        f"[rank {self.rank}] {op.desc} (seq {op.seq}) failed: rank {peer} is gone: {gone}"),
+                        f"[rank {self.rank}] {self._name(op)} failed: {self._who(peer)} is gone: {gone}"),
                         active, waiting)
                     return
             if now - op.t0 > limit:
                 active.remove(op)
-                who = f"waiting for rank {peer}" if peer is not None else "waiting to send"
+                who = f"waiting for {self._who(peer)}" if peer is not None else "waiting to send"
                 self._fail(op, GroupError(
-                    f"[rank {self.rank}] {op.desc} (seq {op.seq}) timed out after {limit:.1f}s {who}. "
-                    f"{self.diagnose()} Check that every rank of the group calls the same collectives "
+                    f"[rank {self.rank}] {self._name(op)} timed out after {limit:.1f}s {who}. "
+                    f"{self.diagnose(op)} Check that every rank of the group calls the same collectives "
                     f"in the same order, or raise the timeout in init_process_group/new_group."),
                     active, waiting)
                 return
 
-    def diagnose(self) -> str:
-        recent = ", ".join(f"#{r.seq} {r.kind} {r.nbytes}B {r.state}" for r in list(self.records)[-4:])
-        return f"Recent collectives on rank {self.rank}: {recent}."
+    # -- progress records: what each rank last ran, for hang diagnosis -------------------------
+    def progress_record(self) -> dict:
+        """This rank's small progress record: the next sequence number it will issue, the last
+        collective it completed and its most recent collectives (seq, kind, bytes, state)."""
+        recs = list(self.records)
+        done = max((r.seq for r in recs if r.state == "done"), default=-1)
+        return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "done": done,
+                "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
+                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state] for r in recs[-4:]]}
+
+    def _publish_progress(self) -> None:
+        try:
+            rec = self.progress_record()
+            key = (rec["issued"], rec["done"], tuple(tuple(x) for x in rec["recent"]), rec["broken"])
+            if key != self._published:
+                self.store.set(f"progress/{self.rank}", json.dumps(rec))
+                self._published = key
+        except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
+            log.debug("rank %d: progress record not published: %s", self.rank, e)
+
+    def _start_failure_watch(self) -> None:
+        """A small thread that keeps this rank's progress record in the store current (only when
+        it changed, at most every `interval`), so a rank that times out can say what every rank
+        last ran. Idle groups cost nothing: nothing changes, nothing is written."""
+        self._gone_seen: dict[int, float] = {}
+        self._abort_sent = False
+        self._published = None
+        self._hb_stop = threading.Event()
+        self._hb_interval = max(0.05, min(1.0, self.timeout.total_seconds() / 20))
+        _LIVE.add(self)
+        _install_dump_signal()
+
+        def beat(ref=weakref.ref(self), stop=self._hb_stop, interval=self._hb_interval):
+            while not stop.wait(interval):
+                g = ref()
+                if g is None:
+                    return
+                g._publish_progress()
+                del g
+
+        self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
+        self._hb_thread.start()
+
+    def _peer_records(self) -> dict[int, dict]:
+        out = {}
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            key = f"progress/{r}"
+            try:
+                if self.store.check([key]):
+                    out[r] = json.loads(self.store.get(key))
+            except Exception:  # noqa: BLE001 - a dead store must not hide the local diagnosis
+                pass
+        return out
+
+    def diagnose(self, op: Op | None = None) -> str:
+        """Which ranks had not entered `op` and what each rank last ran (from the progress
+        records every rank keeps in the store), plus this rank's recent collectives."""
+        def fmt(recent):
+            return ", ".join(f"#{s} {k} {n}B {st}" for s, k, n, _dt, st in recent) or "nothing"
+        mine = self.progress_record()
+        parts = []
+        if op is not None and not op.is_p2p:
+            peers = self._peer_records()
+            missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
+            silent = [r for r in range(self.size) if r != self.rank and r not in peers]
+            inside = [r for r in range(self.size) if r not in missing and r not in silent]
+            if missing:
+                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq};")
+            if silent:
+                parts.append(f"ranks {silent} published no progress record;")
+            parts.append(f"ranks {inside} had entered it.")
+            for r in sorted(peers):
+                p = peers[r]
+                parts.append(f"Rank {r} last ran: {fmt(p['recent'])} (next seq {p['issued']}"
+                             + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
+        parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
+        return " ".join(parts)
+
+    def _check_membership(self) -> None:
+        """Every rank must agree on who is in the group (new_group called with the same ranks)."""
+        views = {}
+        for r, info in enumerate(self.peers_info):
+            if "ranks" in info:
+                views.setdefault(tuple(info["ranks"]), []).append(r)
+        if len(views) > 1:
+            desc = "; ".join(f"group ranks {list(k)} think the members are {list(v)}" for v, k in
+                             ((v, k) for k, v in views.items()))
+            raise GroupError(f"[rank {self.rank}] group {self.name!r}: ranks disagree on the group's members "
+                             f"({desc}); call new_group with the same ranks on every process")
 
     # -- reporting and shutdown ----------------------------------------------------------------
     def report(self) -> list[dict]:
@@ -360,6 +509,23 @@ class Group:
                              host_s=host, model_device_s=model))
         return rows
 
+    def dump(self) -> str:
+        """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /
+        NEURON_DIST_DUMP_SIGNAL)."""
+        lines = [f"neuron_dist group {self.name!r} rank {self.rank}/{self.size} pid {os.getpid()}: "
+                 f"next seq {self._seq}, broken: {self.broken or 'no'}"]
+        for r in list(self.records):
+            took = (r.t_end - r.t_start) * 1e3 if r.t_end else 0.0
+            lines.append(f"  #{r.seq} {r.kind} {r.nbytes}B {r.dtype} {r.algorithm or '-'} {r.state}"
+                         + (f" {took:.2f} ms" if r.t_end else ""))
+        return "\n".join(lines)
+
+    def _dump_if_asked(self, why: str) -> None:
+        from .config import env
+        where = env("NEURON_DIST_DUMP")
+        if where:
+            _write_dump(f"[{why}]\n{self.dump()}\n", where)
+
     def close(self, abort: bool = False) -> None:
         with self._cv:
             if self.closed:
@@ -369,11 +535,55 @@ class Group:
             pending = list(self._queue)
             self._queue.clear()
             self._cv.notify_all()
+        if abort and self.broken is None:
+            self._send_abort(f"rank {self.rank} aborted the process group")
+        self._hb_stop.set()
         for op in pending:
             op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
-        self.transport.close(abort=abort) if _accepts_abort(self.transport) else self.transport.close()
+        if threading.current_thread() is not self._hb_thread:
+            self._hb_thread.join(timeout=5)
+        _LIVE.discard(self)
+        # a broken group's peers may be gone: do not linger on frames nobody will read
+        hard = abort or self.broken is not None
+        self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()
+
+
+def _write_dump(text: str, where: str) -> None:
+    try:
+        if where in ("1", "stderr"):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        else:
+            with open(where, "a") as f:
+                f.write(text)
+    except OSError:
+        pass
+
+
+def dump_all() -> str:
+    """The records of every open group of this process."""
+    return "\n".join(g.dump() for g in list(_LIVE))
+
+
+_SIGNAL_INSTALLED = False
+
+
+def _install_dump_signal() -> None:
+    """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
+    NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
+    global _SIGNAL_INSTALLED
+    from .config import env
+    name = (env("NEURON_DIST_DUMP_SIGNAL") or "").strip().upper()
+    if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+    if signum is None:
+        raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
+    where = env("NEURON_DIST_DUMP") or "stderr"
+    signal.signal(signum, lambda *_: _write_dump(dump_all() + "\n", where))
+    _SIGNAL_INSTALLED = True
 
 
 def _accepts_abort(t) -> bool:

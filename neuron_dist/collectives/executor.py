@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, check
+from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check
 from .reduce_ops import Reducer
 from .schedule import LOCAL_STEPS, Chunk, Copy, LocalReduce, Recv, Schedule, Send
 
@@ -61,6 +61,10 @@ class Mailbox:
             if got is None:
                 return None
             h, payload = got
+            if h.kind == Kind.ABORT:  # the peer's group failed: fail here too, with its cause
+                reason = abort_reason(payload)
+                self.transport.release(peer)
+                raise PeerAborted(f"rank {peer} aborted the group: {reason}")
             k = self.key(h)
             if k == key:
                 return h, payload, False

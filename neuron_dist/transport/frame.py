@@ -33,6 +33,7 @@ class Kind(enum.IntEnum):
     BARRIER = 9
     P2P = 10       # send/recv: seq is the pair's message number, tag the user's tag
     HELLO = 11     # connection set-up
+    ABORT = 12     # this rank's group failed or was aborted: payload is the cause (UTF-8); peers fail fast
 
 
 # dtype codes on the wire; one table both ways
@@ -42,10 +43,16 @@ DTYPES: tuple[torch.dtype, ...] = (
 )
 DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
 CODE_DTYPE = {i + 1: d for i, d in enumerate(DTYPES)}
+_ITEMSIZE = {i + 1: torch.empty(0, dtype=d).element_size() for i, d in enumerate(DTYPES)}
+MAX_ABORT_BYTES = 4096  # an abort frame's cause text, bounded whatever a peer claims
 
 
 class FrameError(RuntimeError):
     """A frame that is malformed or not the one the receiver expected."""
+
+
+class PeerAborted(FrameError):
+    """A peer sent an ABORT frame: its copy of the group failed (the message carries its cause)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +103,22 @@ def unpack(buf) -> Header:
         raise FrameError(f"unknown dtype code {dtype}")
     if nbytes > MAX_FRAME_BYTES:
         raise FrameError(f"frame claims {nbytes} bytes, above the {MAX_FRAME_BYTES} limit")
+    if dtype and nbytes % _ITEMSIZE[dtype]:
+        raise FrameError(f"frame of {CODE_DTYPE[dtype]} claims {nbytes} bytes, not a whole number of elements")
+    if kind == Kind.ABORT and nbytes > MAX_ABORT_BYTES:
+        raise FrameError(f"abort frame claims {nbytes} bytes, above the {MAX_ABORT_BYTES} limit")
     return Header(kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes)
+
+
+def abort_reason(payload) -> str:
+    """The cause carried by an ABORT frame's payload (untrusted bytes: bounded, decoded leniently)."""
+    try:
+        raw = bytes(memoryview(payload).cast("B")[:MAX_ABORT_BYTES]) if not isinstance(payload, torch.Tensor) \
+            else payload[:MAX_ABORT_BYTES].contiguous().numpy().tobytes()
+    except Exception as e:  # noqa: BLE001 - a hostile payload must still yield a message
+        return f"<unreadable abort reason: {e}>"
+    text = raw.decode("utf-8", "replace")
+    return "".join(ch if ch.isprintable() or ch in "\n\t" else "?" for ch in text)
 
 
 def check(got: Header, want: Header, payload_nbytes: int) -> None:

@@ -8,6 +8,13 @@ schedule deadlock-free; memory is bounded by what the collectives in flight move
 Zero-copy both ways: large sends hand zmq a view of the tensor's memory (tracked, so `flush`
 knows when it may be reused); receives hand back a tensor view of zmq's frame buffer.
 Abstract IPC endpoints (`ipc://@...`) leave no file behind, even after a crash.
+
+Authentication: every PULL socket is a ZAP PLAIN server whose only accepted password is the
+group's job token (exchanged through the store at group creation); the peers' PUSH sockets
+present it. A connection without it fails the ZMTP handshake and is dropped before a single
+message from it is read. TCP listeners bind only to the job's address (`bind_addr`).
+One ZAP handler thread per process serves every group; it and the zmq context are released
+when the last transport closes, so a destroyed process group leaves no socket or thread behind.
 """
 from __future__ import annotations
 
@@ -16,6 +23,8 @@ import json
 import logging
 import os
 import secrets
+import threading
+import time
 import warnings
 from collections import deque
 
@@ -32,16 +41,53 @@ log = logging.getLogger("neuron_dist.transport")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 ZERO_COPY_BYTES = 64 << 10  # below this zmq copies (cheaper than tracking)
+USER = b"neuron_dist"
 _CONTEXT: zmq.Context | None = None
 _CONTEXT_PID = 0
+_AUTH = None            # the process's ZAP handler (zmq.auth.thread.ThreadAuthenticator)
+_USERS = 0              # open transports using the context
+_LOCK = threading.Lock()
 
 
 def context() -> zmq.Context:
     """One zmq context per process (re-made after fork: a zmq context must not cross a fork)."""
-    global _CONTEXT, _CONTEXT_PID
+    global _CONTEXT, _CONTEXT_PID, _AUTH, _USERS
     if _CONTEXT is None or _CONTEXT_PID != os.getpid():
-        _CONTEXT, _CONTEXT_PID = zmq.Context(io_threads=1), os.getpid()
+        _CONTEXT, _CONTEXT_PID, _AUTH, _USERS = zmq.Context(io_threads=1), os.getpid(), None, 0
     return _CONTEXT
+
+
+def _acquire(domain: str, token: int) -> zmq.Context:
+    """The context, with the ZAP handler running and accepting `token` for `domain`."""
+    global _AUTH, _USERS
+    from zmq.auth.thread import ThreadAuthenticator
+    with _LOCK:
+        ctx = context()
+        if _AUTH is None:
+            _AUTH = ThreadAuthenticator(ctx, log=logging.getLogger("neuron_dist.transport.zap"))
+            _AUTH.start()
+        _AUTH.configure_plain(domain=domain, passwords={USER.decode(): str(token)})
+        _USERS += 1
+        return ctx
+
+
+def _release(domain: str, linger_ok: bool) -> None:
+    """Forget `domain`; with the last transport gone, stop the ZAP thread and end the context
+    (which waits up to the sockets' linger for frames still queued to live peers)."""
+    global _AUTH, _USERS, _CONTEXT
+    with _LOCK:
+        if _CONTEXT is None or _CONTEXT_PID != os.getpid():
+            return
+        if _AUTH is not None:
+            _AUTH.passwords.pop(domain, None)
+        _USERS -= 1
+        if _USERS > 0:
+            return
+        if _AUTH is not None:
+            _AUTH.stop()
+            _AUTH = None
+        ctx, _CONTEXT = _CONTEXT, None
+    ctx.term()
 
 
 def memory_of(t: torch.Tensor) -> memoryview:
@@ -66,8 +112,23 @@ class ZmqTransport(Transport):
     def __init__(self, ctx: TransportContext, peers: list[int] | None = None, key: str = "zmq"):
         self.rank, self.size, self.token = ctx.rank, ctx.size, ctx.token
         self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
-        zctx = context()
+        self.timeout = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
+        self.domain = f"nd-{ctx.job_id}-{key}-{secrets.token_hex(4)}"
+        zctx = _acquire(self.domain, self.token)
+        self.closed = True  # until set-up completes, close() only releases the context
+        self.push: dict[int, zmq.Socket] = {}
+        self.monitors: dict[int, zmq.Socket] = {}
+        try:
+            self._setup(ctx, zctx, key)
+        except BaseException:
+            self.closed = False
+            self.close(abort=True)
+            raise
+
+    def _setup(self, ctx: TransportContext, zctx: zmq.Context, key: str) -> None:
         self.pull = zctx.socket(zmq.PULL)
+        self.pull.plain_server = True
+        self.pull.zap_domain = self.domain.encode()
         self.pull.setsockopt(zmq.RCVHWM, 0)
         self.pull.setsockopt(zmq.MAXMSGSIZE, frame.MAX_FRAME_BYTES)
         self.pull.setsockopt(zmq.LINGER, 0)
@@ -82,8 +143,6 @@ class ZmqTransport(Transport):
             port = self.pull.bind_to_random_port(f"tcp://{ctx.bind_addr}")
             endpoints["tcp"] = f"tcp://{ctx.bind_addr}:{port}"
         ctx.store.set(f"{key}/{self.rank}", json.dumps(endpoints))
-        self.push: dict[int, zmq.Socket] = {}
-        self.monitors: dict[int, zmq.Socket] = {}
         self.gone: dict[int, str] = {}
         for p in self.peers:
             theirs = json.loads(ctx.store.get(f"{key}/{p}"))
@@ -94,12 +153,15 @@ class ZmqTransport(Transport):
             s.setsockopt(zmq.SNDHWM, 0)
             s.setsockopt(zmq.LINGER, 5000)
             s.setsockopt(zmq.IMMEDIATE, 0)
-            self.monitors[p] = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            s.plain_username = USER
+            s.plain_password = str(self.token).encode()
+            self.monitors[p] = s.get_monitor_socket(
+                zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
             s.connect(ep)
             self.push[p] = s
             log.debug("rank %d -> rank %d over %s", self.rank, p, ep)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
-        self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor]] = []
+        self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
         self.closed = False
@@ -111,7 +173,7 @@ class ZmqTransport(Transport):
             self.push[peer].send_multipart([hb, memory_of(payload)], copy=True)
         else:
             tracker = self.push[peer].send_multipart([hb, memory_of(payload)], copy=False, track=True)
-            self.trackers.append((tracker, payload))
+            self.trackers.append((tracker, payload, peer))
         return True
 
     def _drain(self) -> None:
@@ -146,9 +208,24 @@ class ZmqTransport(Transport):
         self.poller.poll(max(0, int(timeout * 1000)))
 
     def flush(self, timeout):
-        for tracker, _ in self.trackers:
-            tracker.wait(timeout)
-        self.trackers.clear()
+        """Wait until zmq no longer reads any caller buffer handed to `send`. A frame queued to a
+        dead peer is never released, so the wait checks the peer's liveness and raises naming it
+        (or gives up at `timeout`) instead of blocking for ever."""
+        deadline = time.monotonic() + min(timeout, self.timeout)
+        while self.trackers:
+            tracker, _, peer = self.trackers[0]
+            try:
+                tracker.wait(0.05)
+            except zmq.NotDone:
+                gone = self.check_peer(peer)
+                if gone:
+                    raise TransportError(f"rank {self.rank}: rank {peer} is gone with frames still queued "
+                                         f"to it: {gone}") from None
+                if time.monotonic() > deadline:
+                    raise TransportError(f"rank {self.rank}: frames to rank {peer} not handed off after "
+                                         f"{min(timeout, self.timeout):.1f}s") from None
+                continue
+            self.trackers.pop(0)
 
     def check_peer(self, peer):
         mon = self.monitors.get(peer)
@@ -159,15 +236,28 @@ class ZmqTransport(Transport):
                 break
             if ev["event"] == zmq.EVENT_DISCONNECTED:
                 self.gone[peer] = f"connection to rank {peer} closed (process exited or crashed)"
+            elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
+                                   f"mismatch: is it a process of the same job and group?)")
         return self.gone.get(peer)
 
     def close(self, abort: bool = False):
-        if self.closed:
+        if getattr(self, "_released", False):
             return
-        self.closed = True
+        self._released = True
         for p, s in self.push.items():
-            s.disable_monitor()
-            self.monitors[p].close(linger=0)
-            s.close(linger=0 if abort else 5000)
-        self.pull.close(linger=0)
+            try:
+                s.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            if p in self.monitors:
+                self.monitors[p].close(linger=0)
+            s.close(linger=0 if abort or p in self.gone else 5000)
+        for p, m in self.monitors.items():
+            if p not in self.push:
+                m.close(linger=0)
+        if getattr(self, "pull", None) is not None:
+            self.pull.close(linger=0)
         self.trackers.clear()
+        self.closed = True
+        _release(self.domain, not abort)
