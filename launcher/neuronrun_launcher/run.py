@@ -69,7 +69,9 @@ SIGKILL after --shutdown-timeout seconds), restarts the group if --max-restarts
 allows, and otherwise neuronrun prints the root cause (rank, node, host, exit code
 or signal, last lines of its stderr/stdout) and exits with the rank's exit code
 (128+N for signal N). Ctrl-C or SIGTERM to neuronrun stops every rank and its
-children; ranks also die if neuronrun itself is killed.
+children; ranks also die if neuronrun itself is killed. Whatever a rank leaves
+running in its process group (it is a session leader) is killed when the next
+attempt starts or the job ends.
 """
 
 from __future__ import annotations

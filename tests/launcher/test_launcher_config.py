@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import clean_env, neuronrun
+from launcher_helpers import clean_env, neuronrun
 
 from neuronrun_launcher.cli import FLAGS
 from neuronrun_launcher.config import ConfigError

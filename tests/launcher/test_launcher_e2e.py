@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import clean_env, free_port, neuronrun
+from launcher_helpers import clean_env, free_port, neuronrun
 
 pytest.importorskip("torch.distributed")
 

@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from conftest import free_port
+from launcher_helpers import free_port
 
 from neuronrun_launcher import launch, worker
 from neuronrun_launcher.dryrun import rank_table

@@ -1,0 +1,35 @@
+"""Helpers shared by the launcher tests (a uniquely named module: ``import conftest`` could
+resolve to another directory's conftest once the repository has several)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "launcher"
+
+_SCRUB = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "NEURON_", "NEURONRUN_", "PET_", "TORCHELASTIC_", "MASTER_",
+          "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB)}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LAUNCHER), str(REPO), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def neuronrun(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 60,
+              cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "neuronrun_launcher.run", *args], env=env or clean_env(),
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
