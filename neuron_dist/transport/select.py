@@ -1,25 +1,126 @@
-"""Transport choice for a group: which implementation serves which peer pair.
+"""Transport choice per peer pair, and the composite transport that routes each peer to its own.
 
-Order of preference per pair, as NCCL picks transports: shared memory when both ranks are on one
-host, MPI when the job runs under mpirun and asked for it, TCP (zmq) otherwise.
-NEURON_DIST_TRANSPORT forces one for every pair; an impossible choice is an error naming both ranks.
+Order of preference per pair, as NCCL picks transports from an ordered list with a `canConnect`
+test: shared memory when both ranks are on one host (`shm`), MPI for pairs on different hosts
+when the job runs under mpirun (`mpi`), TCP through zmq otherwise (`zmq`). Both ranks of a pair
+decide from the same facts (the hosts exchanged through the store), so they always agree.
+NEURON_DIST_TRANSPORT forces one transport for every pair; a choice that cannot connect some
+pair is an error naming both ranks and their hosts. The choice is logged at debug level
+(NEURON_DIST_DEBUG=TRANSPORT).
 """
 from __future__ import annotations
 
 import logging
+import os
 
 from ..config import env
-from .base import Transport, TransportContext
+from .base import Transport, TransportContext, TransportError
 
 log = logging.getLogger("neuron_dist.transport")
-KNOWN = ("zmq",)
+KNOWN = ("shm", "zmq", "mpi")
+MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def under_mpirun() -> bool:
+    return any(k in os.environ for k in MPI_ENV)
+
+
+def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
+    """{peer: transport name} for every peer of this rank (pure: no connection is made)."""
+    from . import shm
+    shm_ok = shm.available() is None
+    out = {}
+    for p in range(ctx.size):
+        if p == ctx.rank:
+            continue
+        same_host = not ctx.hosts or ctx.hosts[p] == ctx.hostname
+        if forced:
+            if forced == "shm" and not same_host:
+                raise TransportError(f"NEURON_DIST_TRANSPORT=shm, but rank {ctx.rank} (on {ctx.hostname}) and "
+                                     f"rank {p} (on {ctx.hosts[p]}) are on different hosts; use zmq or mpi")
+            if forced == "shm" and not shm_ok:
+                raise TransportError(f"NEURON_DIST_TRANSPORT=shm, but ranks {ctx.rank} and {p} cannot use "
+                                     f"shared memory: {shm.available()}")
+            out[p] = forced
+        elif same_host and shm_ok:
+            out[p] = "shm"
+        elif under_mpirun():
+            out[p] = "mpi"
+        else:
+            out[p] = "zmq"
+    return out
+
+
+def _make(name: str, ctx: TransportContext, peers: list[int]) -> Transport:
+    if name == "shm":
+        from .shm import ShmTransport
+        return ShmTransport(ctx, peers)
+    if name == "mpi":
+        from .mpi import MpiTransport
+        return MpiTransport(ctx, peers)
+    from .zmq_transport import ZmqTransport
+    return ZmqTransport(ctx, peers)
 
 
 def create(ctx: TransportContext) -> Transport:
     forced = (env("NEURON_DIST_TRANSPORT") or "").strip().lower()
     if forced and forced not in KNOWN:
         raise ValueError(f"NEURON_DIST_TRANSPORT={forced!r} is not a transport; known: {', '.join(KNOWN)}")
-    from .zmq_transport import ZmqTransport
-    t = ZmqTransport(ctx)
-    log.debug("rank %d: transport %s for all %d peers", ctx.rank, t.name, ctx.size - 1)
-    return t
+    choice = plan(ctx, forced)
+    by_name: dict[str, list[int]] = {}
+    for p, name in choice.items():
+        by_name.setdefault(name, []).append(p)
+    # store keys are per rank and per transport, so ranks need not build the same set
+    names = [n for n in KNOWN if n in by_name] or [forced or "shm"]  # world 1: an idle transport
+    parts = {}
+    try:
+        for n in names:
+            parts[n] = _make(n, ctx, by_name.get(n, []))
+    except BaseException:
+        for t in parts.values():
+            t.close()
+        raise
+    for n in names:
+        log.debug("rank %d: transport %s for ranks %s%s", ctx.rank, n, by_name.get(n, []),
+                  " (forced by NEURON_DIST_TRANSPORT)" if forced else "")
+    if len(parts) == 1:
+        return next(iter(parts.values()))
+    return Composite(parts, {p: parts[n] for p, n in choice.items()})
+
+
+class Composite(Transport):
+    """Routes each peer to the transport chosen for its pair; waits on all of them."""
+
+    def __init__(self, parts: dict[str, Transport], route: dict[int, Transport]):
+        self.parts, self.route = parts, route
+        self.name = "+".join(parts)
+
+    def send(self, peer, header, payload):
+        return self.route[peer].send(peer, header, payload)
+
+    def recv(self, peer):
+        return self.route[peer].recv(peer)
+
+    def release(self, peer):
+        self.route[peer].release(peer)
+
+    def wait(self, timeout):
+        # no single fd/futex covers every transport: a short slice on each, then let the
+        # caller look (spurious wake-ups are allowed by the interface)
+        slice_ = min(timeout, 0.0005)
+        for t in self.parts.values():
+            t.wait(slice_)
+
+    def flush(self, timeout):
+        for t in self.parts.values():
+            t.flush(timeout)
+
+    def check_peer(self, peer):
+        return self.route[peer].check_peer(peer)
+
+    def close(self, abort: bool = False):
+        for t in self.parts.values():
+            try:
+                t.close(abort=abort)
+            except TypeError:
+                t.close()

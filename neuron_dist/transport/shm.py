@@ -1,0 +1,330 @@
+"""Shared-memory transport for ranks on one host: bounded slot rings in /dev/shm, futex wake-ups.
+
+Layout. Every rank owns one segment holding its *inbound* rings, one per local peer, plus a
+control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid):
+
+    [control 64 B][ring from peer a: head 64 B | tail 64 B | slot 0 .. slot S-1][ring from peer b ...]
+    slot = [frame header 64 B][payload slot_bytes]
+
+A sender copies a frame into the next free slot of its ring in the receiver's segment and
+publishes it by bumping `head` (8-byte aligned stores are atomic on x86/arm64, and x86 keeps
+store order, so the payload is visible before the head). The receiver hands the executor a
+tensor *view of the slot*: reductions read the peer's bytes in place, with no extra copy, and
+`release` bumps `tail`, freeing the slot. Memory is bounded: S slots (NEURON_DIST_SHM_SLOTS,
+default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default 512 KiB) per peer pair; a full
+ring makes `send` return False (the executor retries after `wait`).
+
+Waiting. `wait` spins briefly (yielding the core: NEURON_DIST_SHM_SPIN_US, 0 when local ranks
+outnumber cores) and then sleeps on the doorbell with futex(2); a peer that publishes a frame or
+frees a slot bumps the doorbell and wakes the sleeper only when its "sleeping" flag is set.
+Each sleep is capped at 1 ms, so a wake-up lost to store/load reordering costs at most that.
+
+Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
+soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
+nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
+segment whose peers never came.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import mmap
+import os
+import time
+import warnings
+
+import torch
+
+from ..config import env_int
+from . import frame
+from .base import Transport, TransportContext, TransportError
+
+log = logging.getLogger("neuron_dist.transport")
+warnings.filterwarnings("ignore", message="The given buffer is not writable")
+
+SHM_DIR = "/dev/shm"
+LINE = 64
+SLOT_HEADER = 64
+DEFAULT_SLOTS = 4
+DEFAULT_SLOT_BYTES = 512 << 10
+MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
+
+# control block offsets
+_DOORBELL, _SLEEPING, _CLOSED, _PID = 0, 4, 8, 16
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+
+
+class _timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def available() -> str | None:
+    """None if this host can run the transport, else why not."""
+    if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
+        return f"{SHM_DIR} is not a writable directory"
+    if _SYS_FUTEX is None:
+        return f"futex syscall number unknown on {os.uname().machine}"
+    return None
+
+
+def _futex_wait(addr: int, expected: int, timeout: float) -> None:
+    ts = _timespec(int(timeout), int((timeout % 1) * 1e9))
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_int(expected),
+                  ctypes.byref(ts), None, 0)
+
+
+def _futex_wake(addr: int) -> None:
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(1 << 30), None, None, 0)
+
+
+_OWNED: set[str] = set()  # segments this process created and has not unlinked yet
+
+
+@atexit.register
+def _unlink_leftovers() -> None:
+    for path in list(_OWNED):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    _OWNED.clear()
+
+
+class _Segment:
+    """One mapped segment: control words and ring/slot addressing."""
+
+    def __init__(self, path: str, nbytes: int, create: bool, npeers: int, nslots: int, slot_bytes: int):
+        self.path, self.nslots, self.slot_bytes = path, nslots, slot_bytes
+        if create:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            _OWNED.add(path)
+            try:
+                os.ftruncate(fd, nbytes)
+                self.mm = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+        else:
+            fd = os.open(path, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size != nbytes:
+                    raise TransportError(f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, "
+                                         f"expected {nbytes}: peers disagree on NEURON_DIST_SHM_SLOTS/FRAME_BYTES")
+                self.mm = mmap.mmap(fd, nbytes)
+            finally:
+                os.close(fd)
+        self.base = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        self.doorbell = ctypes.c_int32.from_buffer(self.mm, _DOORBELL)
+        self.sleeping = ctypes.c_int32.from_buffer(self.mm, _SLEEPING)
+        self.closed = ctypes.c_int32.from_buffer(self.mm, _CLOSED)
+        self.pid = ctypes.c_int64.from_buffer(self.mm, _PID)
+        self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.rings = []
+        for i in range(npeers):
+            off = ring_offset(i, nslots, slot_bytes)
+            head = ctypes.c_int64.from_buffer(self.mm, off)
+            tail = ctypes.c_int64.from_buffer(self.mm, off + LINE)
+            slots = []
+            for s in range(nslots):
+                so = off + 2 * LINE + s * (SLOT_HEADER + slot_bytes)
+                slots.append((so, self.bytes[so + SLOT_HEADER:so + SLOT_HEADER + slot_bytes]))
+            self.rings.append((head, tail, slots))
+
+    def ring(self) -> None:
+        """Bump the doorbell; wake the owner if it sleeps."""
+        self.doorbell.value = (self.doorbell.value + 1) & 0x7FFFFFFF
+        if self.sleeping.value:
+            _futex_wake(self.base + _DOORBELL)
+
+    def close(self) -> None:
+        self.rings, self.bytes = [], None
+        self.doorbell = self.sleeping = self.closed = self.pid = None
+        try:
+            self.mm.close()
+        except BufferError:  # a payload view is still alive somewhere; the GC unmaps it later
+            pass
+
+
+def ring_offset(i: int, nslots: int, slot_bytes: int) -> int:
+    return LINE + i * (2 * LINE + nslots * (SLOT_HEADER + slot_bytes))
+
+
+def segment_bytes(npeers: int, nslots: int, slot_bytes: int) -> int:
+    return ring_offset(npeers, nslots, slot_bytes)
+
+
+class ShmTransport(Transport):
+    name = "shm"
+
+    def __init__(self, ctx: TransportContext, peers: list[int] | None = None, key: str = "shm"):
+        why = available()
+        if why:
+            raise TransportError(f"rank {ctx.rank}: shared memory unavailable: {why}")
+        self.rank, self.token = ctx.rank, ctx.token
+        self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
+        for p in self.peers:
+            if ctx.hosts and ctx.hosts[p] != ctx.hostname:
+                raise TransportError(f"rank {self.rank} cannot reach rank {p} over shared memory: "
+                                     f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
+        self.slot_bytes = env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES)
+        self.nslots = max(2, env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS))
+        ncpu = len(os.sched_getaffinity(0))
+        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 0 if len(self.peers) + 1 > ncpu else 50) * 1e-6
+        self.closed = False
+        # the members of this transport, in one order every rank agrees on
+        members = sorted(self.peers + [self.rank])
+        self.index = {r: i for i, r in enumerate(members)}   # my inbound ring from r is ring index[r]
+        npeers = len(members)  # one ring per member (my own stays unused: simpler addressing)
+        nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
+        path = os.path.join(SHM_DIR, f"nd-{ctx.job_id}-{self.rank}-{os.getpid()}")
+        self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
+        self.mine.pid.value = os.getpid()
+        ctx.store.set(f"{key}/{self.rank}", path)
+        self.theirs: dict[int, _Segment] = {}
+        try:
+            for p in self.peers:
+                self.theirs[p] = _Segment(ctx.store.get(f"{key}/{p}").decode(), nbytes, False, npeers,
+                                          self.nslots, self.slot_bytes)
+            ctx.store.set(f"{key}/{self.rank}/mapped", "1")
+            for p in self.peers:
+                ctx.store.get(f"{key}/{p}/mapped")
+        finally:
+            self._unlink()
+        self.peer_pid = {p: self.theirs[p].pid.value for p in self.peers}
+        # sender side: my ring inside each peer's segment; receiver side: peers' rings in mine
+        self.out = {p: self.theirs[p].rings[self.index[self.rank]] for p in self.peers}
+        self.inn = {p: self.mine.rings[self.index[p]] for p in self.peers}
+        self.head = {p: 0 for p in self.peers}   # my sends to p (I am the only writer)
+        self.tail = {p: 0 for p in self.peers}   # my receives from p (I am the only writer)
+        self.held: set[int] = set()              # peers whose last frame is still lent out
+        self.blocked: set[int] = set()           # peers whose ring was full at the last send
+        self.doorbell_addr = self.mine.base + _DOORBELL
+        log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped)",
+                  self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10)
+
+    def _unlink(self) -> None:
+        path = self.mine.path
+        if path in _OWNED:
+            _OWNED.discard(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    # -- data path ---------------------------------------------------------------------------
+    def send(self, peer, header, payload):
+        head, tail, slots = self.out[peer]
+        n = payload.numel()
+        if n > self.slot_bytes:
+            raise TransportError(f"rank {self.rank}: a {n}-byte frame for rank {peer} exceeds the "
+                                 f"{self.slot_bytes}-byte shared-memory slot (NEURON_DIST_FRAME_BYTES)")
+        h = self.head[peer]
+        if h - tail.value >= self.nslots:
+            self.blocked.add(peer)
+            return False
+        off, body = slots[h % self.nslots]
+        seg = self.theirs[peer]
+        seg.mm[off:off + frame.HEADER_SIZE] = header.pack()
+        if n:
+            body[:n].copy_(payload)
+        self.blocked.discard(peer)
+        head.value = h + 1
+        self.head[peer] = h + 1
+        seg.ring()
+        return True
+
+    def recv(self, peer):
+        head, tail, slots = self.inn[peer]
+        t = self.tail[peer]
+        if head.value == t:
+            return None
+        off, body = slots[t % self.nslots]
+        h = frame.unpack(self.mine.mm[off:off + frame.HEADER_SIZE])
+        if h.token != self.token:
+            raise frame.FrameError(f"rank {self.rank}: a frame in the ring from rank {peer} carries a wrong job token")
+        if h.src != peer or h.dst != self.rank:
+            raise frame.FrameError(f"rank {self.rank}: frame in the ring from rank {peer} claims to come from "
+                                   f"rank {h.src} to rank {h.dst}")
+        if h.nbytes > self.slot_bytes:
+            raise frame.FrameError(f"rank {self.rank}: frame from rank {peer} claims {h.nbytes} bytes, "
+                                   f"more than a slot holds")
+        self.held.add(peer)
+        return h, body[:h.nbytes]
+
+    def release(self, peer):
+        if peer not in self.held:
+            return
+        self.held.discard(peer)
+        t = self.tail[peer] + 1
+        self.tail[peer] = t
+        self.inn[peer][1].value = t
+        self.theirs[peer].ring()
+
+    def _ready(self) -> bool:
+        for p in self.peers:
+            if self.inn[p][0].value != self.tail[p]:
+                return True
+        for p in self.blocked:
+            if self.head[p] - self.out[p][1].value < self.nslots:
+                return True
+        return False
+
+    def wait(self, timeout):
+        bell = self.mine.doorbell
+        v = bell.value
+        if self._ready():
+            return
+        deadline = time.perf_counter() + timeout
+        if self.spin:
+            spin_end = time.perf_counter() + min(self.spin, timeout)
+            while time.perf_counter() < spin_end:
+                if bell.value != v:
+                    return
+                os.sched_yield()
+        sleeping = self.mine.sleeping
+        while True:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            sleeping.value = 1
+            if bell.value == v and not self._ready():
+                _futex_wait(self.doorbell_addr, v, min(left, MAX_SLEEP))
+            sleeping.value = 0
+            if bell.value != v or self._ready():
+                return
+
+    def flush(self, timeout):
+        """Sends copy into the ring at once: nothing ever refers to caller memory."""
+
+    def check_peer(self, peer):
+        seg = self.theirs.get(peer)
+        if seg is None or seg.closed is None:
+            return None
+        if seg.closed.value:
+            return f"rank {peer} closed its shared-memory transport"
+        try:
+            os.kill(self.peer_pid[peer], 0)
+        except ProcessLookupError:
+            return f"rank {peer} (pid {self.peer_pid[peer]}) exited"
+        except PermissionError:
+            pass
+        return None
+
+    def close(self, abort: bool = False):
+        if self.closed:
+            return
+        self.closed = True
+        self._unlink()
+        try:
+            self.mine.closed.value = 1
+            for seg in self.theirs.values():
+                seg.ring()
+        except (AttributeError, ValueError):
+            pass
+        self.out, self.inn = {}, {}
+        for seg in self.theirs.values():
+            seg.close()
+        self.mine.close()

@@ -1,0 +1,220 @@
+"""The shared-memory transport on its own: frames, flow control, zero-copy receive, hygiene of
+/dev/shm (nothing left after set-up or a crash), peer checks, and the per-pair transport plan."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from neuron_dist.transport import frame, select, shm
+from neuron_dist.transport.base import TransportContext, TransportError
+
+pytestmark = pytest.mark.skipif(shm.available() is not None, reason=f"no shared memory: {shm.available()}")
+
+TOKEN = 0x1234
+
+
+def ctx(rank, size, store, job, hosts=None):
+    return TransportContext(rank=rank, size=size, store=store, token=TOKEN, timeout=timedelta(seconds=30),
+                            hostname="h0", bind_addr="127.0.0.1", hosts=hosts or ["h0"] * size, job_id=job)
+
+
+def pair(job, size=2, slots=None, frame_bytes=None, monkeypatch=None):
+    """`size` transports of one group, built on threads (their set-up meets through the store)."""
+    if monkeypatch is not None and slots:
+        monkeypatch.setenv("NEURON_DIST_SHM_SLOTS", str(slots))
+    if monkeypatch is not None and frame_bytes:
+        monkeypatch.setenv("NEURON_DIST_FRAME_BYTES", str(frame_bytes))
+    store = dist.HashStore()
+    out, errs = [None] * size, []
+
+    def make(r):
+        try:
+            out[r] = shm.ShmTransport(ctx(r, size, store, job))
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=make, args=(r,)) for r in range(size)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    if errs:
+        raise errs[0]
+    return out
+
+
+def hdr(src, dst, chunk, n, token=TOKEN):
+    return frame.Header(int(frame.Kind.ALLREDUCE), frame.DTYPE_CODE[torch.uint8], token, 7, 0, src, dst, chunk, 0, n)
+
+
+def leftovers(job):
+    return [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"nd-{job}-")]
+
+
+def test_frames_round_trip_and_nothing_left_in_dev_shm():
+    a, b = pair("t1")
+    try:
+        assert leftovers("t1") == [], "segments must be unlinked once every peer mapped them"
+        for i, n in enumerate((0, 1, 1000, 4096)):
+            payload = (torch.arange(n) % 251).to(torch.uint8)
+            assert a.send(1, hdr(0, 1, i, n), payload)
+            got = b.recv(0)
+            assert got is not None
+            h, body = got
+            assert h == hdr(0, 1, i, n)
+            assert torch.equal(body, payload)
+            b.release(0)
+        assert b.recv(0) is None
+        assert a.recv(1) is None
+    finally:
+        a.close()
+        b.close()
+        a.close()  # idempotent
+
+
+def test_bfloat16_bytes_and_reduce_in_place_from_the_slot():
+    a, b = pair("t2")
+    try:
+        x = torch.linspace(-3, 3, 1000, dtype=torch.bfloat16)
+        assert a.send(1, hdr(0, 1, 0, x.numel() * 2), x.view(torch.uint8))
+        h, body = b.recv(0)
+        peer = body.view(torch.bfloat16)
+        mine = torch.ones(1000, dtype=torch.bfloat16)
+        torch.add(mine, peer, out=mine)  # reads the peer's bytes where they lie
+        assert torch.equal(mine, torch.ones(1000, dtype=torch.bfloat16) + x)
+        # the view is the slot itself, not a copy: its storage is the segment's mapping
+        assert body.untyped_storage().data_ptr() == b.mine.bytes.untyped_storage().data_ptr()
+        b.release(0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_flow_control_bounds_the_ring(monkeypatch):
+    a, b = pair("t3", slots=2, frame_bytes=4096, monkeypatch=monkeypatch)
+    try:
+        p = torch.zeros(4096, dtype=torch.uint8)
+        assert a.send(1, hdr(0, 1, 0, 4096), p)
+        assert a.send(1, hdr(0, 1, 1, 4096), p)
+        assert not a.send(1, hdr(0, 1, 2, 4096), p), "a full ring must refuse the frame"
+        with pytest.raises(TransportError, match="exceeds"):
+            a.send(1, hdr(0, 1, 2, 8192), torch.zeros(8192, dtype=torch.uint8))
+        assert b.recv(0)[0].chunk == 0
+        b.release(0)
+        a.wait(0.01)  # the released slot is visible: returns without sleeping out the timeout
+        assert a.send(1, hdr(0, 1, 2, 4096), p)
+        for want in (1, 2):
+            assert b.recv(0)[0].chunk == want
+            b.release(0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_wait_wakes_on_a_frame_from_another_thread():
+    a, b = pair("t4")
+    try:
+        t = threading.Timer(0.05, lambda: a.send(1, hdr(0, 1, 0, 3), torch.ones(3, dtype=torch.uint8)))
+        t.start()
+        got = None
+        for _ in range(2000):  # bounded: each wait is at most 10 ms
+            b.wait(0.01)
+            got = b.recv(0)
+            if got is not None:
+                break
+        t.join()
+        assert got is not None and got[0].nbytes == 3
+        b.release(0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bad_frames_are_rejected():
+    a, b = pair("t5")
+    try:
+        a.send(1, hdr(0, 1, 0, 1, token=99), torch.ones(1, dtype=torch.uint8))
+        with pytest.raises(frame.FrameError, match="token"):
+            b.recv(0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_three_ranks_each_pair_has_its_own_ring():
+    ts = pair("t6", size=3)
+    try:
+        for s in range(3):
+            for d in range(3):
+                if s != d:
+                    assert ts[s].send(d, hdr(s, d, s * 10 + d, 1), torch.tensor([s * 10 + d], dtype=torch.uint8))
+        for d in range(3):
+            for s in range(3):
+                if s != d:
+                    h, body = ts[d].recv(s)
+                    assert h.src == s and int(body[0]) == s * 10 + d
+                    ts[d].release(s)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_check_peer_sees_a_closed_peer():
+    a, b = pair("t7")
+    assert b.check_peer(0) is None
+    a.close()
+    assert "closed" in b.check_peer(0)
+    b.close()
+
+
+CHILD = r"""
+import os, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+from neuron_dist.transport import shm
+from neuron_dist.transport.base import TransportContext
+rank, path = int(sys.argv[1]), sys.argv[2]
+store = dist.FileStore(path, 2)
+ctx = TransportContext(rank=rank, size=2, store=store, token=1, timeout=timedelta(seconds=30),
+                       hostname="h", bind_addr="127.0.0.1", hosts=["h", "h"], job_id="crash")
+t = shm.ShmTransport(ctx)
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_no_segment_survives_a_killed_process(tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(r), str(tmp_path / "store")],
+                              stdout=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "up"
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait(10)
+        assert leftovers("crash") == []
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_plan_per_pair(monkeypatch):
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    c = ctx(0, 4, None, "p", hosts=["a", "a", "b", "b"])
+    c.hostname = "a"
+    assert select.plan(c) == {1: "shm", 2: "zmq", 3: "zmq"}
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    assert select.plan(c) == {1: "shm", 2: "mpi", 3: "mpi"}
+    assert select.plan(c, "zmq") == {1: "zmq", 2: "zmq", 3: "zmq"}
+    with pytest.raises(TransportError, match="rank 0 .* rank 2"):
+        select.plan(c, "shm")
