@@ -39,6 +39,9 @@ log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
 
 RECORD_LEN = 64  # recent collectives kept per group for hang diagnosis
+INLINE_BYTES = 64 << 10      # unmarked ops up to this size may run on the caller's thread
+INLINE_BUDGET = 0.0005       # ... for at most this long before the engine takes over
+INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits anyway
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
 _LIVE: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every open group of this process (for dumps)
 
@@ -171,6 +174,9 @@ class Group:
         # -- the engine ------------------------------------------------------------------------
         self._cv = threading.Condition()
         self._queue: deque[Op] = deque()
+        self._active: list[Op] = []          # ops the engine drives (only under self._drive)
+        self._waiting: deque[Op] = deque()   # admitted from the queue, not yet started
+        self._drive = threading.Lock()       # held by whoever drives the transport
         self._thread = threading.Thread(target=self._engine, name=f"neuron_dist-{name}", daemon=True)
         self._thread.start()
         self._start_failure_watch()
@@ -179,28 +185,26 @@ class Group:
 
     # -- topology ----------------------------------------------------------------------------
     def _placement_info(self) -> dict:
-        try:
-            from . import topology
-            env = os.environ
-            local_rank = int(env.get("LOCAL_RANK", self.rank))
-            local_world = int(env.get("LOCAL_WORLD_SIZE", self.size))
-            world_rank = int(env.get("RANK", self.rank))
-            world = int(env.get("WORLD_SIZE", self.size))
-            slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
-            return {"slot": slot.to_dict()}
-        except (ImportError, AttributeError):  # topology not available: plain ring order
-            return {}
+        """This rank's slot (node, chip, cores) from the launcher's environment: published to
+        the group so every rank builds the same topology, hence the same ring."""
+        from . import topology
+        env = os.environ
+        world_rank = int(env.get("RANK", self.rank))
+        world = int(env.get("WORLD_SIZE", self.size))
+        local_rank = int(env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", world_rank)))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
+        slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
+        return {"slot": slot.to_dict()}
 
     def _build_topology(self):
-        try:
-            from . import topology
-        except ImportError:
-            return None, list(range(self.size))
-        if not all("slot" in p for p in self.peers_info):
-            return None, list(range(self.size))
+        """The group's agreed topology (from every rank's published slot) and its ring order."""
+        from . import topology
         slots = [topology.Slot.from_dict(p["slot"]) for p in self.peers_info]
         topo = topology.GroupTopology(topology.get_instance(slots[0].instance), slots)
-        return topo, list(topology.ring_order(topo))
+        topo.validate()
+        order = list(topology.ring_order(topo))
+        log.debug("group %s placement %s ring %s", self.name, [s.to_dict() for s in slots], order)
+        return topo, order
 
     def choose(self, collective: str, nbytes: int) -> str:
         from .collectives.select import choose
@@ -208,6 +212,15 @@ class Group:
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, op: Op) -> Op:
+        """Number the op and queue it for the engine, or run it right here (the fast path).
+
+        The fast path skips two thread hand-offs (tens of microseconds each): when the engine is
+        idle and nothing is queued, the caller's thread takes the drive lock and runs the op
+        itself. It applies to ops marked synchronous (`op.sync = True`, set from c10d's
+        `opts.asyncOp=False`) and, when unmarked, to small ops (INLINE_BYTES) that finish in
+        microseconds. If the op is not done within its budget (a late peer), it is handed to the
+        engine, which owns time-outs and peer checks."""
+        sync = getattr(op, "sync", None)
         with self._cv:
             if self.broken is not None:
                 op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "
@@ -222,9 +235,45 @@ class Group:
                 op.record = Record(op.seq, op.kind.name.lower(), op.nbytes, str(op.dtype).replace("torch.", ""),
                                    op.algorithm)
                 self.records.append(op.record)
-            self._queue.append(op)
-            self._cv.notify()
+            inline = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
+            if inline and (self._queue or self._active or self._waiting):
+                self._drive.release()
+                inline = False
+            if not inline:
+                self._queue.append(op)
+                self._cv.notify()
+                return op
+        try:
+            self._run_inline(op, INLINE_SYNC_BUDGET if sync else INLINE_BUDGET)
+        finally:
+            self._drive.release()
         return op
+
+    def _run_inline(self, op: Op, budget: float) -> None:
+        """Drive `op` on the caller's thread (drive lock held) for up to `budget` seconds."""
+        try:
+            op.t0 = time.monotonic()
+            if op.record:
+                op.record.state, op.record.t_start = "running", time.perf_counter()
+            op.exe = op._start(op)
+            deadline = time.perf_counter() + budget
+            while True:
+                moved = op.exe.progress()
+                if op.exe.done:
+                    if op._finish:
+                        op._finish(op)
+                    self._done(op, None)
+                    return
+                if time.perf_counter() > deadline:
+                    break
+                if not moved:
+                    self.transport.wait(min(0.001, budget))
+        except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
+            self._fail(op, e, self._active, self._waiting)
+            return
+        with self._cv:  # hand over: the engine finishes it (time-outs and peer checks live there)
+            self._active.append(op)
+            self._cv.notify()
 
     def stamp(self, op: Op, dtype: torch.dtype, tag: int = 0) -> Stamp:
         seq = op.seq if not op.is_p2p else op.nbytes
@@ -239,45 +288,50 @@ class Group:
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
-        active: list[Op] = []
-        waiting: deque[Op] = deque()
+        active, waiting = self._active, self._waiting
         while True:
             if self._abort:
                 err = GroupError(f"[rank {self.rank}] the process group was aborted")
-                for o in active + list(waiting):
-                    self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: {err}"))
+                with self._drive:
+                    for o in active + list(waiting):
+                        self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: {err}"))
                 return
             with self._cv:
                 while not self._queue and not active and not waiting and not self.closed:
                     self._cv.wait()
                 if self.closed and not self._queue and not active and not waiting:
                     return
-                waiting.extend(self._queue)
-                self._queue.clear()
-            self._admit(active, waiting)
-            moved = False
-            for op in list(active):
-                try:
-                    if op.exe is None:
-                        op.t0 = time.monotonic()
-                        if op.record:
-                            op.record.state, op.record.t_start = "running", time.perf_counter()
-                        op.exe = op._start(op)
+            with self._drive:  # the caller's fast path may hold it: wait for it to finish or hand over
+                with self._cv:
+                    waiting.extend(self._queue)
+                    self._queue.clear()
+                self._admit(active, waiting)
+                moved = False
+                for op in list(active):
+                    try:
+                        if op.exe is None:
+                            op.t0 = time.monotonic()
+                            if op.record:
+                                op.record.state, op.record.t_start = "running", time.perf_counter()
+                            op.exe = op._start(op)
+                            moved = True
+                        moved |= op.exe.progress()
+                        if op.exe.done:
+                            if op._finish:
+                                op._finish(op)
+                            active.remove(op)
+                            self._done(op, None)
+                            moved = True
+                    except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
+                        if op in active:
+                            active.remove(op)
+                        self._fail(op, e, active, waiting)
                         moved = True
-                    moved |= op.exe.progress()
-                    if op.exe.done:
-                        if op._finish:
-                            op._finish(op)
-                        active.remove(op)
-                        self._done(op, None)
-                        moved = True
-                except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
-                    active.remove(op)
-                    self._fail(op, e, active, waiting)
-                    moved = True
-            if not moved and active:
-                self._check_stalled(active, waiting)
-                self.transport.wait(0.005)
+                if not moved and active:
+                    self._check_stalled(active, waiting)
+                    # wait with the drive lock held: nobody else may drive meanwhile, and the
+                    # transport's wait releases the GIL (spin with yields, then futex/poll)
+                    self.transport.wait(0.005)
 
     def _admit(self, active: list[Op], waiting: deque[Op]) -> None:
         busy_coll = any(not o.is_p2p for o in active)

@@ -1,33 +1,28 @@
-"""Which algorithm runs a collective: forced by NEURON_DIST_ALGO, else the topology's cost
-model's cheapest, else (no placement known) a size rule."""
+"""Which algorithm runs a collective: forced by NEURON_DIST_ALGO, else the topology cost
+model's cheapest among the algorithms this backend has builders for, else (no placement
+known) a size rule. Choices are cached per group and size: the model is pure."""
 from __future__ import annotations
 
 import logging
 from functools import lru_cache
 
 from ..config import env
-from .algorithms import COLLECTIVES, algorithms_for
+from .algorithms import algorithms_for
 
 log = logging.getLogger("neuron_dist.tuning")
 SMALL_BYTES = 64 << 10
-DEFAULTS = {"broadcast": "tree", "reduce": "tree", "gather": "direct", "scatter": "direct",
-            "alltoall": "direct", "barrier": "dissemination"}
 
 
 @lru_cache(maxsize=8)
 def parse_forced(spec: str) -> dict[str, str]:
-    """"allreduce:ring;allgather:direct" -> {collective: algorithm}; unknown names are errors."""
-    out = {}
-    for part in filter(None, (p.strip() for p in spec.replace(",", ";").split(";"))):
-        coll, sep, algo = part.partition(":")
-        coll, algo = coll.strip().lower().replace("all_reduce", "allreduce").replace("all_gather", "allgather"), algo.strip().lower()
-        if not sep or coll not in COLLECTIVES:
-            raise ValueError(f"NEURON_DIST_ALGO: {part!r} should be collective:algorithm with a collective "
-                             f"among {', '.join(COLLECTIVES)}")
+    """NEURON_DIST_ALGO syntax ("allreduce:ring;allgather:direct"), checked against the
+    algorithms that have builders here: an unknown or unbuilt name is a ValueError."""
+    from ..topology import parse_forced as topo_parse
+    out = topo_parse(spec)
+    for coll, algo in out.items():
         if algo not in algorithms_for(coll):
-            raise ValueError(f"NEURON_DIST_ALGO: no algorithm {algo!r} for {coll}; available: "
-                             f"{', '.join(algorithms_for(coll))}")
-        out[coll] = algo
+            raise ValueError(f"NEURON_DIST_ALGO={spec!r}: the backend has no {algo!r} schedule for {coll}; "
+                             f"available: {', '.join(algorithms_for(coll))}")
     return out
 
 
@@ -36,18 +31,23 @@ def forced() -> dict[str, str]:
 
 
 def choose(collective: str, nbytes: int, group) -> str:
+    """`nbytes` follows nccl-tests: the whole gathered/scattered buffer for all-gather and
+    reduce-scatter, the buffer for all-reduce."""
     f = forced()
     if collective in f:
         return f[collective]
-    if collective in DEFAULTS:
-        return DEFAULTS[collective]
-    topo = getattr(group, "topology", None)
-    if topo is not None:
-        try:
+    cache = group.__dict__.setdefault("_algo_cache", {})
+    key = (collective, nbytes)
+    algo = cache.get(key)
+    if algo is None:
+        topo = getattr(group, "topology", None)
+        if topo is not None:
             from ..topology import choose as topo_choose
-            algo = topo_choose(collective, nbytes, topo, None)
-            if algo in algorithms_for(collective):
-                return algo
-        except (ImportError, AttributeError):
-            pass
-    return "direct" if nbytes <= SMALL_BYTES or group.size <= 2 else "ring"
+            algo = topo_choose(collective, nbytes, topo, None, available=algorithms_for(collective))
+        else:
+            algo = algorithms_for(collective)[0] if collective not in ("allreduce", "allgather", "reduce_scatter") \
+                else ("direct" if nbytes <= SMALL_BYTES else "ring")
+        if len(cache) < 4096:
+            cache[key] = algo
+        log.debug("%s of %d bytes on %d ranks: %s", collective, nbytes, group.size, algo)
+    return algo
