@@ -282,7 +282,9 @@ class Group:
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:
         from .collectives.executor import FRAME_BYTES
         from .config import env_int
-        self._check_members(op)
+        # No liveness check here: a peer that already finished its part of this collective may
+        # legitimately have closed (destroy_process_group right after its last send). A gone
+        # peer is an error only while we wait on it, which _check_stalled sees.
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
                          env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import direct, ring
+from . import direct, hierarchical, rdh, ring, torus
 from .schedule import Schedule
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather",
@@ -52,6 +52,32 @@ BUILDERS: dict[tuple[str, str], Builder] = {
     ("alltoall", "direct"): lambda s: direct.alltoall(s.rank, s.size, list(s.counts), list(s.recv_counts)),
     ("barrier", "dissemination"): lambda s: direct.barrier(s.rank, s.size),
 }
+
+
+def _even(spec: Spec) -> bool:
+    return len(set(spec.counts)) <= 1
+
+
+def _placed(fn, fallback):
+    """A topology builder, or `fallback` where the group has no placement or uneven blocks
+    (the grid schedules assume equal per-rank blocks)."""
+    def build_(s: Spec) -> Schedule:
+        if s.topo is None or not _even(s):
+            return fallback(s)
+        return fn(s.rank, s.topo, s.count if s.collective == "allreduce" else s.counts[0] if s.counts else 0)
+    return build_
+
+
+BUILDERS.update({
+    ("allreduce", "torus"): _placed(torus.torus_allreduce, BUILDERS[("allreduce", "ring")]),
+    ("allreduce", "hierarchical"): _placed(hierarchical.hierarchical_allreduce, BUILDERS[("allreduce", "ring")]),
+    ("allreduce", "rdh"): lambda s: rdh.rdh_allreduce(s.rank, s.ring, s.count),
+    ("allgather", "torus"): _placed(torus.torus_allgather, BUILDERS[("allgather", "ring")]),
+    ("allgather", "hierarchical"): _placed(hierarchical.hierarchical_allgather, BUILDERS[("allgather", "ring")]),
+    ("reduce_scatter", "torus"): _placed(torus.torus_reduce_scatter, BUILDERS[("reduce_scatter", "ring")]),
+    ("reduce_scatter", "hierarchical"): _placed(hierarchical.hierarchical_reduce_scatter,
+                                                BUILDERS[("reduce_scatter", "ring")]),
+})
 
 
 def algorithms_for(collective: str) -> list[str]:

@@ -1,0 +1,189 @@
+"""Rank-side training checks: DDP, FSDP1, FSDP2 (1-D and 2-D meshes), DTensor and distributed
+checkpoint on the neuron backend, against the same run on Gloo and against one process that
+trains on every rank's batch at once (data parallelism must equal large-batch training)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import rankctx as R
+from rankctx import same
+
+STEPS = 20
+
+
+def _model(unused: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 16)
+            self.b = nn.Linear(16, 4)
+            if unused:  # never used in forward: DDP needs find_unused_parameters
+                self.spare = nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    return Net()
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+
+
+def _train(model, rank, world, steps=STEPS, no_sync_every=0, lr=0.05):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for s in range(steps):
+        x, y = _batch(s, rank)
+        if no_sync_every and s % no_sync_every == 0 and hasattr(model, "no_sync"):
+            with model.no_sync():  # accumulate locally, synchronise on the next step
+                nn.functional.mse_loss(model(x), y).backward()
+            x, y = _batch(s + 10_000, rank)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def _reference(world, steps=STEPS, no_sync_every=0, lr=0.05, unused=False):
+    """One process, the whole global batch: what data parallelism must reproduce."""
+    model = _model(unused)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for s in range(steps):
+        if no_sync_every and s % no_sync_every == 0:
+            for r in range(world):
+                x, y = _batch(s, r)
+                (nn.functional.mse_loss(model(x), y) / world).backward()
+            xs = [_batch(s + 10_000, r) for r in range(world)]
+        else:
+            xs = [_batch(s, r) for r in range(world)]
+        for x, y in xs:
+            (nn.functional.mse_loss(model(x), y) / world).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _close(a: dict, b: dict, what: str, atol=1e-5):
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=1e-4, msg=lambda m: f"{what} {k}: {m}")
+
+
+def ddp(rank, world, bucket_view=False, no_sync=False, unused=False):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    kw = dict(gradient_as_bucket_view=bucket_view, find_unused_parameters=unused, bucket_cap_mb=0.0005)
+    results = {}
+    for name, pg in (("neuron", None), ("gloo", R.GLOO)):
+        m = DDP(_model(unused), process_group=pg, **kw)
+        losses = _train(m, rank, world, no_sync_every=3 if no_sync else 0)
+        results[name] = ({k: v.detach().clone() for k, v in m.module.state_dict().items()}, losses)
+    _close(results["neuron"][0], results["gloo"][0], "ddp neuron vs gloo")
+    ref = _reference(world, no_sync_every=3 if no_sync else 0, unused=unused)
+    _close(results["neuron"][0], ref, "ddp neuron vs single-process reference")
+    return results["neuron"][1][-1]
+
+
+def fsdp1(rank, world):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    out = {}
+    for name, pg in (("neuron", dist.distributed_c10d._get_default_group()), ("gloo", R.GLOO)):
+        m = FSDP(_model(), process_group=pg, use_orig_params=True, device_id=torch.device("cpu"))
+        _train(m, rank, world)
+        with FSDP.state_dict_type(m, StateDictType.FULL_STATE_DICT,
+                                  FullStateDictConfig(offload_to_cpu=False, rank0_only=False)):
+            out[name] = {k.replace("_fsdp_wrapped_module.", ""): v.clone() for k, v in m.state_dict().items()}
+    _close(out["neuron"], out["gloo"], "fsdp1 neuron vs gloo")
+    _close(out["neuron"], _reference(world), "fsdp1 vs reference")
+    return 1
+
+
+def _fsdp2_model(mesh):
+    from torch.distributed.fsdp import fully_shard
+    m = _model()
+    fully_shard(m.a, mesh=mesh)
+    fully_shard(m.b, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    return m
+
+
+def _full(m) -> dict:
+    from torch.distributed.tensor import DTensor
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone() for k, v in m.state_dict().items()}
+
+
+def fsdp2(rank, world):
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    res = {}
+    for name, mesh in (("neuron", init_device_mesh("cpu", (world,))), ("gloo", DeviceMesh.from_group(R.GLOO, "cpu"))):
+        m = _fsdp2_model(mesh)
+        _train(m, rank, world)
+        res[name] = _full(m)
+    _close(res["neuron"], res["gloo"], "fsdp2 neuron vs gloo")
+    _close(res["neuron"], _reference(world), "fsdp2 vs reference")
+    return 1
+
+
+def fsdp2_hsdp(rank, world):
+    """HSDP: replicate over dim 0, shard over dim 1 of a 2-D mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    m = _model()
+    fully_shard(m.a, mesh=mesh)
+    fully_shard(m.b, mesh=mesh)
+    fully_shard(m, mesh=mesh)
+    _train(m, rank, world)
+    _close(_full(m), _reference(world), "hsdp vs reference")
+    return 1
+
+
+def dtensor(rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(1)
+    full = torch.randn(world * 3, 5)
+    d = distribute_tensor(full, mesh, [Shard(0)])
+    same(d.to_local(), full[rank * 3:(rank + 1) * 3], "distribute_tensor shard")
+    same(d.full_tensor(), full, "DTensor all-gather")
+    r = d.redistribute(mesh, [Replicate()])
+    same(r.to_local(), full, "redistribute to replicate")
+    s = (d * 2).sum()  # a partial -> all-reduce
+    torch.testing.assert_close(s.full_tensor(), full.sum() * 2)
+    t = distribute_tensor(full, mesh, [Shard(1)]) if full.shape[1] % world == 0 else None
+    if t is not None:
+        same(t.redistribute(mesh, [Shard(0)]).to_local(), full[rank * 3:(rank + 1) * 3], "all-to-all redistribute")
+    return 4
+
+
+def checkpoint(rank, world):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (world,))
+    m = _fsdp2_model(mesh)
+    _train(m, rank, world, steps=3)
+    before = _full(m)
+    path = [tempfile.mkdtemp(prefix="neuron_dist_dcp_")] if rank == 0 else [None]
+    dist.broadcast_object_list(path, src=0)
+    dcp.save(m.state_dict(), checkpoint_id=path[0])
+    m2 = _fsdp2_model(mesh)
+    sd = m2.state_dict()
+    dcp.load(sd, checkpoint_id=path[0])
+    m2.load_state_dict(sd)
+    _close(_full(m2), before, "checkpoint round trip", atol=0)
+    dist.barrier()
+    if rank == 0:
+        import shutil
+        shutil.rmtree(path[0], ignore_errors=True)
+    return 1
