@@ -1,0 +1,89 @@
+"""Rank-side: every registered algorithm of the reducing collectives, forced through
+NEURON_DIST_ALGO, on real processes, on the default placement and on a 2-node placement
+(ranks of one host told they sit on two modelled nodes)."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+from rankctx import reference, same, values
+from neuron_dist.collectives.algorithms import algorithms_for
+
+
+@contextmanager
+def env(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update({k: str(v) for k, v in kv.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_all(rank, world, group, tag):
+    checks = 0
+    for coll in ("allreduce", "allgather", "reduce_scatter"):
+        for algo in algorithms_for(coll):
+            with env(NEURON_DIST_ALGO=f"{coll}:{algo}"):
+                for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                    for count in (0, 5, 1001):
+                        what = f"{tag} {coll}:{algo} {dtype} n={count}"
+                        if coll == "allreduce":
+                            ins = [values(r, count, dtype, "sum", 21) for r in range(world)]
+                            x = ins[rank].clone()
+                            dist.all_reduce(x, group=group)
+                            same(x, reference(ins, "sum", dtype), what)
+                        elif coll == "allgather":
+                            ins = [values(r, count, dtype, "sum", 22) for r in range(world)]
+                            out = torch.empty(count * world, dtype=dtype)
+                            dist.all_gather_into_tensor(out, ins[rank], group=group)
+                            same(out, torch.cat(ins), what)
+                        else:
+                            ins = [values(r, count * world, dtype, "sum", 23) for r in range(world)]
+                            out = torch.empty(count, dtype=dtype)
+                            dist.reduce_scatter_tensor(out, ins[rank], group=group)
+                            same(out, reference(ins, "sum", dtype)[rank * count:(rank + 1) * count], what)
+                        checks += 1
+            used = {(r["collective"], r["algorithm"]) for r in group_of(group).report()}
+            assert (coll, algo) in used, f"{tag}: forced {coll}:{algo} but the group ran {sorted(used)}"
+    return checks
+
+
+def group_of(group):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    return pg.group
+
+
+def every_algorithm(rank, world):
+    return _run_all(rank, world, None, "default placement")
+
+
+def two_node_placement(rank, world):
+    """A subgroup created while the environment says: 2 nodes of world/2 ranks each."""
+    if world % 2:
+        return 1
+    half = world // 2
+    with env(LOCAL_WORLD_SIZE=half, LOCAL_RANK=rank % half, GROUP_RANK=rank // half):
+        g = dist.new_group(list(range(world)))
+    topo = g.group.topology
+    assert len({s.node for s in topo.slots}) == 2, topo.slots
+    checks = _run_all(rank, world, g, "2-node placement")
+    dist.destroy_process_group(g)
+    return checks
+
+
+def forced_unknown(rank, world):
+    with env(NEURON_DIST_ALGO="allreduce:warp"):
+        try:
+            dist.all_reduce(torch.ones(3))
+        except ValueError as e:
+            assert "warp" in str(e) and "ring" in str(e), e
+            return 1
+    raise AssertionError("an unknown forced algorithm was accepted")
