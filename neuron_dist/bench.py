@@ -1,0 +1,287 @@
+"""neuron_dist.bench: nccl-tests-style collective benchmark of the "neuron" backend.
+
+    python -m neuron_dist.bench                              # all-reduce, 2 ranks, 4 KiB .. 64 MiB
+    python -m neuron_dist.bench -g 4 --ops all --vs gloo     # every collective, Gloo beside it
+    python -m neuron_dist.bench --ops allreduce -d bfloat16 --json out.json
+    python -m neuron_dist.bench --instance trn2.48xlarge     # modelled busbw for that instance
+
+Spawns `-g` CPU ranks on this host (or joins a launcher's RANK/WORLD_SIZE job). Columns follow
+nccl-tests: size (bytes of the largest buffer: all-gather's output, reduce-scatter's input),
+count (elements), type, time (median over iterations of the slowest rank's time; each iteration
+preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
+collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
+broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call.
+With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
+see the same machine, and `ratio` is neuron's busbw over Gloo's. `model` is the busbw that
+`neuron_dist.topology.estimate` predicts for the algorithm `choose` picks on the modelled
+instance (`--instance`, ranks placed one per core): the device the backend is tuned for, not
+this host. GB = 1e9 bytes. The exit status is 1 if any element was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
+BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+       "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
+       "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+
+
+def parse_size(s: str) -> int:
+    s = str(s).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def human(n: int) -> str:
+    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << s and n % (1 << s) == 0:
+            return f"{n >> s}{unit}"
+    return str(n)
+
+
+class Case:
+    """One collective at one size on one backend's group: inputs, the call, the check."""
+
+    def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group):
+        import torch
+        import torch.distributed as dist
+        self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
+        es = torch.empty(0, dtype=dtype).element_size()
+        per = op in ("allgather", "reduce_scatter", "alltoall")
+        self.c = max(1, nbytes // (es * n)) if per else max(1, nbytes // es)   # per-rank block / count
+        self.count = self.c * n if per else self.c
+        self.size = self.count * es
+        C, c = self.count, self.c
+        pat = lambda start, cnt, r: ((torch.arange(start, start + cnt) % 5) + r + 1).to(dtype)
+        if op == "allreduce":
+            self.x = pat(0, C, rank)
+            s = n * (n + 1) // 2
+            self.want = ((torch.arange(C) % 5) * n + s).to(dtype)
+            self.out = self.x
+        elif op == "allgather":
+            self.x, self.out = pat(rank * c, c, rank), torch.empty(C, dtype=dtype)
+            k = torch.arange(C)
+            self.want = ((k % 5) + k // c + 1).to(dtype)
+        elif op == "reduce_scatter":
+            self.x, self.out = pat(0, C, rank), torch.empty(c, dtype=dtype)
+            self.want = ((torch.arange(rank * c, rank * c + c) % 5) * n + n * (n + 1) // 2).to(dtype)
+        elif op == "broadcast":
+            self.x = pat(0, C, 0) if rank == 0 else torch.full((C,), -1, dtype=dtype)
+            self.out, self.want = self.x, pat(0, C, 0)
+        elif op == "alltoall":  # block j of rank r's input goes to rank j
+            self.x = (torch.arange(C) % 97 + 100 * rank).to(dtype)
+            self.out = torch.empty(C, dtype=dtype)
+            self.want = torch.cat([(torch.arange(rank * c, rank * c + c) % 97 + 100 * j).to(dtype)
+                                   for j in range(n)])
+        else:  # sendrecv: send to the next rank, receive from the previous
+            self.x, self.out = pat(0, C, rank), torch.empty(C, dtype=dtype)
+            self.want = pat(0, C, (rank - 1) % n)
+
+    def run(self) -> None:
+        d, g = self.dist, self.g
+        if self.op == "allreduce":
+            d.all_reduce(self.x, group=g)
+        elif self.op == "allgather":
+            (getattr(d, "all_gather_single", None) or d.all_gather_into_tensor)(self.out, self.x, group=g)
+        elif self.op == "reduce_scatter":
+            (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(self.out, self.x, group=g)
+        elif self.op == "broadcast":
+            d.broadcast(self.x, src=0, group=g)
+        elif self.op == "alltoall":
+            d.all_to_all_single(self.out, self.x, group=g)
+        elif self.n > 1:
+            nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+            for w in d.batch_isend_irecv([d.P2POp(d.isend, self.x, nxt, g), d.P2POp(d.irecv, self.out, prv, g)]):
+                w.wait()
+        else:
+            self.out.copy_(self.x)
+
+    def wrong(self) -> int:
+        import torch
+        return int(torch.count_nonzero(self.out.float() != self.want.float()))
+
+    def reset(self) -> None:
+        """Keep all-reduce's in-place values bounded while timing."""
+        if self.op == "allreduce":
+            self.x.zero_()
+
+
+def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
+    """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled."""
+    if op == "sendrecv":
+        return None
+    try:
+        from .topology import choose, estimate, place
+        topo = place(instance, 1, n)
+        algo = choose(op, nbytes, topo)
+        return algo, nbytes / estimate(op, algo, nbytes, topo) / 1e9 * BUS[op](n)
+    except (ImportError, ValueError, KeyError):  # instance or collective not modelled
+        return None
+
+
+def _time(case: Case, iters: int, warmup: int, meta, dist, torch) -> float:
+    for _ in range(warmup):
+        case.run()
+    ts = []
+    for _ in range(iters):
+        dist.barrier(group=meta)
+        t0 = time.perf_counter()
+        case.run()
+        ts.append(time.perf_counter() - t0)
+    t = torch.tensor(ts, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=meta)  # the slowest rank's time per iteration
+    return statistics.median(t.tolist())
+
+
+def worker(a) -> int:
+    import torch
+    import torch.distributed as dist
+    from . import c10d  # noqa: F401  registers "neuron"
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("neuron")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    meta = dist.new_group(backend="gloo")
+    gloo = dist.new_group(backend="gloo") if a.vs == "gloo" else None
+    dtype = getattr(torch, a.dtype)
+    say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
+    pg = dist.distributed_c10d._get_default_group()
+    transport = getattr(getattr(pg, "group", None), "transport", None)
+    say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} time median "
+        f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
+        f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
+        + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
+    rows, sizes = [], []
+    s = a.min_bytes
+    while s <= a.max_bytes:
+        sizes.append(s)
+        s *= a.factor
+    ops = list(OPS) if a.ops == ["all"] else a.ops
+    total, done, t_start, t_said = len(ops) * len(sizes), 0, time.time(), time.time()
+    for op in ops:
+        head = f"#{'size':>11} {'count':>11} {'type':>8} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+        unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
+        if gloo is not None:
+            head += f" {'gloo us':>9} {'gloo bw':>7} {'ratio':>6}"
+            unit += f" {'':>9} {'(GB/s)':>7} {'':>6}"
+        if a.instance:
+            head += f" {'model':>7} {'algo':>6}"
+            unit += f" {'(GB/s)':>7} {'':>6}"
+        say(f"# {op}")
+        say(head)
+        say(unit)
+        for nbytes in sizes:
+            row = {"op": op, "world": n, "type": a.dtype}
+            for name, g in (("neuron", None), ("gloo", gloo)):
+                if name == "gloo" and g is None:
+                    continue
+                case = Case(op, nbytes, dtype, rank, n, g)
+                case.run()
+                bad = torch.tensor([case.wrong()], dtype=torch.int64)
+                dist.all_reduce(bad, group=meta)
+                case.reset()
+                t = _time(case, a.iters, a.warmup, meta, dist, torch)
+                algbw = case.size / t / 1e9
+                row.update(size=case.size, count=case.count)
+                row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
+            r = row["neuron"]
+            line = (f"{row['size']:>12} {row['count']:>11} {a.dtype:>8} {r['time_us']:>9.1f} {r['algbw']:>7.3f} "
+                    f"{r['busbw']:>7.3f} {r['wrong']:>6}")
+            if gloo is not None:
+                gr = row["gloo"]
+                row["ratio"] = r["busbw"] / gr["busbw"] if gr["busbw"] else float("inf")
+                line += f" {gr['time_us']:>9.1f} {gr['busbw']:>7.3f} {row['ratio']:>6.2f}"
+            if a.instance:
+                m = model_busbw(op, row["size"], n, a.instance)
+                row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}
+                line += f" {m[1]:>7.1f} {m[0]:>6}" if m else f" {'-':>7} {'-':>6}"
+            say(line)
+            rows.append(row)
+            done += 1
+            if rank == 0 and a.progress and time.time() - t_said > 10:  # long sweeps only
+                el, t_said = time.time() - t_start, time.time()
+                print(f"[bench] {done}/{total} rows, {el:.0f}s elapsed, ~{el / done * (total - done):.0f}s left",
+                      file=sys.stderr, flush=True)
+    nwrong = sum(r["neuron"]["wrong"] + r.get("gloo", {}).get("wrong", 0) for r in rows)
+    say(f"# Out of bounds values : {nwrong} {'OK' if nwrong == 0 else 'FAILED'}")
+    if rows:
+        say(f"# Avg bus bandwidth    : {statistics.mean(r['neuron']['busbw'] for r in rows):.4f}")
+    if rank == 0 and a.json:
+        meta_info = dict(vars(a), host=platform.node(), cpus=os.cpu_count(), python=sys.version.split()[0],
+                         torch=torch.__version__, transport=getattr(transport, "name", "?"))
+        with open(a.json, "w") as f:
+            json.dump({"config": meta_info, "rows": rows}, f, indent=1)
+    dist.barrier(group=meta)
+    dist.destroy_process_group()
+    return 1 if nwrong else 0
+
+
+def _spawned(rank: int, a, port: int, q) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    q.put((rank, worker(a)))
+
+
+def launch(a) -> int:
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    codes = [p.exitcode for p in procs]
+    status = 0
+    while not q.empty():
+        status |= q.get()[1]
+    return status or next((c for c in codes if c), 0)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m neuron_dist.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-g", "--world", type=int, default=2, help="ranks to spawn (ignored under a launcher)")
+    p.add_argument("--ops", type=lambda s: [o.strip() for o in s.split(",")], default=["allreduce"],
+                   help=f"comma-separated among {', '.join(OPS)}, or all (default allreduce)")
+    p.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("4K"))
+    p.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("64M"))
+    p.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)")
+    p.add_argument("-d", "--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32")
+    p.add_argument("-n", "--iters", type=int, default=20)
+    p.add_argument("-w", "--warmup", type=int, default=5)
+    p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
+    p.add_argument("--instance", default="trn2.48xlarge",
+                   help="instance the cost model predicts busbw for ('' to omit the column)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--json", metavar="FILE", help="write the configuration and every row to FILE")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress lines on stderr")
+    return p
+
+
+def main(argv=None) -> int:
+    a = parser().parse_args(argv)
+    bad = [o for o in a.ops if o not in OPS + ("all",)]
+    if bad:
+        parser().error(f"unknown ops {bad}; known: {', '.join(OPS)}, all")
+    if a.factor < 2:
+        parser().error("--factor must be at least 2")
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return worker(a)
+    return launch(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""neuron_dist.bench_train: DDP and FSDP2 training-step time, "neuron" against "gloo", one run.
+
+    python -m neuron_dist.bench_train                    # 2 ranks, 25M-parameter MLP, ddp + fsdp2
+    python -m neuron_dist.bench_train --wrap ddp --steps 20 --json train.json
+
+The model and step follow ../shared/tools/ddp_step.py so numbers compare: an MLP of --layers
+Linear(width, width)+ReLU (4 x 2500 = 25M parameters), batch 32, SGD, median step time after
+warm-up. The reference is the same step in one process with no communication (compute only);
+`ratio` = distributed step / compute-only step: the cost of communication that overlap did not
+hide. Every configuration runs in this invocation, one after the other, on the same machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+
+def _model(a):
+    import torch
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(a.layers):
+        layers += [torch.nn.Linear(a.width, a.width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
+def _steps(m, a, rank) -> float:
+    import torch
+    opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+    x = torch.randn(a.batch, a.width, generator=torch.Generator().manual_seed(rank))
+    times = []
+    for _ in range(a.warmup + a.steps):
+        t = time.perf_counter()
+        opt.zero_grad()
+        m(x).square().mean().backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[a.warmup:])
+
+
+def _worker(rank, a, backend, wrap, port, q) -> None:
+    import torch
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(a.threads)
+    from . import c10d  # noqa: F401  registers "neuron"
+    dist.init_process_group(backend, rank=rank, world_size=a.world)
+    m = _model(a)
+    if wrap == "ddp":
+        m = torch.nn.parallel.DistributedDataParallel(m)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in m:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        m = fully_shard(m)
+    t = _steps(m, a, rank)
+    dist.destroy_process_group()
+    q.put(t)
+
+
+def run(a, backend: str, wrap: str) -> float:
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
+    for p in ps:
+        p.start()
+    ts = [q.get(timeout=900) for _ in ps]
+    for p in ps:
+        p.join()
+    return max(ts)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m neuron_dist.bench_train", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--wrap", choices=("ddp", "fsdp2", "both"), default="both")
+    p.add_argument("--backends", default="neuron,gloo")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--width", type=int, default=2500)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    import torch
+    torch.set_num_threads(a.threads)
+    nparams = sum(x.numel() for x in _model(a).parameters())
+    compute = _steps(_model(a), a, 0)
+    print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
+          f"threads/rank {a.threads}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
+    print(f"# compute-only single process step: {compute * 1e3:.1f} ms")
+    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'ratio':>6}")
+    rows = []
+    for wrap in (("ddp", "fsdp2") if a.wrap == "both" else (a.wrap,)):
+        for backend in a.backends.split(","):
+            t = run(a, backend, wrap)
+            rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, ratio=t / compute))
+            print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {t / compute:>6.2f}", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(dict(config=vars(a), params=nparams, compute_ms=compute * 1e3, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The user-facing benchmarks run end to end (tiny sizes: speed is not asserted here)."""
+import json
+import subprocess
+import sys
+
+from neuron_dist import bench
+
+
+def test_parse_size():
+    assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
+
+
+def test_collective_bench_vs_gloo_json(tmp_path):
+    out = tmp_path / "b.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "all", "-b", "1K",
+                        "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--vs", "gloo", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for col in ("size", "count", "type", "time", "algbw", "busbw", "#wrong", "ratio", "model"):
+        assert col in p.stdout
+    assert "Out of bounds values : 0 OK" in p.stdout
+    rows = json.load(open(out))["rows"]
+    assert {r["op"] for r in rows} == set(bench.OPS)
+    assert {r["size"] for r in rows if r["op"] == "allreduce"} == {1024, 65536}
+    for r in rows:
+        assert r["neuron"]["wrong"] == 0 and r["gloo"]["wrong"] == 0, r
+        assert r["neuron"]["busbw"] > 0 and r["ratio"] > 0
+        assert (r["model"] is None) == (r["op"] == "sendrecv"), r
+
+
+def test_bench_detects_wrong_results(monkeypatch):
+    """#wrong must be able to count: a case whose output is corrupted reports every element."""
+    import torch
+    c = bench.Case.__new__(bench.Case)
+    c.out, c.want = torch.ones(10), torch.ones(10)
+    assert c.wrong() == 0
+    c.out[3:5] = 7
+    assert c.wrong() == 2
+
+
+def test_training_bench_runs(tmp_path):
+    out = tmp_path / "t.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
+                        "--steps", "2", "--warmup", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.load(open(out))["rows"]
+    assert {(r["wrap"], r["backend"]) for r in rows} == {(w, b) for w in ("ddp", "fsdp2") for b in ("neuron", "gloo")}
+    assert all(r["step_ms"] > 0 for r in rows)
