@@ -41,7 +41,10 @@ def choose(collective: str, nbytes: int, group) -> str:
     algo = cache.get(key)
     if algo is None:
         topo = getattr(group, "topology", None)
-        if topo is not None:
+        algo = _host_memory_choice(collective, nbytes, group)
+        if algo is not None:
+            pass
+        elif topo is not None:
             from ..topology import choose as topo_choose
             algo = topo_choose(collective, nbytes, topo, None, available=algorithms_for(collective))
         else:
@@ -51,3 +54,20 @@ def choose(collective: str, nbytes: int, group) -> str:
             cache[key] = algo
         log.debug("%s of %d bytes on %d ranks: %s", collective, nbytes, group.size, algo)
     return algo
+
+
+# Measured on the shared-memory transport (benchmarks/RESULTS.md): above this size the ring's
+# n-1 sends of 1/n each beat the direct schedule's full-size sends and n-fold scratch buffer
+# (world 2, 16 MiB all-reduce: ring 5.4 GB/s busbw, direct 0.6 GB/s).
+HOST_RING_BYTES = 64 << 10
+
+
+def _host_memory_choice(collective: str, nbytes: int, group) -> str | None:
+    """When every peer of the group shares this host's memory (transport "shm"), data moves
+    over the host's memory bus, not the modelled device links: pick by memory traffic."""
+    t = getattr(group, "transport", None)
+    if getattr(t, "name", None) != "shm" or collective not in ("allreduce", "allgather", "reduce_scatter"):
+        return None
+    if collective != "allreduce" and getattr(group, "size", 0) <= 2:
+        return None  # ring and direct coincide at two ranks
+    return "direct" if nbytes <= HOST_RING_BYTES else "ring"
