@@ -7,10 +7,12 @@ Importing the package registers the backend once; DDP, FSDP, DTensor and plain
 torch.distributed code then run unchanged.
 """
 from . import config as _config
+from . import mpi_env as _mpi_env
 from .c10d import NeuronProcessGroup, NeuronWork, register as _register
 
 __all__ = ["NeuronProcessGroup", "NeuronWork"]
 __version__ = "0.1.0"
 
 _config.setup_logging()
+_mpi_env.adopt()  # under mpirun/srun without torchrun: RANK, WORLD_SIZE, MASTER_* from MPI
 _register()

