@@ -87,3 +87,20 @@ def forced_unknown(rank, world):
             assert "warp" in str(e) and "ring" in str(e), e
             return 1
     raise AssertionError("an unknown forced algorithm was accepted")
+
+
+def model_policy(rank, world):
+    """NEURON_DIST_TUNING=model: the group runs exactly what the cost model picks."""
+    from neuron_dist import topology
+    g = group_of(None)
+    checks = 0
+    with env(NEURON_DIST_TUNING="model"):
+        for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "barrier"):
+            for nbytes in (4 << 10, 1 << 20, 64 << 20):
+                want = topology.choose(coll, nbytes, g.topology, None, available=algorithms_for(coll))
+                assert g.choose(coll, nbytes) == want, (coll, nbytes, g.choose(coll, nbytes), want)
+                checks += 1
+        x = torch.ones(1 << 16)
+        dist.all_reduce(x)
+        same(x, torch.full((1 << 16,), float(world)), "all_reduce under the model policy")
+    return checks

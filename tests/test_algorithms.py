@@ -4,6 +4,6 @@ import pytest
 
 
 @pytest.mark.parametrize("world", (2, 3, 4))
-@pytest.mark.parametrize("case", ["every_algorithm", "two_node_placement", "forced_unknown"])
+@pytest.mark.parametrize("case", ["every_algorithm", "two_node_placement", "forced_unknown", "model_policy"])
 def test_algorithms(pools, case, world):
     assert all(pools(world).run(f"cases_algorithms:{case}"))

@@ -1,6 +1,17 @@
-"""Which algorithm runs a collective: forced by NEURON_DIST_ALGO, else the topology cost
-model's cheapest among the algorithms this backend has builders for, else (no placement
-known) a size rule. Choices are cached per group and size: the model is pure."""
+"""Which algorithm runs a collective.
+
+1. NEURON_DIST_ALGO forces one per collective.
+2. NEURON_DIST_TUNING picks the policy:
+   - "model": the topology cost model's cheapest algorithm for the modelled instance, among
+     those this backend has builders for: the communication pattern the device would run.
+   - "host": where every peer of the group shares this host's memory (the shm transport),
+     bytes cross the host's memory bus, not the modelled links, so the choice follows measured
+     host behaviour (direct below 64 KiB, ring above); other groups use the model.
+   The default is "host": the fastest run on the machine at hand. The ring order always comes
+   from the topology, and `Group.report()` gives the modelled device time either way.
+3. Without a placement, a size rule.
+Choices are cached per group and size: both policies are pure functions of (collective, size).
+"""
 from __future__ import annotations
 
 import logging
@@ -26,6 +37,16 @@ def parse_forced(spec: str) -> dict[str, str]:
     return out
 
 
+TUNINGS = ("host", "model")
+
+
+def tuning() -> str:
+    t = (env("NEURON_DIST_TUNING", "host") or "host").strip().lower()
+    if t not in TUNINGS:
+        raise ValueError(f"NEURON_DIST_TUNING={t!r} is not a policy; choose one of {', '.join(TUNINGS)}")
+    return t
+
+
 def forced() -> dict[str, str]:
     return parse_forced(env("NEURON_DIST_ALGO", "") or "")
 
@@ -37,11 +58,12 @@ def choose(collective: str, nbytes: int, group) -> str:
     if collective in f:
         return f[collective]
     cache = group.__dict__.setdefault("_algo_cache", {})
-    key = (collective, nbytes)
+    policy = tuning()
+    key = (collective, nbytes, policy)
     algo = cache.get(key)
     if algo is None:
         topo = getattr(group, "topology", None)
-        algo = _host_memory_choice(collective, nbytes, group)
+        algo = _host_memory_choice(collective, nbytes, group) if policy == "host" else None
         if algo is not None:
             pass
         elif topo is not None:
