@@ -9,8 +9,9 @@ torch.distributed code then run unchanged.
 from . import config as _config
 from . import mpi_env as _mpi_env
 from .c10d import NeuronProcessGroup, NeuronWork, register as _register
+from .report import report
 
-__all__ = ["NeuronProcessGroup", "NeuronWork"]
+__all__ = ["NeuronProcessGroup", "NeuronWork", "report"]
 __version__ = "0.1.0"
 
 _config.setup_logging()

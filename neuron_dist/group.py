@@ -387,7 +387,22 @@ class Group:
         g = self.global_ranks[r] if r < len(self.global_ranks) else r
         return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
 
+    def _gone_cause(self, p: int, reason: str) -> str:
+        """Why peer `p` is gone: the cause it sent in an ABORT frame before closing, if any
+        (it failed first, naming the real culprit), else the transport's reason."""
+        from .transport.frame import PeerAborted
+        try:
+            self.mailbox.take(p, ("abort-probe",))
+        except PeerAborted as e:
+            return str(e)
+        except Exception:  # noqa: BLE001 - a broken channel: fall back to the transport's reason
+            pass
+        return f"{self._who(p)} is gone: {reason}"
+
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: deque[Op]) -> None:
+        from .transport.base import PeerGone
+        if isinstance(e, PeerGone):
+            e = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
         if not isinstance(e, dist.DistBackendError):
             err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {e}")
             err.__cause__ = e
@@ -439,30 +454,18 @@ class Group:
         first = self._gone_seen.setdefault(p, now)
         return reason if now - first >= grace else None
 
-    def _check_members(self, op: Op) -> None:
-        """Before an op starts: every peer it needs must still be there (a collective needs all)."""
-        if op.is_p2p:
-            peers = [op.peer] if op.peer is not None else []
-        else:
-            peers = [p for p in range(self.size) if p != self.rank]
-        for p in peers:
-            reason = self._peer_gone(p, grace=0.0)
-            if reason:
-                raise GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._who(p)} is gone "
-                                 f"({reason}) before the operation started")
-
     def _check_stalled(self, active: list[Op], waiting: deque[Op]) -> None:
         now = time.monotonic()
         limit = self.timeout.total_seconds()
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
-            if peer is not None:
-                gone = self._peer_gone(peer, now)
+            # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
+            for p in ([peer] if peer is not None else []) + list(getattr(op.exe, "sends", None) or ()):
+                gone = self._peer_gone(p, now)
                 if gone:
                     active.remove(op)
                     self._fail(op, GroupError(
-                        f"[rank {self.rank}] {self._name(op)} failed: {self._who(peer)} is gone: {gone}"),
-                        active, waiting)
+                        f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(p, gone)}"), active, waiting)
                     return
             if now - op.t0 > limit:
                 active.remove(op)
@@ -618,6 +621,9 @@ class Group:
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         _LIVE.discard(self)
+        if not abort:
+            from .report import at_shutdown
+            at_shutdown(self)
         # a broken group's peers may be gone: do not linger on frames nobody will read
         hard = abort or self.broken is not None
         self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()

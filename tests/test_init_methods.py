@@ -43,3 +43,19 @@ def test_plain_mpirun():
                         sys.executable, SCRIPT, "0", "3", "env"], capture_output=True, text=True, timeout=180, env=env)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
     assert sorted(l for l in p.stdout.splitlines() if l.startswith("ok")) == [f"ok rank {r} of 3" for r in range(3)]
+
+
+def test_report_at_shutdown(tmp_path):
+    """NEURON_DIST_REPORT=<file>: each rank appends its per-collective table when its group is
+    destroyed, with the measured host time and the modelled device time."""
+    out = tmp_path / "report.txt"
+    os.environ["NEURON_DIST_REPORT"] = str(out)
+    try:
+        _run_ranks(f"tcp://127.0.0.1:{_port()}")
+    finally:
+        del os.environ["NEURON_DIST_REPORT"]
+    text = out.read_text()
+    assert text.count("# neuron_dist report") == 2, text
+    rows = [l.split() for l in text.splitlines() if l.strip().startswith("allreduce")]
+    assert len(rows) == 2 and all(r[2] == "1" and r[3] == "12" for r in rows), text  # 1 call, 3 x fp32
+    assert all(float(r[5]) > 0 for r in rows), "modelled device time missing"
