@@ -38,6 +38,14 @@ class TransportError(RuntimeError):
     """A peer is unreachable, closed, or sent something we cannot accept."""
 
 
+class PeerGone(TransportError):
+    """`peer` is gone (closed connection, dead process): raised where a frame cannot reach it."""
+
+    def __init__(self, peer: int, message: str):
+        super().__init__(message)
+        self.peer = peer
+
+
 class Transport(abc.ABC):
     name = "abstract"
 

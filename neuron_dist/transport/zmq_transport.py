@@ -33,7 +33,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import frame
-from .base import Transport, TransportContext, TransportError
+from .base import PeerGone, Transport, TransportContext, TransportError
 
 log = logging.getLogger("neuron_dist.transport")
 
@@ -88,6 +88,8 @@ def _release(domain: str, linger_ok: bool) -> None:
             _AUTH = None
         ctx, _CONTEXT = _CONTEXT, None
     ctx.term()
+    from zmq.utils.garbage import gc as zero_copy_gc  # pyzmq's zero-copy helper thread; restarts on demand
+    zero_copy_gc.stop()
 
 
 def memory_of(t: torch.Tensor) -> memoryview:
@@ -167,6 +169,9 @@ class ZmqTransport(Transport):
         self.closed = False
 
     def send(self, peer, header, payload):
+        gone = self.check_peer(peer)
+        if gone and header.kind != frame.Kind.ABORT:  # a frame we have not sent yet can never arrive
+            raise PeerGone(peer, gone)
         hb = header.pack()
         n = payload.numel()
         if n < ZERO_COPY_BYTES:
@@ -219,8 +224,7 @@ class ZmqTransport(Transport):
             except zmq.NotDone:
                 gone = self.check_peer(peer)
                 if gone:
-                    raise TransportError(f"rank {self.rank}: rank {peer} is gone with frames still queued "
-                                         f"to it: {gone}") from None
+                    raise PeerGone(peer, f"{gone} (frames still queued to it)") from None
                 if time.monotonic() > deadline:
                     raise TransportError(f"rank {self.rank}: frames to rank {peer} not handed off after "
                                          f"{min(timeout, self.timeout):.1f}s") from None
@@ -247,6 +251,7 @@ class ZmqTransport(Transport):
         self._released = True
         for p, s in self.push.items():
             try:
+                self.check_peer(p)
                 s.disable_monitor()
             except zmq.ZMQError:
                 pass

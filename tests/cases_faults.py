@@ -1,0 +1,351 @@
+"""Rank-side helpers for the fault, misuse, soak and life-cycle tests, and the small harness that
+starts N fresh processes per fault case (a killed rank would break a reusable pool).
+
+`run_fault_case(world, collective, phase)` starts `world` ranks (forkserver with torch
+preloaded, so a case costs a fraction of a second), lets them create a "neuron" group over a
+TCPStore hosted by the test process (so any rank, rank 0 included, may be killed), SIGKILLs one
+rank before, during (its own transport kills it mid-transfer of a large message) or after the
+collective, and collects from every survivor: what its call raised, how long it took, and what
+its process still holds after destroy_process_group (fds, sockets, threads, child processes).
+"""
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "barrier", "sendrecv")
+PHASES = ("before", "during", "after")
+BIG = 2 << 20          # elements (8 MiB of float32): many 512 KiB frames per step
+SMALL = 1024
+
+
+def victim_of(world: int, phase: str) -> int:
+    """Which rank dies: the last before, rank 1 during (mid-transfer), rank 0 after."""
+    return {"before": world - 1, "during": 1, "after": 0}[phase]
+
+
+# -- process-level facts for leak checks ----------------------------------------------------------
+def fds() -> dict[int, str]:
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def children() -> list[int]:
+    kids = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def leaks(base_fds: dict[int, str], base_threads: set[str]) -> dict:
+    """What this process holds now that it did not hold at `base`."""
+    gc.collect()
+    now = fds()
+    new_fds = {fd: what for fd, what in now.items() if fd not in base_fds}
+    threads = {t.name for t in threading.enumerate()} - base_threads - {"QueueFeederThread"}
+    return {"fds": sorted(new_fds.values()), "sockets": sum("socket:" in w for w in new_fds.values()),
+            "threads": sorted(threads), "children": children()}
+
+
+# -- the collectives under test -------------------------------------------------------------------
+def run_collective(name: str, rank: int, world: int, n: int, root: int = 0) -> None:
+    import torch
+    import torch.distributed as dist
+    if name == "allreduce":
+        t = torch.ones(n)
+        dist.all_reduce(t)
+        assert t[0].item() == world
+    elif name == "allgather":
+        inp = torch.full((n // world,), float(rank))
+        out = torch.empty(n // world * world)
+        dist.all_gather_into_tensor(out, inp)
+    elif name == "reduce_scatter":
+        inp = torch.ones(n // world * world)
+        out = torch.empty(n // world)
+        dist.reduce_scatter_tensor(out, inp)
+    elif name == "broadcast":
+        t = torch.full((n,), float(rank))
+        dist.broadcast(t, src=root)
+        assert t[0].item() == root
+    elif name == "alltoall":
+        inp = torch.full((n // world * world,), float(rank))
+        out = torch.empty_like(inp)
+        dist.all_to_all_single(out, inp)
+    elif name == "barrier":
+        dist.barrier()
+    elif name == "sendrecv":  # every rank exchanges a message with every other rank
+        sends = [dist.isend(torch.full((n // world,), float(rank)), p) for p in range(world) if p != rank]
+        bufs = {p: torch.empty(n // world) for p in range(world) if p != rank}
+        recvs = [dist.irecv(b, p) for p, b in bufs.items()]
+        errors = []
+        for w in recvs + sends:
+            try:
+                w.wait()
+            except Exception as e:  # noqa: BLE001 - report the first, after waiting for all
+                errors.append(e)
+        if errors:
+            raise errors[0]
+    else:
+        raise ValueError(name)
+
+
+def _kill_self_after(group, sends: int) -> None:
+    """Make this rank SIGKILL itself on its `sends`-th frame: a death in mid-transfer."""
+    t = group.transport
+    orig, count = t.send, [0]
+
+    def send(peer, header, payload):
+        count[0] += 1
+        if count[0] >= sends:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return orig(peer, header, payload)
+
+    t.send = send
+
+
+def _fault_rank(rank, world, port, collective, phase, timeout_s, env, q):
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    sys.path.insert(0, HERE)
+    import torch
+    import torch.distributed as dist
+    import neuron_dist  # noqa: F401
+    torch.set_num_threads(1)
+    if env.get("FH"):
+        import faulthandler
+        faulthandler.dump_traceback_later(15, exit=False)
+    victim = victim_of(world, phase)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    base_fds, base_threads = fds(), {t.name for t in threading.enumerate()}
+    try:
+        dist.init_process_group("neuron", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s))
+        g = dist.distributed_c10d._get_default_group().group
+        job = f"{g.token:x}"[:12]
+        n = BIG if phase == "during" else SMALL
+        root = victim if phase == "during" else 0
+        if phase == "after":
+            run_collective(collective, rank, world, n, root)
+        q.put((rank, "ready", job))
+        if rank == victim and phase != "during":
+            time.sleep(3600)  # the test kills it
+        store.wait(["go"])
+        if rank == victim:
+            _kill_self_after(g, 1 if collective == "barrier" else 3)
+        t0 = time.monotonic()
+        try:
+            run_collective(collective, rank, world, n, root)
+            outcome = ("ok", "")
+        except Exception as e:  # noqa: BLE001
+            outcome = (type(e).__name__, str(e))
+        elapsed = time.monotonic() - t0
+        if rank == victim:  # the kill hook may not have fired (nothing sent): die anyway
+            os.kill(os.getpid(), signal.SIGKILL)
+        t1 = time.monotonic()
+        dist.destroy_process_group()
+        destroy_s = time.monotonic() - t1
+        leak = leaks(base_fds, base_threads)
+        q.put((rank, "result", dict(outcome=outcome, elapsed=elapsed, destroy_s=destroy_s, leaks=leak)))
+    except BaseException as e:  # noqa: BLE001
+        q.put((rank, "crash", f"{type(e).__name__}: {e}"))
+
+
+class _Sender:
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, item):
+        self.conn.send(item)
+
+
+class _Receiver:
+    def __init__(self, conns):
+        self.conns, self.pending = list(conns), []
+
+    def get(self, timeout):
+        from multiprocessing.connection import wait
+        deadline = time.monotonic() + timeout
+        while not self.pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.conns:
+                raise TimeoutError
+            for c in wait(self.conns, left):
+                try:
+                    self.pending.append(c.recv())
+                except (EOFError, OSError):
+                    self.conns.remove(c)
+        return self.pending.pop(0)
+
+
+_CTX = None
+
+
+def mp_context():
+    """forkserver with torch and the backend preloaded: fresh processes in a fraction of a second."""
+    global _CTX
+    if _CTX is None:
+        try:
+            _CTX = mp.get_context("forkserver")
+            _CTX.set_forkserver_preload(["torch", "torch.distributed", "neuron_dist", "cases_faults"])
+        except ValueError:
+            _CTX = mp.get_context("spawn")
+    return _CTX
+
+
+def shm_entries(job: str) -> list[str]:
+    try:
+        return [e for e in os.listdir("/dev/shm") if job and job in e]
+    except OSError:
+        return []
+
+
+def run_fault_case(world: int, collective: str, phase: str, timeout_s: float = 10.0, margin: float = 5.0,
+                   env: dict | None = None) -> dict:
+    """Run one fault case; returns what every survivor saw, for the test to judge."""
+    import torch.distributed as dist
+    ctx = mp_context()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    port = store.port
+    # one pipe per rank (a shared Queue's lock could die with the killed rank)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(world)]
+    victim = victim_of(world, phase)
+    procs = [ctx.Process(target=_fault_rank, args=(r, world, port, collective, phase, timeout_s, dict(env or {}),
+                                                    _Sender(pipes[r][1])), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    for _, w in pipes:
+        w.close()
+    q = _Receiver([r for r, _ in pipes])
+    out = {"victim": victim, "results": {}, "crashes": {}, "hung": [], "job": "", "exit_hung": []}
+    try:
+        ready = 0
+        deadline = time.monotonic() + 120
+        while ready < world:
+            r, what, val = q.get(timeout=max(1.0, deadline - time.monotonic()))
+            if what == "ready":
+                ready += 1
+                out["job"] = val
+            else:
+                out["crashes"][r] = val
+                raise RuntimeError(f"rank {r} failed during set-up: {val}")
+        if phase != "during":
+            procs[victim].kill()
+            procs[victim].join(10)
+            time.sleep(0.2)
+        t_go = time.monotonic()
+        store.set("go", "1")
+        survivors = [r for r in range(world) if r != victim]
+        deadline = t_go + timeout_s + margin + 10  # results include destroy and leak checks
+        while len(out["results"]) + len(out["crashes"]) < len(survivors):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                r, what, val = q.get(timeout=left)
+            except Exception:  # noqa: BLE001 - queue.Empty
+                break
+            (out["results"] if what == "result" else out["crashes"])[r] = val
+        out["hung"] = [r for r in survivors if r not in out["results"] and r not in out["crashes"]]
+        for r, p in enumerate(procs):
+            p.join(10 if r != victim else 5)
+            if p.is_alive():
+                out["exit_hung"].append(r)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+        del store
+    time.sleep(0.05)
+    out["shm_left"] = shm_entries(out["job"])
+    return out
+
+
+def judge(world: int, collective: str, phase: str, out: dict, timeout_s: float = 10.0, margin: float = 5.0) -> list[str]:
+    """Problems with one case's outcome (empty: the case passed)."""
+    v = out["victim"]
+    problems = []
+    if out["hung"]:
+        problems.append(f"ranks {out['hung']} hung (no result within timeout+margin)")
+    if out["exit_hung"]:
+        problems.append(f"ranks {out['exit_hung']} did not exit")
+    for r, msg in out["crashes"].items():
+        problems.append(f"rank {r} crashed: {msg}")
+    want_name = "recv" if collective == "sendrecv" else collective
+    for r, res in out["results"].items():
+        kind, msg = res["outcome"]
+        if kind == "ok":
+            problems.append(f"rank {r}: the call succeeded although rank {v} was killed")
+            continue
+        if kind != "GroupError" and "DistBackendError" not in kind:
+            problems.append(f"rank {r}: raised {kind}, not a DistBackendError: {msg[:300]}")
+        if f"rank {v}" not in msg or ("gone" not in msg and "closed" not in msg):
+            problems.append(f"rank {r}: error does not name dead rank {v}: {msg[:400]}")
+        if want_name not in msg:
+            problems.append(f"rank {r}: error does not name {want_name}: {msg[:300]}")
+        if collective != "sendrecv" and "seq " not in msg:
+            problems.append(f"rank {r}: error has no sequence number: {msg[:300]}")
+        if res["elapsed"] > timeout_s + margin:
+            problems.append(f"rank {r}: took {res['elapsed']:.1f}s to fail (limit {timeout_s + margin}s)")
+        lk = res["leaks"]
+        if lk["sockets"] or lk["threads"] or lk["children"] or lk["fds"]:
+            problems.append(f"rank {r}: left behind after destroy: {lk}")
+    if out["shm_left"]:
+        problems.append(f"shared-memory segments left: {out['shm_left']}")
+    return problems
+
+
+def matrix(worlds=(2, 4), collectives=COLLECTIVES, phases=PHASES, env=None, verbose=True) -> dict:
+    """Run the fault matrix; returns counts, the worst time to error and every problem."""
+    cases = passed = 0
+    worst, problems = 0.0, []
+    for world in worlds:
+        for coll in collectives:
+            for phase in phases:
+                out = run_fault_case(world, coll, phase, env=env)
+                probs = judge(world, coll, phase, out)
+                cases += 1
+                passed += not probs
+                t = max((r["elapsed"] for r in out["results"].values()), default=0.0)
+                worst = max(worst, t)
+                problems += [f"{world} ranks, {coll}, killed {phase}: {p}" for p in probs]
+                if verbose:
+                    print(f"{world} ranks {coll:15s} killed {phase:6s} victim {out['victim']}: "
+                          f"{'pass' if not probs else 'FAIL'}  slowest survivor {t:.2f}s", flush=True)
+    return dict(cases=cases, passed=passed, worst_s=worst, problems=problems)
+
+
+if __name__ == "__main__":
+    # python tests/cases_faults.py [zmq|shm]: the whole fault matrix, with a summary line
+    sys.path.insert(0, HERE)
+    env = {"NEURON_DIST_TRANSPORT": sys.argv[1]} if len(sys.argv) > 1 else {}
+    res = matrix(env=env)
+    for p in res["problems"]:
+        print("PROBLEM", p)
+    print(f"fault matrix{' (' + sys.argv[1] + ')' if len(sys.argv) > 1 else ''}: {res['cases']} cases run, "
+          f"{res['passed']} passed, worst time to error {res['worst_s']:.2f}s")
