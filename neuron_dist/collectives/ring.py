@@ -69,7 +69,9 @@ def allgather(order: list[int], rank: int, counts: list[int]) -> Schedule:
 
 def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
     """IN holds every rank's block (group-rank order); OUT gets the reduction of block `rank`.
-    IN is never written: partial sums live in TMP."""
+    IN is never written. A partial sum is only needed until it is sent on in the next round, so
+    two block-sized TMP slots alternate, and the last round reduces straight into OUT: scratch
+    is 2 blocks (none at 2 ranks) instead of the whole input, and no final copy."""
     blocks, start = [], 0
     for c in counts:
         blocks.append((start, c))
@@ -77,9 +79,13 @@ def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
     n = len(order)
     if n == 1:
         return Schedule("ring").add(Copy(Chunk(IN, 0, counts[0]), Chunk(OUT, 0, counts[0])))
-    s = reduce_scatter_rounds(order, rank, blocks, IN, TMP)
-    s.tmp_count = start
-    mine = blocks[rank]
-    s.add(Copy(Chunk(TMP, mine[0], mine[1]), Chunk(OUT, 0, mine[1])))
-    s.algorithm = "ring"
+    _, p, nxt, prv = _positions(order, rank)
+    m = max(counts)
+    s = Schedule("ring", tmp_count=2 * m if n > 2 else 0)
+    for step in range(n - 1):
+        sb = blocks[order[(p - step - 1) % n]]
+        rb = blocks[order[(p - step - 2) % n]]   # the block sent on in the next round
+        src = Chunk(IN, sb[0], sb[1]) if step == 0 else Chunk(TMP, ((step - 1) % 2) * m, sb[1])
+        dst = Chunk(OUT, 0, rb[1]) if step == n - 2 else Chunk(TMP, (step % 2) * m, rb[1])
+        s.add(Send(nxt, src), Recv(prv, dst, reduce=True, base=Chunk(IN, rb[0], rb[1])))
     return s

@@ -280,10 +280,9 @@ class ShmTransport(Transport):
         deadline = time.perf_counter() + timeout
         if self.spin:
             spin_end = time.perf_counter() + min(self.spin, timeout)
-            while time.perf_counter() < spin_end:
-                if bell.value != v:
+            while time.perf_counter() < spin_end:  # no sched_yield: under load it gives the
+                if bell.value != v:                 # core away for a whole time slice
                     return
-                os.sched_yield()
         sleeping = self.mine.sleeping
         while True:
             left = deadline - time.perf_counter()
