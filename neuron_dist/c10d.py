@@ -18,6 +18,7 @@ from .collectives import reduce_ops
 from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
+from . import debug
 from .group import Group, GroupError, Op
 from .transport.frame import DTYPE_CODE, Kind
 
@@ -168,6 +169,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="") -> NeuronWork:
+        debug.check(self, kind, desc, nbytes, dtype, peer)  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm)
         return NeuronWork(self.group.submit(op))

@@ -294,6 +294,11 @@ class Group:
 
     def stamp(self, op: Op, dtype: torch.dtype, tag: int = 0) -> Stamp:
         seq = op.seq if not op.is_p2p else op.nbytes
+        if not op.is_p2p and not tag:
+            # a collective's frames carry a checksum of its arguments (reduce op, root, sizes), so a
+            # receiver whose peer called it differently fails its frame check instead of mixing data
+            from .debug import call_tag
+            tag = call_tag(op.kind, op.desc)
         return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:

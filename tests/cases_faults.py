@@ -349,3 +349,102 @@ if __name__ == "__main__":
         print("PROBLEM", p)
     print(f"fault matrix{' (' + sys.argv[1] + ')' if len(sys.argv) > 1 else ''}: {res['cases']} cases run, "
           f"{res['passed']} passed, worst time to error {res['worst_s']:.2f}s")
+
+
+# -- misuse (rank-side, run on a reusable pool; each case on a fresh subgroup it may break) -------
+def _mismatched_call(case: str, rank: int, group) -> None:
+    import torch
+    import torch.distributed as dist
+    if case == "size":
+        dist.all_reduce(torch.ones(10 if rank == 0 else 20), group=group)
+    elif case == "dtype":
+        dist.all_reduce(torch.ones(16, dtype=torch.float32 if rank == 0 else torch.float64), group=group)
+    elif case == "collective":
+        t = torch.ones(64)
+        if rank == 0:
+            dist.all_reduce(t, group=group)
+        else:
+            dist.broadcast(t, src=0, group=group)
+    elif case == "op":
+        dist.all_reduce(torch.ones(64), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=group)
+    elif case == "root":
+        dist.broadcast(torch.ones(64), src=0 if rank == 0 else 1, group=group)
+    elif case == "alltoall_splits":
+        world = dist.get_world_size(group)
+        ins = [1] * world if rank == 0 else [2] * world
+        inp = torch.ones(sum(ins))
+        out = torch.empty(world)  # every rank expects one element from each peer
+        dist.all_to_all_single(out, inp, output_split_sizes=[1] * world, input_split_sizes=ins, group=group)
+    else:
+        raise ValueError(case)
+
+
+def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0):
+    """A mismatched call on a fresh subgroup: returns (error type, message, seconds, usable after)."""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist import debug
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s))
+    debug.set_enabled(check)
+    try:
+        t0 = time.monotonic()
+        try:
+            _mismatched_call(case, rank, sub)
+            err = ("ok", "")
+        except Exception as e:  # noqa: BLE001
+            err = (type(e).__name__, str(e))
+        elapsed = time.monotonic() - t0
+        usable = None
+        if check:  # the check skipped the call on every rank: the group must still work
+            t = torch.ones(4)
+            dist.all_reduce(t, group=sub)
+            usable = bool((t == world).all())
+        isdist = err[0] != "ok" and issubclass(getattr(dist, err[0], RuntimeError) if hasattr(dist, err[0])
+                                                else RuntimeError, RuntimeError)
+    finally:
+        debug.set_enabled(None)
+        dist.destroy_process_group(sub)
+    return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=usable, runtime_error=isdist)
+
+
+def misuse_invalid(rank, world):
+    """Invalid arguments are rejected before a byte moves: torch's error types, the group intact."""
+    import torch
+    import torch.distributed as dist
+    pg = dist.distributed_c10d._get_default_group()
+    g = pg.group
+    seq0 = g._seq
+    seen = []
+
+    def expect(types, fn, what):
+        try:
+            fn()
+        except types as e:
+            seen.append((what, type(e).__name__, str(e)[:200]))
+            return
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"{what}: raised {type(e).__name__}: {e}, expected {types}") from None
+        raise AssertionError(f"{what}: no error")
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = world + 3
+    expect(ValueError, lambda: pg.broadcast([torch.ones(4)], opts), "root out of range")
+    expect((ValueError, RuntimeError), lambda: dist.broadcast(torch.ones(4), src=world + 3), "src out of range (dist)")
+    expect(ValueError, lambda: pg.send([torch.ones(4)], world + 1, 0), "send to rank out of range")
+    expect(ValueError, lambda: pg.send([torch.ones(4)], rank, 0), "send to self")
+    expect(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), "wrong all_gather output size")
+    expect(ValueError, lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(2)), "wrong reduce_scatter input size")
+    expect(ValueError, lambda: dist.all_gather([torch.empty(2)] * (world + 1), torch.ones(2)), "wrong all_gather list length")
+    expect((ValueError, RuntimeError), lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
+                                                                      input_split_sizes=[5] * world), "bad split sizes")
+    expect(ValueError, lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.BAND), "BAND on float32")
+    expect(ValueError, lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG), "AVG on bool")
+    expect((ValueError, RuntimeError), lambda: dist.all_reduce(torch.ones(4, device="meta")), "meta tensor (dist)")
+    expect(ValueError, lambda: pg.allreduce([torch.ones(4, device="meta")]), "meta tensor (group)")
+    expect(TypeError, lambda: pg.allreduce(["not a tensor"]), "not a tensor")
+    assert g._seq == seq0, f"a rejected call consumed sequence numbers ({seq0} -> {g._seq})"
+    assert g.broken is None, f"a rejected call broke the group: {g.broken}"
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    assert (t == world).all(), "the group does not work after rejected calls"
+    return seen

@@ -129,4 +129,8 @@ def check(got: Header, want: Header, payload_nbytes: int) -> None:
         raise FrameError(f"frame from rank {got.src} announces {got.nbytes} bytes but carries {payload_nbytes}")
     if (got.kind, got.dtype, got.group, got.seq, got.src, got.dst, got.chunk, got.tag, got.nbytes) != \
             (want.kind, want.dtype, want.group, want.seq, want.src, want.dst, want.chunk, want.tag, want.nbytes):
+        if got.kind == want.kind and got.kind != Kind.P2P and got.tag != want.tag:
+            raise FrameError(f"rank {want.dst} and rank {got.src} called {Kind(got.kind).name.lower()} seq "
+                             f"{got.seq} with different arguments (sizes, reduce op or root differ: argument "
+                             f"checksums {want.tag:#x} here, {got.tag:#x} there)")
         raise FrameError(f"rank {want.dst} expected {want.describe()} but received {got.describe()}")

@@ -1,0 +1,102 @@
+"""Collective fingerprint check: catch mismatched calls across ranks before they run.
+
+With TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's own switch) or NEURON_DIST_CHECK=1, every collective
+is preceded by a small fixed-size all-gather of its fingerprint (collective, dtype, byte count,
+reduce op, root, and the call's description) over the same group, in the same sequence. If any
+rank's fingerprint differs, every rank raises the same error listing what each rank called, and
+the collective is not run, so the group stays usable (all ranks skipped it alike). Without the
+check a mismatch still ends in an error naming both sides (frame checks and ABORT frames), but
+possibly only after data moved; with it, before a byte of the real call moves. Like torch's
+ProcessGroupWrapper, the check is synchronous and costs one small collective per call: a debug
+mode, not for production.
+"""
+from __future__ import annotations
+
+import re
+import struct
+import threading
+import zlib
+
+import torch
+
+from .config import env
+from .transport.frame import DTYPE_CODE, CODE_DTYPE, Kind
+
+_FIELDS = struct.Struct("<qqqqq")   # kind, dtype code, nbytes (-1: not compared), desc crc, group size
+_TEXT = 120
+FP_BYTES = _FIELDS.size + _TEXT
+_state = threading.local()
+_ENABLED: bool | None = None
+
+
+def enabled() -> bool:
+    global _ENABLED
+    if _ENABLED is None:
+        _ENABLED = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or \
+            (env("NEURON_DIST_CHECK") or "") not in ("", "0")
+    return _ENABLED
+
+
+def set_enabled(on: bool | None) -> None:
+    """Force the check on or off (None: back to the environment). For tests and tools."""
+    global _ENABLED
+    _ENABLED = on
+
+
+def _normalised(kind: Kind, desc: str) -> str:
+    """The parts of a call's description every rank must agree on."""
+    body = desc[desc.find("("):] if "(" in desc else desc
+    if kind == Kind.ALLTOALL:      # uneven splits: byte counts legitimately differ per rank
+        body = re.sub(r"\d+ bytes, ", "", body)
+    if kind == Kind.REDUCE:        # non-roots reduce AVG as SUM (only the root divides)
+        body = body.replace(", avg", ", sum")
+    return f"{kind.name.lower()}{body}"
+
+
+def call_tag(kind: Kind, desc: str) -> int:
+    """32-bit checksum of a collective's arguments, carried in its frames' tag field."""
+    return zlib.crc32(_normalised(kind, desc).encode()) or 1
+
+
+def fingerprint(kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, size: int) -> bytes:
+    text = _normalised(kind, desc)
+    fields = _FIELDS.pack(int(kind), DTYPE_CODE.get(dtype, 0), -1 if kind == Kind.ALLTOALL else nbytes,
+                          zlib.crc32(text.encode()), size)
+    return fields + text.encode()[:_TEXT].ljust(_TEXT, b"\0")
+
+
+def describe(fp: bytes) -> str:
+    kind, dtype, nbytes, _crc, size = _FIELDS.unpack(fp[:_FIELDS.size])
+    text = fp[_FIELDS.size:].rstrip(b"\0").decode("utf-8", "replace")
+    return text or f"kind {kind} dtype {CODE_DTYPE.get(dtype)} {nbytes} bytes"
+
+
+def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None) -> None:
+    """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
+    collective's fingerprint across the group and raise on every rank if any rank differs."""
+    if not enabled() or kind == Kind.P2P or peer is not None or getattr(_state, "busy", False):
+        return
+    from .group import GroupError
+    g = pg.group
+    mine = fingerprint(kind, desc, nbytes, dtype, g.size)
+    inp = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+    out = torch.empty(FP_BYTES * g.size, dtype=torch.uint8)
+    _state.busy = True
+    try:
+        pg._allgather_packed([inp], [out], "fingerprint check", [out]).wait()
+    finally:
+        _state.busy = False
+    raw = out.numpy().tobytes()
+    fps = [raw[r * FP_BYTES:(r + 1) * FP_BYTES] for r in range(g.size)]
+    keys = [fp[:_FIELDS.size] for fp in fps]
+    if all(k == keys[0] for k in keys):
+        return
+    groups: dict[bytes, list[int]] = {}
+    for r, k in enumerate(keys):
+        groups.setdefault(k, []).append(r)
+    detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} called "
+                       f"{describe(fps[rs[0]])}" for rs in groups.values())
+    raise GroupError(f"[rank {g.rank}] Detected mismatch between collectives on ranks (group {g.name!r}, "
+                     f"seq {g._seq - 1}): {detail}. Every rank of a group must call the same collective "
+                     f"with the same sizes, dtype, reduce op and root, in the same order; the collective "
+                     f"was not run on any rank.")
