@@ -26,6 +26,24 @@ def synthetic_batch(step: int, rank: int, batch: int, dim: int):
     return x, x @ w + 0.01 * torch.randn(batch, 4, generator=g)
 
 
+def train(model, opt, a, rank: int, world: int, label: str) -> None:
+    """The loop both examples share: synthetic batches, rank 0 prints the rank-averaged loss."""
+    t0 = time.perf_counter()
+    for step in range(a.steps):
+        x, y = synthetic_batch(step, rank, a.batch, a.dim)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        avg = loss.detach().clone()
+        dist.all_reduce(avg, op=dist.ReduceOp.AVG)
+        if rank == 0 and (step % 10 == 0 or step == a.steps - 1):
+            print(f"step {step:4d}  loss {avg.item():.5f}", flush=True)
+    if rank == 0:
+        print(f"done: {label}{a.steps} steps on {world} ranks ({a.backend}) in {time.perf_counter() - t0:.2f}s",
+              flush=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default=os.environ.get("BACKEND", "neuron"))
@@ -39,19 +57,7 @@ def main():
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(a.dim, 256), nn.ReLU(), nn.Linear(256, 4)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    t0 = time.perf_counter()
-    for step in range(a.steps):
-        x, y = synthetic_batch(step, rank, a.batch, a.dim)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        avg = loss.detach().clone()
-        dist.all_reduce(avg, op=dist.ReduceOp.AVG)
-        if rank == 0 and (step % 10 == 0 or step == a.steps - 1):
-            print(f"step {step:4d}  loss {avg.item():.5f}", flush=True)
-    if rank == 0:
-        print(f"done: {a.steps} steps on {world} ranks ({a.backend}) in {time.perf_counter() - t0:.2f}s", flush=True)
+    train(model, opt, a, rank, world, "")
     dist.destroy_process_group()
 
 

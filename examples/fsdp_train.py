@@ -9,14 +9,13 @@ ranks; each step all-gathers them for compute and reduce-scatters gradients.
 """
 import argparse
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import neuron_dist  # noqa: F401  registers the "neuron" backend
-from ddp_train import synthetic_batch
+from ddp_train import train
 
 
 def build(a, world):
@@ -49,21 +48,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build(a, world)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    t0 = time.perf_counter()
-    for step in range(a.steps):
-        x, y = synthetic_batch(step, rank, a.batch, a.dim)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        avg = loss.detach().clone()
-        dist.all_reduce(avg, op=dist.ReduceOp.AVG)
-        if rank == 0 and (step % 10 == 0 or step == a.steps - 1):
-            print(f"step {step:4d}  loss {avg.item():.5f}", flush=True)
-    if rank == 0:
-        kind = "FSDP1" if a.fsdp1 else ("HSDP" if a.hsdp else "FSDP2")
-        print(f"done: {kind}, {a.steps} steps on {world} ranks ({a.backend}) in {time.perf_counter() - t0:.2f}s",
-              flush=True)
+    kind = "FSDP1" if a.fsdp1 else ("HSDP" if a.hsdp else "FSDP2")
+    train(model, opt, a, rank, world, f"{kind}, ")
     dist.destroy_process_group()
 
 

@@ -305,20 +305,22 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 after=after, outputs=outputs, nbytes=c * n * torch.empty(0, dtype=dtype).element_size())
 
     def all_gather_single(self, output, input, opts=None):
-        _check_tensor(input, "all_gather_into_tensor", self._r)
-        _check_tensor(output, "all_gather_into_tensor", self._r)
-        self._check_gather_single(output, input, "all_gather_into_tensor")
+        self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
         return self._allgather_packed([input], [output], "all_gather_into_tensor", [output])
 
     _allgather_base = all_gather_single
 
-    def _check_gather_single(self, output, input, what):
+    def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
+        """`whole` must hold world_size x `part` elements of the same dtype (all-gather's output
+        and input, reduce-scatter's input and output)."""
+        _check_tensor(whole, what, self._r)
+        _check_tensor(part, what, self._r)
         n = self.group.size
-        if output.numel() != input.numel() * n:
-            raise ValueError(f"[rank {self._r}] {what}: output has {output.numel()} elements, expected "
-                             f"world_size ({n}) x input ({input.numel()}) = {n * input.numel()}")
-        if output.dtype != input.dtype:
-            raise ValueError(f"[rank {self._r}] {what}: output dtype {output.dtype} != input dtype {input.dtype}")
+        if whole.numel() != part.numel() * n:
+            raise ValueError(f"[rank {self._r}] {what}: {whole_is} has {whole.numel()} elements, expected "
+                             f"world_size ({n}) x {part_is} ({part.numel()}) = {n * part.numel()}")
+        if whole.dtype != part.dtype:
+            raise ValueError(f"[rank {self._r}] {what}: {whole_is} dtype {whole.dtype} != {part_is} dtype {part.dtype}")
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         outputs, inputs = list(outputs), list(inputs)
@@ -326,9 +328,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"[rank {self._r}] allgather_into_tensor_coalesced: {len(inputs)} inputs, "
                              f"{len(outputs)} outputs")
         for o, i in zip(outputs, inputs):
-            _check_tensor(i, "allgather_into_tensor_coalesced", self._r)
-            _check_tensor(o, "allgather_into_tensor_coalesced", self._r)
-            self._check_gather_single(o, i, "allgather_into_tensor_coalesced")
+            self._check_whole_part(o, i, "allgather_into_tensor_coalesced", "output", "input")
         if not inputs:
             return self._empty_work(outputs)
         return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs)
@@ -351,7 +351,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                            "reduce_scatter")
 
     def reduce_scatter_single(self, output, input, opts=None):
-        self._check_scatter_single(output, input, "reduce_scatter_tensor")
+        self._check_whole_part(input, output, "reduce_scatter_tensor", "input", "output")
         return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
@@ -362,22 +362,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"[rank {self._r}] reduce_scatter_tensor_coalesced: {len(inputs)} inputs, "
                              f"{len(outputs)} outputs")
         for o, i in zip(outputs, inputs):
-            self._check_scatter_single(o, i, "reduce_scatter_tensor_coalesced")
+            self._check_whole_part(i, o, "reduce_scatter_tensor_coalesced", "input", "output")
         if not inputs:
             return self._empty_work(outputs)
         return self._reduce_scatter_packed(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
-
-    def _check_scatter_single(self, output, input, what):
-        _check_tensor(input, what, self._r)
-        _check_tensor(output, what, self._r)
-        n = self.group.size
-        if input.numel() != output.numel() * n:
-            raise ValueError(f"[rank {self._r}] {what}: input has {input.numel()} elements, expected "
-                             f"world_size ({n}) x output ({output.numel()}) = {n * output.numel()}")
-        if output.dtype != input.dtype:
-            raise ValueError(f"[rank {self._r}] {what}: output dtype {output.dtype} != input dtype {input.dtype}")
 
     def _reduce_scatter_packed(self, outputs, inputs, opts, what):
         """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 log = logging.getLogger("neuron_dist")
 
@@ -37,6 +38,19 @@ def env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def emit(text: str, where: str) -> None:
+    """Write a diagnostic text where an env variable says: "1"/"stderr", or append to a file."""
+    try:
+        if where in ("1", "stderr"):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        else:
+            with open(where, "a") as f:
+                f.write(text)
+    except OSError as e:
+        log.warning("could not write diagnostics to %s: %s", where, e)
 
 
 def setup_logging() -> None:

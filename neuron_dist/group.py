@@ -18,7 +18,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -635,15 +634,8 @@ class Group:
 
 
 def _write_dump(text: str, where: str) -> None:
-    try:
-        if where in ("1", "stderr"):
-            sys.stderr.write(text)
-            sys.stderr.flush()
-        else:
-            with open(where, "a") as f:
-                f.write(text)
-    except OSError:
-        pass
+    from .config import emit
+    emit(text, where)
 
 
 def dump_all() -> str:

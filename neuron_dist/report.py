@@ -7,9 +7,7 @@ model's device time for the same calls on the modelled instance.
 """
 from __future__ import annotations
 
-import sys
-
-from .config import env
+from .config import emit, env
 
 
 def report(group=None) -> list[dict]:
@@ -42,9 +40,4 @@ def at_shutdown(group) -> None:
     inst = group.topology.instance.name if group.topology is not None else "no placement"
     text = format_rows(group.report(), f"# neuron_dist report: group {group.name!r} rank {group.rank}/"
                                        f"{group.size}, modelled instance {inst}")
-    if where in ("1", "stderr"):
-        sys.stderr.write(text)
-        sys.stderr.flush()
-    else:
-        with open(where, "a") as f:
-            f.write(text)
+    emit(text, where)
