@@ -218,3 +218,84 @@ def test_plan_per_pair(monkeypatch):
     assert select.plan(c, "zmq") == {1: "zmq", 2: "zmq", 3: "zmq"}
     with pytest.raises(TransportError, match="rank 0 .* rank 2"):
         select.plan(c, "shm")
+
+
+def test_composite_routes_each_pair_two_hosts(monkeypatch):
+    """Four ranks on two (pretend) hosts: shared memory inside a host, zmq between hosts, one
+    transport object per rank that routes every peer to its own."""
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
+    hosts = ["a", "a", "b", "b"]
+    store = dist.HashStore()
+    ts, errs = [None] * 4, []
+
+    def make(r):
+        try:
+            c = ctx(r, 4, store, "cmp", hosts=hosts)
+            c.hostname = hosts[r]
+            ts[r] = select.create(c)
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    th = [threading.Thread(target=make, args=(r,)) for r in range(4)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    assert not errs, errs
+    try:
+        assert all(t.name == "shm+zmq" for t in ts), [t.name for t in ts]
+        assert type(ts[0].route[1]).__name__ == "ShmTransport"
+        assert type(ts[0].route[2]).__name__ == "ZmqTransport"
+        for s in range(4):
+            for d in range(4):
+                if s != d:
+                    assert ts[s].send(d, hdr(s, d, 0, 2), torch.tensor([s, d], dtype=torch.uint8))
+        for d in range(4):
+            for s in range(4):
+                if s == d:
+                    continue
+                got = None
+                for _ in range(1000):
+                    got = ts[d].recv(s)
+                    if got is not None:
+                        break
+                    ts[d].wait(0.01)
+                assert got is not None, f"rank {d} got nothing from rank {s}"
+                assert got[1].tolist() == [s, d]
+                ts[d].release(s)
+    finally:
+        for t in ts:
+            if t is not None:
+                t.close()
+
+
+def test_no_room_in_dev_shm_is_a_clear_error_on_every_rank(monkeypatch):
+    """A segment that cannot be allocated fails set-up on that rank *and* its peers, with a
+    message saying what to change (not a SIGBUS at the first write, not a store time-out)."""
+    real = os.posix_fallocate
+
+    def full(fd, off, n):
+        if n > 0 and threading.current_thread().name == "rank0":
+            raise OSError(28, "No space left on device")
+        return real(fd, off, n)
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    store = dist.HashStore()
+    errs = {}
+
+    def make(r):
+        try:
+            shm.ShmTransport(ctx(r, 2, store, "full")).close()
+        except TransportError as e:
+            errs[r] = str(e)
+
+    ts = [threading.Thread(target=make, args=(r,), name=f"rank{r}") for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert set(errs) == {0, 1}, errs
+    assert "--shm-size" in errs[0] and "rank 0" in errs[1]
+    assert leftovers("full") == []

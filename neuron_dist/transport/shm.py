@@ -103,10 +103,19 @@ class _Segment:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             _OWNED.add(path)
             try:
-                os.ftruncate(fd, nbytes)
+                # reserve the pages now: a full /dev/shm (Docker's default is 64 MiB) is then a
+                # clean ENOSPC here instead of a SIGBUS at the first write to an unbacked page
+                os.posix_fallocate(fd, 0, nbytes)
                 self.mm = mmap.mmap(fd, nbytes)
-            finally:
+            except OSError:
                 os.close(fd)
+                fd = -1
+                _OWNED.discard(path)
+                os.unlink(path)
+                raise
+            finally:
+                if fd >= 0:
+                    os.close(fd)
         else:
             fd = os.open(path, os.O_RDWR)
             try:
@@ -180,14 +189,23 @@ class ShmTransport(Transport):
         npeers = len(members)  # one ring per member (my own stays unused: simpler addressing)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
         path = os.path.join(SHM_DIR, f"nd-{ctx.job_id}-{self.rank}-{os.getpid()}")
-        self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
+        try:
+            self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
+        except OSError as e:
+            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
+                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
+                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
+            ctx.store.set(f"{key}/{self.rank}", "error: " + why)  # peers fail at once, not at a time-out
+            raise TransportError(why) from None
         self.mine.pid.value = os.getpid()
         ctx.store.set(f"{key}/{self.rank}", path)
         self.theirs: dict[int, _Segment] = {}
         try:
             for p in self.peers:
-                self.theirs[p] = _Segment(ctx.store.get(f"{key}/{p}").decode(), nbytes, False, npeers,
-                                          self.nslots, self.slot_bytes)
+                where = ctx.store.get(f"{key}/{p}").decode()
+                if where.startswith("error: "):
+                    raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {where[7:]}")
+                self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
             ctx.store.set(f"{key}/{self.rank}/mapped", "1")
             for p in self.peers:
                 ctx.store.get(f"{key}/{p}/mapped")

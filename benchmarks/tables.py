@@ -1,0 +1,116 @@
+"""Markdown tables for benchmarks/RESULTS.md from the JSON files that run_all.sh writes.
+
+    python benchmarks/tables.py [benchmarks/results]
+
+Prints: the collbench side-by-side (neuron / gloo / Open MPI busbw, ratios, and the target
+checks), the neuron_dist.bench tables (world 2, bf16, world 4), the training table and the
+64 MiB memory-bound check. Numbers are copied, never edited: rerun run_all.sh to refresh.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+MiB = 1 << 20
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def collbench(d: str) -> None:
+    for op in ("allreduce", "allgather", "reducescatter"):
+        runs = {impl: load(os.path.join(d, f"cb_{op}_{impl}.json")) for impl in ("neuron", "gloo", "mpi")}
+        if not all(runs.values()):
+            continue
+        rows = {impl: {r["size"]: r for r in run["rows"]} for impl, run in runs.items()}
+        print(f"\n**{op}, world 2, float32** (collbench, median of 20; busbw GB/s)\n")
+        print("| size | neuron us | neuron busbw | gloo busbw | mpi busbw | x gloo | x mpi | targets |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---|")
+        for size in sorted(rows["neuron"]):
+            n, g, m = rows["neuron"][size], rows["gloo"].get(size), rows["mpi"].get(size)
+            xg = n["busbw"] / g["busbw"] if g else float("nan")
+            xm = n["busbw"] / m["busbw"] if m else float("nan")
+            checks = []
+            if MiB <= size <= 16 * MiB:
+                checks.append(f"5x gloo {'met' if xg >= 5 else 'missed'}")
+            if MiB <= size <= 64 * MiB:
+                checks.append(f">= mpi {'met' if xm >= 1 else 'missed'}")
+            if op == "allreduce" and size == 4096:
+                checks.append(f"<= 30 us {'met' if n['time_us'] <= 30 else 'missed'}")
+            print(f"| {human(size)} | {n['time_us']:.1f} | {n['busbw']:.3f} | {g['busbw'] if g else float('nan'):.3f} | "
+                  f"{m['busbw'] if m else float('nan'):.3f} | {xg:.2f} | {xm:.2f} | {', '.join(checks)} |")
+
+
+def bench(d: str, name: str, title: str) -> None:
+    run = load(os.path.join(d, name))
+    if not run:
+        return
+    print(f"\n**{title}** (`neuron_dist.bench`, median; busbw GB/s; model = cost-model busbw on "
+          f"{run['config'].get('instance')}, not this host)\n")
+    print("| op | size | count | type | time us | algbw | busbw | #wrong | gloo us | gloo busbw | ratio | model |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    slower = []
+    for r in run["rows"]:
+        n, g = r["neuron"], r.get("gloo", {})
+        m = r.get("model") or {}
+        if g and r.get("ratio", 1) < 1:
+            slower.append(f"{r['op']} {human(r['size'])}")
+        print(f"| {r['op']} | {human(r['size'])} | {r['count']} | {r['type']} | {n['time_us']:.1f} | {n['algbw']:.3f} | "
+              f"{n['busbw']:.3f} | {n['wrong']} | {g.get('time_us', float('nan')):.1f} | "
+              f"{g.get('busbw', float('nan')):.3f} | {r.get('ratio', float('nan')):.2f} | "
+              f"{('%.1f ' % m['busbw'] + m['algorithm']) if m else '-'} |")
+    print(f"\nRows where neuron is slower than Gloo: {', '.join(slower) if slower else 'none'}.")
+
+
+def train(d: str) -> None:
+    run = load(os.path.join(d, "train.json"))
+    if not run:
+        return
+    print(f"\n**Training step, {run['params'] / 1e6:.1f}M-parameter MLP, world {run['config']['world']}** "
+          f"(`neuron_dist.bench_train`; compute-only step {run['compute_ms']:.1f} ms)\n")
+    print("| wrap | backend | step ms | x compute-only |")
+    print("|---|---|---:|---:|")
+    for r in run["rows"]:
+        print(f"| {r['wrap']} | {r['backend']} | {r['step_ms']:.1f} | {r['ratio']:.2f} |")
+
+
+def bound(d: str) -> None:
+    mem, cb = load(os.path.join(d, "membw.json")), load(os.path.join(d, "cb_allreduce_neuron.json"))
+    if not (mem and cb):
+        return
+    copy2 = next(r for r in mem["rows"] if r["kind"] == "copy" and r["procs"] == 2)
+    row = next((r for r in cb["rows"] if r["size"] == 64 * MiB), None)
+    if row is None:
+        return
+    traffic = copy2["traffic_gbs"]  # GB/s of memory traffic two copying processes sustain
+    bound_busbw = traffic / 9       # 9 N bytes of traffic per all-reduce of N bytes, both ranks
+    print(f"\n64 MiB all-reduce: copy traffic with 2 processes {traffic:.2f} GB/s -> bound busbw "
+          f"{bound_busbw:.2f} GB/s; measured {row['busbw']:.2f} GB/s = {row['busbw'] / bound_busbw:.0%} of the bound "
+          f"(target 60%: {'met' if row['busbw'] >= 0.6 * bound_busbw else 'missed'}).")
+
+
+def human(n: int) -> str:
+    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << s and n % (1 << s) == 0:
+            return f"{n >> s} {unit}iB"
+    return f"{n} B"
+
+
+def main() -> None:
+    d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "results")
+    collbench(d)
+    bound(d)
+    bench(d, "bench_w2.json", "All collectives, world 2, float32")
+    bench(d, "bench_w2_bf16.json", "All-reduce, world 2, bfloat16")
+    bench(d, "bench_w4.json", "All collectives, world 4 on 2 cores, float32")
+    train(d)
+
+
+if __name__ == "__main__":
+    main()
