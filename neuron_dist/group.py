@@ -38,7 +38,7 @@ log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
 
 RECORD_LEN = 64  # recent collectives kept per group for hang diagnosis
-INLINE_BYTES = 64 << 10      # unmarked ops up to this size may run on the caller's thread
+INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the caller's thread
 INLINE_BUDGET = 0.0005       # ... for at most this long before the engine takes over
 INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits anyway
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
@@ -234,7 +234,8 @@ class Group:
         idle and nothing is queued, the caller's thread takes the drive lock and runs the op
         itself. It applies to ops marked synchronous (`op.sync = True`, set from c10d's
         `opts.asyncOp=False`) and, when unmarked, to small ops (INLINE_BYTES) that finish in
-        microseconds. If the op is not done within its budget (a late peer), it is handed to the
+        microseconds (collectives and sends; a receive may depend on a send the caller issues
+        next). If the op is not done within its budget (a late peer), it is handed to the
         engine, which owns time-outs and peer checks."""
         sync = getattr(op, "sync", None)
         with self._cv:
@@ -251,7 +252,9 @@ class Group:
                 op.record = Record(op.seq, op.kind.name.lower(), op.nbytes, str(op.dtype).replace("torch.", ""),
                                    op.algorithm)
                 self.records.append(op.record)
-            inline = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
+            # an unmarked receive may wait on a send this caller has yet to issue: engine only
+            small = op.nbytes <= INLINE_BYTES and not (op.is_p2p and op.direction != "send")
+            inline = (sync or (sync is None and small)) and self._drive.acquire(blocking=False)
             if inline and (self._queue or self._active or self._waiting):
                 self._drive.release()
                 inline = False

@@ -14,10 +14,11 @@ tensor *view of the slot*: reductions read the peer's bytes in place, with no ex
 default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default 512 KiB) per peer pair; a full
 ring makes `send` return False (the executor retries after `wait`).
 
-Waiting. `wait` spins briefly (yielding the core: NEURON_DIST_SHM_SPIN_US, 0 when local ranks
-outnumber cores) and then sleeps on the doorbell with futex(2); a peer that publishes a frame or
-frees a slot bumps the doorbell and wakes the sleeper only when its "sleeping" flag is set.
-Each sleep is capped at 1 ms, so a wake-up lost to store/load reordering costs at most that.
+Waiting. `wait` spins briefly (NEURON_DIST_SHM_SPIN_US: 50 us with a core per rank; 20 us of
+sched_yield when local ranks outnumber cores, so the peer we wait for gets the core) and then
+sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a slot bumps the
+doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
+1 ms, so a wake-up lost to store/load reordering costs at most that.
 
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
 soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
@@ -79,6 +80,10 @@ def _futex_wait(addr: int, expected: int, timeout: float) -> None:
 
 def _futex_wake(addr: int) -> None:
     _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(1 << 30), None, None, 0)
+
+
+def _nothing() -> None:
+    pass
 
 
 _OWNED: set[str] = set()  # segments this process created and has not unlinked yet
@@ -181,7 +186,9 @@ class ShmTransport(Transport):
         self.slot_bytes = env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES)
         self.nslots = max(2, env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS))
         ncpu = len(os.sched_getaffinity(0))
-        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 0 if len(self.peers) + 1 > ncpu else 50) * 1e-6
+        # more local ranks than cores: yield instead of spinning (the peer may need this core)
+        self.oversubscribed = len(self.peers) + 1 > ncpu
+        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50) * 1e-6
         self.closed = False
         # the members of this transport, in one order every rank agrees on
         members = sorted(self.peers + [self.rank])
@@ -298,9 +305,13 @@ class ShmTransport(Transport):
         deadline = time.perf_counter() + timeout
         if self.spin:
             spin_end = time.perf_counter() + min(self.spin, timeout)
-            while time.perf_counter() < spin_end:  # no sched_yield: under load it gives the
-                if bell.value != v:                 # core away for a whole time slice
+            # with a core per rank, spin without sched_yield (under load it hands the core away
+            # for a whole time slice); oversubscribed, yield so the peer we wait for can run
+            yield_ = os.sched_yield if self.oversubscribed else _nothing
+            while time.perf_counter() < spin_end:
+                if bell.value != v:
                     return
+                yield_()
         sleeping = self.mine.sleeping
         while True:
             left = deadline - time.perf_counter()
