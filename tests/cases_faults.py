@@ -448,3 +448,84 @@ def misuse_invalid(rank, world):
     dist.all_reduce(t)
     assert (t == world).all(), "the group does not work after rejected calls"
     return seen
+
+
+# -- soak (rank-side) ---------------------------------------------------------------------------
+def soak(rank, world, count=1500, seed=0, warmup=300):
+    """`count` randomized collectives (op, size, dtype, group, sync/async), every result checked
+    against a reference computed from every rank's regenerated input. Returns wrong elements,
+    resident memory and open fds after warm-up and at the end."""
+    import random as _random
+
+    import torch
+    import torch.distributed as dist
+
+    import rankctx
+    rng = _random.Random(seed)
+    subs = {"world": None, "pair01": dist.new_group([0, 1]), "pair12": dist.new_group([1, 2])} if world >= 3 \
+        else {"world": None}
+    members = {"world": list(range(world)), "pair01": [0, 1], "pair12": [1, 2]}
+    dtypes = [torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16]
+    wrong = checked = 0
+    rss0 = fd0 = None
+    pending = []
+
+    def gen(r, n, dt, k):
+        g = torch.Generator().manual_seed(k * 131 + r)
+        return torch.randint(-4, 5, (n,), generator=g).to(dt)
+
+    def settle():
+        nonlocal wrong, checked
+        for w, out, want in pending:
+            w.wait()
+            wrong += int((out != want).sum())
+            checked += 1
+        pending.clear()
+
+    for k in range(count):
+        gname = rng.choice(list(subs))
+        coll = rng.choice(["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"])
+        dt = rng.choice(dtypes)
+        n = rng.choice([0, 1, 3, 17, 256, 4099])
+        async_op = rng.random() < 0.5
+        root_pick = rng.random()  # drawn on every rank, member or not: the streams must not diverge
+        if k == warmup:
+            settle()
+            gc.collect()
+            rss0, fd0 = rss_kib(), len(fds())
+        ranks = members[gname]
+        if rank not in ranks:
+            continue
+        grp, m, me = subs[gname], len(ranks), ranks.index(rank)
+        ins = [gen(r, n * m, dt, k) for r in range(m)]
+        if coll == "allreduce":
+            out = ins[me].clone()
+            want = torch.stack([x.to(torch.float64) for x in ins]).sum(0).to(dt)
+            w = dist.all_reduce(out, group=grp, async_op=True)
+        elif coll == "allgather":
+            out = torch.empty(n * m * m, dtype=dt)
+            want = torch.cat(ins)
+            w = dist.all_gather_into_tensor(out, ins[me], group=grp, async_op=True)
+        elif coll == "reduce_scatter":
+            out = torch.empty(n, dtype=dt)
+            want = torch.stack([x.to(torch.float64) for x in ins]).sum(0).to(dt)[me * n:(me + 1) * n]
+            w = dist.reduce_scatter_tensor(out, ins[me], group=grp, async_op=True)
+        elif coll == "broadcast":
+            root = int(root_pick * m)
+            out = ins[me].clone()
+            want = ins[root]
+            w = dist.broadcast(out, src=ranks[root], group=grp, async_op=True)
+        else:
+            out = torch.empty(n * m, dtype=dt)
+            want = torch.cat([ins[r][me * n:(me + 1) * n] for r in range(m)])
+            w = dist.all_to_all_single(out, ins[me], group=grp, async_op=True)
+        pending.append((w, out, want))
+        if not async_op or len(pending) > 8:
+            settle()
+    settle()
+    gc.collect()
+    for name, grp in subs.items():
+        if grp is not None:
+            dist.destroy_process_group(grp)
+    del rankctx
+    return dict(checked=checked, wrong=wrong, rss0=rss0, rss1=rss_kib(), fd0=fd0, fd1=len(fds()) )
