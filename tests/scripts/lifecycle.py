@@ -1,0 +1,81 @@
+"""One rank of the lifecycle checks: init -> subgroup -> destroy releases everything; init again
+works; abort and shutdown release everything; subgroups go down with destroy_process_group()."""
+import gc
+import os
+import sys
+import threading
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import neuron_dist  # noqa: E402,F401
+from cases_faults import fds  # noqa: E402
+
+rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
+
+
+def ours() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("neuron_dist"))
+
+
+def shm() -> list[str]:
+    return sorted(e for e in os.listdir("/dev/shm") if "neuron" in e or e.startswith("nd"))
+
+
+def allreduce(group=None) -> None:
+    x = torch.ones(1000) * (rank + 1)
+    dist.all_reduce(x, group=group)
+    assert x[0].item() == world * (world + 1) / 2, x[:3]
+
+
+def init(round_: int) -> None:
+    os.environ["MASTER_PORT"] = str(port + round_)
+    dist.init_process_group("neuron", timeout=timedelta(seconds=30))
+
+
+# torch's own one-time resources (a pipe the store's event loop keeps) first: a Gloo
+# init/destroy, so the baseline holds them and only what the neuron backend keeps counts.
+os.environ["MASTER_PORT"] = str(port + 3)
+dist.init_process_group("gloo")
+dist.destroy_process_group()
+gc.collect()
+base_fds, base_shm = fds(), shm()
+
+def check_released(when: str) -> None:
+    gc.collect()  # the caller's dropped references to groups (and their stores) are gone
+    extra_fds = {fd: p for fd, p in fds().items() if fd not in base_fds and not p.startswith("/dev/pts")}
+    assert not ours(), f"{when}: threads left: {ours()}"
+    assert not extra_fds, f"{when}: descriptors left: {extra_fds}"
+    assert shm() == base_shm, f"{when}: /dev/shm entries left: {sorted(set(shm()) - set(base_shm))}"
+
+
+# 1. init, a subgroup in a scrambled order, destroy everything at once
+init(0)
+sub = dist.new_group(list(range(world))[::-1])
+allreduce()
+allreduce(sub)
+assert ours(), "the groups should have engine threads while alive"
+dist.destroy_process_group()
+del sub
+check_released("after destroy_process_group() with a live subgroup")
+
+# 2. init again in the same process, destroy the subgroup alone, then the default group
+init(1)
+sub = dist.new_group(list(range(world)))
+allreduce(sub)
+dist.destroy_process_group(sub)
+del sub
+allreduce()
+dist.destroy_process_group()
+check_released("after the second init/destroy")
+
+# 3. abort: pending work fails, everything is released
+init(2)
+allreduce()
+dist.distributed_c10d._abort_process_group()
+check_released("after abort")
+print(f"rank {rank}: lifecycle ok", flush=True)
