@@ -1,0 +1,8 @@
+"""A rank that never arrives: a time-out error that lists who had not entered and what each
+rank last ran (cases_hang.py)."""
+import pytest
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_absent_rank_is_named(pools, world):
+    assert all(pools(world).run("cases_hang:absent_rank"))
