@@ -6,14 +6,19 @@ cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results}
 CB=${COLLBENCH:-../shared/tools/collbench.py}
 mkdir -p "$OUT"
-{ uname -a; nproc; lscpu | grep -E 'Model name|MHz|L3'; python -c 'import torch,mpi4py;print("torch",torch.__version__,"mpi4py",mpi4py.__version__)'; git rev-parse HEAD; } > "$OUT/machine.txt" 2>&1
+{ date; uptime; uname -a; nproc; lscpu | grep -E 'Model name|MHz|L3'; python -c 'import torch,mpi4py;print("torch",torch.__version__,"mpi4py",mpi4py.__version__)'; git rev-parse HEAD; } > "$OUT/machine.txt" 2>&1
 python "$CB" --membw --json "$OUT/membw.json" > "$OUT/membw.txt" 2>&1
 for op in allreduce allgather reducescatter; do
   python "$CB" --backend neuron --import neuron_dist --op $op -g 2 -b 4K -e 64M -f 4 --stat median -n 20 --json "$OUT/cb_${op}_neuron.json" > "$OUT/cb_${op}_neuron.txt" 2>&1
   python "$CB" --backend gloo --op $op -g 2 -b 4K -e 64M -f 4 --stat median -n 20 --json "$OUT/cb_${op}_gloo.json" > "$OUT/cb_${op}_gloo.txt" 2>&1
   python "$CB" --mpi --op $op -g 2 -b 4K -e 64M -f 4 --stat median -n 20 --json "$OUT/cb_${op}_mpi.json" > "$OUT/cb_${op}_mpi.txt" 2>&1
 done
+# back-to-back latency (nccl-tests style: one barrier, then the average of 200 calls)
+python "$CB" --backend neuron --import neuron_dist --op allreduce -g 2 -b 4K -e 1M -f 4 --loop -n 200 -w 20 --json "$OUT/loop_neuron.json" > "$OUT/loop_neuron.txt" 2>&1
+python "$CB" --backend gloo --op allreduce -g 2 -b 4K -e 1M -f 4 --loop -n 200 -w 20 --json "$OUT/loop_gloo.json" > "$OUT/loop_gloo.txt" 2>&1
+python "$CB" --mpi --op allreduce -g 2 -b 4K -e 1M -f 4 --loop -n 200 -w 20 --json "$OUT/loop_mpi.json" > "$OUT/loop_mpi.txt" 2>&1
 python -m neuron_dist.bench -g 2 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2.json" > "$OUT/bench_w2.txt" 2>/dev/null
 python -m neuron_dist.bench -g 2 --ops allreduce -d bfloat16 -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_bf16.json" > "$OUT/bench_w2_bf16.txt" 2>/dev/null
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3 --json "$OUT/bench_w4.json" > "$OUT/bench_w4.txt" 2>/dev/null
 python -m neuron_dist.bench_train --steps 10 --warmup 3 --json "$OUT/train.json" > "$OUT/train.txt" 2>&1
+{ date; uptime; } >> "$OUT/machine.txt"

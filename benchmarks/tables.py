@@ -47,6 +47,20 @@ def collbench(d: str) -> None:
                   f"{m['busbw'] if m else float('nan'):.3f} | {xg:.2f} | {xm:.2f} | {', '.join(checks)} |")
 
 
+def loop(d: str) -> None:
+    runs = {impl: load(os.path.join(d, f"loop_{impl}.json")) for impl in ("neuron", "gloo", "mpi")}
+    if not all(runs.values()):
+        return
+    rows = {impl: {r["size"]: r for r in run["rows"]} for impl, run in runs.items()}
+    print("\n**All-reduce latency, world 2, back to back** (collbench --loop: one barrier, then the "
+          "average of 200 calls)\n")
+    print("| size | neuron us | gloo us | mpi us | neuron x faster than gloo |")
+    print("|---:|---:|---:|---:|---:|")
+    for size in sorted(rows["neuron"]):
+        n, g, m = (rows[i].get(size, {}).get("time_us", float("nan")) for i in ("neuron", "gloo", "mpi"))
+        print(f"| {human(size)} | {n:.1f} | {g:.1f} | {m:.1f} | {g / n:.1f} |")
+
+
 def bench(d: str, name: str, title: str) -> None:
     run = load(os.path.join(d, name))
     if not run:
@@ -88,11 +102,18 @@ def bound(d: str) -> None:
     row = next((r for r in cb["rows"] if r["size"] == 64 * MiB), None)
     if row is None:
         return
-    traffic = copy2["traffic_gbs"]  # GB/s of memory traffic two copying processes sustain
-    bound_busbw = traffic / 9       # 9 N bytes of traffic per all-reduce of N bytes, both ranks
+    traffic = copy2["traffic_gbs"]  # GB/s of DRAM traffic (read + write) two copying processes sustain
+    bound_busbw = traffic / 5       # 5 N bytes of DRAM traffic per all-reduce of N bytes, both ranks
+    loose = traffic / 9             # if the slot traffic went to DRAM too (it stays in L3)
     print(f"\n64 MiB all-reduce: copy traffic with 2 processes {traffic:.2f} GB/s -> bound busbw "
-          f"{bound_busbw:.2f} GB/s; measured {row['busbw']:.2f} GB/s = {row['busbw'] / bound_busbw:.0%} of the bound "
+          f"{bound_busbw:.2f} GB/s (5N model; {loose:.2f} GB/s with the 9N model); measured {row['busbw']:.2f} GB/s "
+          f"= {row['busbw'] / bound_busbw:.0%} of the bound "
           f"(target 60%: {'met' if row['busbw'] >= 0.6 * bound_busbw else 'missed'}).")
+    c = next(r for r in mem["rows"] if r["kind"] == "copy" and r["procs"] == 1)["agg_gbs"]
+    a = next(r for r in mem["rows"] if r["kind"] == "add" and r["procs"] == 1)["agg_gbs"]
+    core = 1 / (1.5 / c + 0.5 / a)  # one core: 1.5 N copied + 0.5 N reduced per rank
+    print(f"Per-core work bound (copy {c:.2f} GB/s, add {a:.2f} GB/s on one core): busbw <= {core:.2f} GB/s; "
+          f"measured = {row['busbw'] / core:.0%} of it.")
 
 
 def human(n: int) -> str:
@@ -106,6 +127,7 @@ def main() -> None:
     d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "results")
     collbench(d)
     bound(d)
+    loop(d)
     bench(d, "bench_w2.json", "All collectives, world 2, float32")
     bench(d, "bench_w2_bf16.json", "All-reduce, world 2, bfloat16")
     bench(d, "bench_w4.json", "All collectives, world 4 on 2 cores, float32")
