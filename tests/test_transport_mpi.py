@@ -39,3 +39,30 @@ def test_cases_over_mpi(world):
     assert p.returncode == 0, out[-6000:]
     for case in CASES:
         assert out.count(f": {case} ok") == world, f"{case} did not pass on every rank:\n{out[-6000:]}"
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_mpi_outside_mpirun_is_a_clear_error(tmp_path):
+    """Ranks not started by one mpirun are each a singleton MPI job: set-up must say so, not hang."""
+    code = r"""
+import sys, threading
+from datetime import timedelta
+import torch.distributed as dist
+from neuron_dist.transport.mpi import MpiTransport
+from neuron_dist.transport.base import TransportContext, TransportError
+rank, path = int(sys.argv[1]), sys.argv[2]
+store = dist.FileStore(path, 2)
+ctx = TransportContext(rank=rank, size=2, store=store, token=1, timeout=timedelta(seconds=30),
+                       hostname="h", bind_addr="127.0.0.1", hosts=["h", "h"], job_id="solo")
+try:
+    MpiTransport(ctx)
+except TransportError as e:
+    print("error:", e)
+"""
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "store")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for out in outs:
+        assert "error:" in out and "mpirun" in out, out

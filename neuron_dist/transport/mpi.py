@@ -44,11 +44,12 @@ class MpiTransport(Transport):
         self.comm = MPI.COMM_WORLD
         self.rank, self.token = ctx.rank, ctx.token
         self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
-        ctx.store.set(f"{key}/{self.rank}", str(self.comm.Get_rank()))
+        me = self.comm.Get_rank()
+        ctx.store.set(f"{key}/{self.rank}", str(me))
         self.world = {}
         for p in self.peers:
             w = int(ctx.store.get(f"{key}/{p}"))
-            if not 0 <= w < self.comm.Get_size():
+            if w == me or not 0 <= w < self.comm.Get_size():
                 raise TransportError(f"rank {self.rank}: rank {p} is MPI rank {w}, outside this MPI job of "
                                      f"{self.comm.Get_size()} processes; were all ranks started by one mpirun?")
             self.world[p] = w
