@@ -61,7 +61,8 @@ except TransportError as e:
 """
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "store")],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env={k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))})
+                              env=dict({k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))},
+                                       OMPI_MCA_btl="self"))  # a singleton's sm segment would outlive it
              for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for out in outs:
