@@ -154,6 +154,65 @@ def _bind_addr(store=None) -> str:
             raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
 
+class DeathWatch:
+    """Fails an operation at its start if a peer it needs has died.
+
+    A collective needs every member; a point-to-point transfer its peer. Only a death counts: a
+    peer that closed in order (destroy_process_group after its last collective, seen by the
+    transport's `peer_finished`) may already have done its part. Same-host peers are watched
+    through pidfds in one epoll set (a single non-blocking poll per operation, zombies
+    included); peers on other hosts through the transport's connection state.
+    """
+
+    def __init__(self, group: "Group", host: str):
+        self.group = group
+        self.ep = None
+        self.fds: dict[int, int] = {}      # pidfd -> peer
+        self.dead: dict[int, str] = {}     # peer -> reason
+        self.remote = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] != host]
+        local = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] == host]
+        if local and hasattr(os, "pidfd_open"):
+            import select
+            self.ep = select.epoll()
+            for r in local:
+                try:
+                    fd = os.pidfd_open(group.peers_info[r]["pid"])
+                except OSError as e:  # already gone at creation, or no permission
+                    if e.errno == 3:  # ESRCH
+                        self.dead[r] = f"rank {r} (pid {group.peers_info[r]['pid']}) exited"
+                    continue
+                self.fds[fd] = r
+                self.ep.register(fd, select.EPOLLIN)
+
+    def check(self, op: "Op") -> None:
+        g = self.group
+        if self.ep is not None:
+            for fd, _ in self.ep.poll(0):
+                r = self.fds.pop(fd)
+                self.ep.unregister(fd)
+                os.close(fd)
+                self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
+        for r in self.remote:
+            reason = g.transport.check_peer(r)
+            if reason:
+                self.dead.setdefault(r, reason)
+        if not self.dead:
+            return
+        needed = [op.peer] if op.is_p2p and op.peer is not None else range(g.size)
+        for r in needed:
+            if r in self.dead and not g.transport.peer_finished(r):
+                raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g._who(r)} is gone "
+                                 f"({self.dead[r]}) before the operation started")
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        if self.ep is not None:
+            self.ep.close()
+            self.ep = None
+
+
 class Group:
     """Connections and the progress engine of one process group."""
 
@@ -187,6 +246,7 @@ class Group:
                                job_id=f"{self.token:x}"[:12])
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
+        self._deaths = DeathWatch(self, me["host"])
         # -- the engine ------------------------------------------------------------------------
         self._cv = threading.Condition()
         self._queue: deque[Op] = deque()
@@ -306,9 +366,7 @@ class Group:
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:
         from .collectives.executor import FRAME_BYTES
         from .config import env_int
-        # No liveness check here: a peer that already finished its part of this collective may
-        # legitimately have closed (destroy_process_group right after its last send). A gone
-        # peer is an error only while we wait on it, which _check_stalled sees.
+        self._deaths.check(op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
                          env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES))
 
@@ -628,6 +686,7 @@ class Group:
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         _LIVE.discard(self)
+        self._deaths.close()
         if not abort:
             from .report import at_shutdown
             at_shutdown(self)

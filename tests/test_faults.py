@@ -13,18 +13,11 @@ import pytest
 import cases_faults as cf
 
 TIMEOUT, MARGIN = 10.0, 5.0
-# A known limit, not a hang: a broadcast rank whose part never involves the dead rank (the root,
-# and ranks not on the dead rank's branch) completes; only ranks on its branch raise.
-# On shared memory a send into a dead peer's ring also succeeds (shm.send does not check the
-# peer's pid), so a 2-rank broadcast root killed-before completes there too.
-KNOWN = {("broadcast", "before", 4), ("broadcast", "after", 4), ("broadcast", "before", 2)}
 
 
 def _check(world, coll, phase, env=None):
     out = cf.run_fault_case(world, coll, phase, TIMEOUT, MARGIN, env=env)
     problems = cf.judge(world, coll, phase, out, TIMEOUT, MARGIN)
-    if (coll, phase, world) in KNOWN:
-        problems = [p for p in problems if "succeeded although" not in p]
     assert not problems, "\n".join(problems)
 
 
@@ -46,3 +39,10 @@ def test_killed_between_collectives(coll, phase):
 @pytest.mark.parametrize("coll", cf.COLLECTIVES)
 def test_fault_matrix(coll, phase, world, transport):
     _check(world, coll, phase, env=None if transport == "default" else {"NEURON_DIST_TRANSPORT": transport})
+
+
+@pytest.mark.parametrize("phase", ["before", "after"])
+def test_broadcast_ranks_off_the_dead_ranks_branch_still_raise(phase):
+    """The root and the ranks whose tree never touches the dead rank fail at the collective's
+    start too (the death watch), not only the dead rank's own branch."""
+    _check(4, "broadcast", phase)

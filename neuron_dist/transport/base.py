@@ -83,3 +83,21 @@ class Transport(abc.ABC):
     def check_peer(self, peer: int) -> str | None:
         """A reason if `peer` is known to be gone (closed connection, dead process), else None."""
         return None
+
+    def peer_finished(self, peer: int) -> bool:
+        """True if `peer` closed its side in an orderly way (destroy_process_group/shutdown)
+        rather than dying: its absence is then no fault for the operations it completed."""
+        return False
+
+
+def process_dead(pid: int) -> bool:
+    """True if process `pid` (on this host) has exited, zombies included: a SIGKILLed rank
+    stays a zombie until its parent reaps it, and os.kill(pid, 0) still succeeds on it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] in (b"Z", b"X")

@@ -34,6 +34,7 @@ class Kind(enum.IntEnum):
     P2P = 10       # send/recv: seq is the pair's message number, tag the user's tag
     HELLO = 11     # connection set-up
     ABORT = 12     # this rank's group failed or was aborted: payload is the cause (UTF-8); peers fail fast
+    BYE = 13       # orderly close (destroy/shutdown): everything this rank had to send was sent
 
 
 # dtype codes on the wire; one table both ways

@@ -118,6 +118,9 @@ class Composite(Transport):
     def check_peer(self, peer):
         return self.route[peer].check_peer(peer)
 
+    def peer_finished(self, peer):
+        return self.route[peer].peer_finished(peer)
+
     def close(self, abort: bool = False):
         for t in self.parts.values():
             try:

@@ -39,7 +39,7 @@ import torch
 
 from ..config import env_int
 from . import frame
-from .base import Transport, TransportContext, TransportError
+from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -333,13 +333,13 @@ class ShmTransport(Transport):
             return None
         if seg.closed.value:
             return f"rank {peer} closed its shared-memory transport"
-        try:
-            os.kill(self.peer_pid[peer], 0)
-        except ProcessLookupError:
+        if process_dead(self.peer_pid[peer]):
             return f"rank {peer} (pid {self.peer_pid[peer]}) exited"
-        except PermissionError:
-            pass
         return None
+
+    def peer_finished(self, peer):
+        seg = self.theirs.get(peer)
+        return bool(seg is not None and seg.closed is not None and seg.closed.value)
 
     def close(self, abort: bool = False):
         if self.closed:

@@ -162,6 +162,7 @@ class ZmqTransport(Transport):
             s.connect(ep)
             self.push[p] = s
             log.debug("rank %d -> rank %d over %s", self.rank, p, ep)
+        self.finished: set[int] = set()  # peers that sent BYE (closed in order)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
         self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
         self.poller = zmq.Poller()
@@ -195,6 +196,9 @@ class ZmqTransport(Transport):
                 continue
             if h.src not in self.queues or h.dst != self.rank:
                 raise frame.FrameError(f"rank {self.rank}: frame claims to come from rank {h.src} to rank {h.dst}")
+            if h.kind == frame.Kind.BYE:  # the peer closed in order: nothing more will come
+                self.finished.add(h.src)
+                continue
             body = parts[1].buffer
             if body.nbytes != h.nbytes:
                 raise frame.FrameError(f"rank {self.rank}: frame from rank {h.src} announces {h.nbytes} bytes "
@@ -245,10 +249,26 @@ class ZmqTransport(Transport):
                                    f"mismatch: is it a process of the same job and group?)")
         return self.gone.get(peer)
 
+    def peer_finished(self, peer):
+        if peer not in self.finished:
+            try:
+                self._drain()
+            except frame.FrameError:
+                pass  # a bad frame is the executor's to report, not this query's
+        return peer in self.finished
+
     def close(self, abort: bool = False):
         if getattr(self, "_released", False):
             return
         self._released = True
+        if not abort:  # tell every live peer this is an orderly close, after all our data
+            for p, s in self.push.items():
+                if p not in self.gone:
+                    bye = frame.Header(int(frame.Kind.BYE), 0, self.token, 0, 0, self.rank, p, 0, 0, 0)
+                    try:
+                        s.send_multipart([bye.pack(), b""], flags=zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        pass
         for p, s in self.push.items():
             try:
                 self.check_peer(p)
