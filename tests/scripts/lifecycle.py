@@ -41,6 +41,7 @@ def init(round_: int) -> None:
 # init/destroy, so the baseline holds them and only what the neuron backend keeps counts.
 os.environ["MASTER_PORT"] = str(port + 3)
 dist.init_process_group("gloo")
+dist.barrier()  # every rank has finished Gloo's connection mesh before any tears it down
 dist.destroy_process_group()
 gc.collect()
 base_fds, base_shm = fds(), shm()
