@@ -48,24 +48,27 @@ def _reduce_op(op) -> tuple[str, object]:
 class NeuronWork(dist.Work):
     """A handle on one Op: wait() blocks and raises the op's error; get_future() completes with
     the output tensors, or fails through a `.then` callback (a future's stored exception would
-    reach DDP's reducer as a value and crash it)."""
+    reach DDP's reducer as a value and crash it). The future is made on the first get_future()
+    (most callers only wait): completed at once if the op already finished, else when it does."""
 
     def __init__(self, op: Op):
         super().__init__()
         self._op = op
-        self._fut = torch.futures.Future()
-        op.add_done_callback(lambda o: self._fut.set_result(o.outputs))
+        self._fut = None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        op = self._op
+        if op.finished and op.error is None:
+            return True
         secs = timeout.total_seconds() if timeout else 0
-        self._op.wait(secs if secs > 0 else None)
+        op.wait(secs if secs > 0 else None)
         return True
 
     def is_completed(self) -> bool:
-        return self._op.event.is_set()
+        return self._op.finished
 
     def is_success(self) -> bool:
-        return self._op.event.is_set() and self._op.error is None
+        return self._op.finished and self._op.error is None
 
     def exception(self):
         return self._op.error
@@ -81,13 +84,18 @@ class NeuronWork(dist.Work):
 
     def get_future(self) -> torch.futures.Future:
         op = self._op
+        fut = self._fut
+        if fut is None:
+            fut = self._fut = torch.futures.Future()
+            # outputs is always a list: a future is never completed with None
+            op.add_done_callback(lambda o: fut.set_result(o.outputs))
 
-        def check(fut):
+        def check(f):
             if op.error is not None:
                 raise op.error
-            return fut.value()
+            return f.value()
 
-        return self._fut.then(check)
+        return fut.then(check)
 
 
 def _check_tensor(t, what: str, rank: int) -> None:
@@ -125,6 +133,25 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     return tensors[0].dtype
 
 
+_PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
+
+
+class _Plan:
+    """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
+    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "_sched")
+
+    def __init__(self, desc, reduce, collective, algo, spec_args):
+        self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
+        self.spec_args, self._sched = spec_args, None
+
+    def schedule(self, g: Group) -> Schedule:
+        sched = self._sched
+        if sched is None:
+            spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology, **self.spec_args)
+            sched = self._sched = build(spec, self.algo)
+        return sched
+
+
 class NeuronProcessGroup(dist.ProcessGroup):
     """torch.distributed ProcessGroup for the "neuron" backend (CPU tensors)."""
 
@@ -135,6 +162,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks)
+        self._plans: dict[tuple, _Plan] = {}
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -168,39 +196,57 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.rank
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
-                dtype=torch.uint8, algorithm="", peer=None, direction="") -> NeuronWork:
-        debug.check(self, kind, desc, nbytes, dtype, peer)  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None) -> NeuronWork:
+        if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+            debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm)
+        if opts is not None and getattr(opts, "asyncOp", True) is False:
+            op.sync = True  # the caller waits at once: run it on this thread whatever its size
         return NeuronWork(self.group.submit(op))
+
+    def _plan(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype,
+              op_name: str, nbytes: int, name: str | None = None) -> "_Plan":
+        """What a call with these arguments needs besides its buffers (description, reducer, the
+        schedule once built), cached per argument set: schedules are immutable data."""
+        key = (collective, algo, dtype, op_name, nbytes, name, *spec_args.items())
+        plan = self._plans.get(key)
+        if plan is None:
+            reduce = reduce_ops.reducer(op_name, dtype)
+            desc = f"{name or collective}({nbytes} bytes, {str(dtype).replace('torch.', '')}" + \
+                   (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
+                   (f", root {spec_args['root']}" if "root" in spec_args else "") + ")"
+            if len(self._plans) >= _PLAN_CACHE:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args))
+        return plan
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
-                    before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None):
+                    before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
+                    opts=None):
         """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
         before the schedule starts (premultiply), `after` once it has finished (AVG, copy-back)."""
         g = self.group
-        reduce = reduce_ops.reducer(op_name, dtype)
         algo = algorithm or g.choose(collective, nbytes)
-        desc = f"{collective}({nbytes} bytes, {str(dtype).replace('torch.', '')}" + \
-               (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
-               (f", root {spec_args['root']}" if "root" in spec_args else "") + ")"
+        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes)
 
         def start(op: Op) -> Execution:
             if before:
                 before()
-            spec = Spec(collective, g.rank, g.size, order=tuple(g.order), topo=g.topology, **spec_args)
-            sched = build(spec, algo)
+            sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
             tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
-            return g.execution(op, sched, [inp, out, tmp], reduce, dtype)
+            return g.execution(op, sched, [inp, out, tmp], plan.reduce, dtype)
 
-        def finish(op: Op) -> None:
-            if op_name == "avg" and out is not None:
-                reduce_ops.finish_avg(out, g.size)
-            if after:
-                after()
+        finish = None
+        if (op_name == "avg" and out is not None) or after:
+            def finish(op: Op) -> None:
+                if op_name == "avg" and out is not None:
+                    reduce_ops.finish_avg(out, g.size)
+                if after:
+                    after()
 
-        return self._submit(kind, desc, start, finish, outputs, nbytes, dtype, algo)
+        return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
 
     # -- all-reduce ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
@@ -222,19 +268,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
             buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
             back = tensors
 
-        def before():
-            if factor is not None:
+        before = after = None
+        if factor is not None:
+            def before():
                 buf.mul_(_factor_for(factor, dtype))
 
-        def after():
-            if back is not None:
+        if back is not None:
+            def after():
                 off = 0
                 for t in back:
                     t.copy_(buf[off:off + t.numel()].view_as(t))
                     off += t.numel()
 
-        return self._collective("allreduce", Kind.ALLREDUCE, dict(count=buf.numel()), buf, buf, dtype,
-                                op_name, before, after, tensors, buf.numel() * buf.element_size())
+        n = buf.numel()
+        return self._collective("allreduce", Kind.ALLREDUCE, {"count": n}, buf, buf, dtype,
+                                op_name, before, after, tensors, n * buf.element_size(), opts=opts)
 
     # -- broadcast -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
@@ -244,7 +292,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         buf = _flat(t)
         after = None if buf.data_ptr() == t.data_ptr() or t.numel() == 0 else (lambda: t.copy_(buf.view_as(t)))
         return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
-                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size())
+                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.group.size:
@@ -256,13 +304,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         inp = _one(input_tensors, "allgather", self._r)
         outs = _one(output_tensors, "allgather", self._r)
-        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs))
+        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         return self._allgather_lists(list(output_lists), list(input_list), "allgather_coalesced",
                                      outputs=[t for lst in output_lists for t in lst])
 
-    def _allgather_lists(self, output_lists, inputs, what, outputs):
+    def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
         n = self.group.size
         for inp, outs in zip(inputs, output_lists):
             _check_tensor(inp, what, self._r)
@@ -275,9 +323,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                      f"match the input's {inp.numel()} {inp.dtype}")
         if len(inputs) != len(output_lists):
             raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
-        return self._allgather_packed(inputs, output_lists, what, outputs)
+        return self._allgather_packed(inputs, output_lists, what, outputs, opts)
 
-    def _allgather_packed(self, inputs, output_lists, what, outputs):
+    def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None):
         """All-gather several inputs in one collective: each rank's block is its inputs packed
         back to back; the result is unpacked into each output (list of per-rank tensors or one
         flat tensor per input)."""
@@ -302,11 +350,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += sz
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
-                                after=after, outputs=outputs, nbytes=c * n * torch.empty(0, dtype=dtype).element_size())
+                                after=after, outputs=outputs, nbytes=c * n * torch.empty(0, dtype=dtype).element_size(),
+                                opts=opts)
 
     def all_gather_single(self, output, input, opts=None):
         self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
-        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output])
+        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts)
 
     _allgather_base = all_gather_single
 
@@ -399,24 +448,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += sz
 
         g = self.group
-        reduce = reduce_ops.reducer(op_name, dtype)
         nbytes = c * n * torch.empty(0, dtype=dtype).element_size()
         algo = g.choose("reduce_scatter", nbytes)
-        desc = f"{what}({nbytes} bytes, {str(dtype).replace('torch.', '')}, {op_name})"
+        plan = self._plan("reduce_scatter", Kind.REDUCE_SCATTER, algo, {"counts": (c,) * n}, dtype, op_name,
+                          nbytes, what)
 
         def start(op: Op) -> Execution:
             before()
-            spec = Spec("reduce_scatter", g.rank, n, counts=(c,) * n, order=tuple(g.order), topo=g.topology)
-            sched = build(spec, algo)
+            sched = plan.schedule(g)
             tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
-            return g.execution(op, sched, [inp, out, tmp], reduce, dtype)
+            return g.execution(op, sched, [inp, out, tmp], plan.reduce, dtype)
 
         def finish(op: Op) -> None:
             if op_name == "avg":
                 reduce_ops.finish_avg(out, n)
             after()
 
-        return self._submit(Kind.REDUCE_SCATTER, desc, start, finish, outputs, nbytes, dtype, algo)
+        return self._submit(Kind.REDUCE_SCATTER, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None):
@@ -434,7 +482,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
         return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
                                 op_name if is_root else ("sum" if op_name == "avg" else op_name),
-                                after=after, outputs=[t], nbytes=t.numel() * t.element_size())
+                                after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         inp = _one(input_tensors, "gather", self._r)
@@ -460,7 +508,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 o.copy_(out[r * c:(r + 1) * c].view(o.shape))
 
         return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), out,
-                                inp.dtype, after=after, outputs=outs or [inp], nbytes=c * n * inp.element_size())
+                                inp.dtype, after=after, outputs=outs or [inp], nbytes=c * n * inp.element_size(),
+                                opts=opts)
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out_t = _one(output_tensors, "scatter", self._r)
@@ -483,7 +532,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         out = _flat(out_t) if out_t.is_contiguous() else torch.empty(c, dtype=out_t.dtype)
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
         return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
-                                out_t.dtype, after=after, outputs=[out_t], nbytes=c * n * out_t.element_size())
+                                out_t.dtype, after=after, outputs=[out_t], nbytes=c * n * out_t.element_size(),
+                                opts=opts)
 
     # -- all-to-all ----------------------------------------------------------------------------
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -503,7 +553,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 o.copy_(out[off:off + o.numel()].view(o.shape))
                 off += o.numel()
 
-        return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs)
+        return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs,
+                              opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _check_tensor(input, "all_to_all_single", self._r)
@@ -515,7 +566,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         recv = self._splits(output, list(output_split_sizes), n, "output")
         out = output.view(-1) if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype)
         after = None if output.is_contiguous() else (lambda: output.copy_(out.view(output.shape)))
-        return self._alltoall(_flat(input), out, send, recv, input.dtype, after, [output])
+        return self._alltoall(_flat(input), out, send, recv, input.dtype, after, [output], opts)
 
     alltoall_base = all_to_all_single
 
@@ -532,15 +583,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
                              f"non-negative numbers summing to dim 0 ({rows})")
         return [s * row for s in splits]
 
-    def _alltoall(self, inp, out, send, recv, dtype, after, outputs):
+    def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None):
         nbytes = sum(send) * torch.empty(0, dtype=dtype).element_size()
         return self._collective("alltoall", Kind.ALLTOALL, dict(counts=tuple(send), recv_counts=tuple(recv)),
-                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes)
+                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts)
 
     # -- barrier -------------------------------------------------------------------------------
     def barrier(self, opts=None):
         empty = torch.empty(0, dtype=torch.uint8)
-        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty])
+        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts)
 
     def _empty_work(self, outputs) -> NeuronWork:
         """A Work for a call with nothing to move (still ordered after earlier ops)."""

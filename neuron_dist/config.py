@@ -7,7 +7,13 @@ NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host ti
                        device time) when a group is destroyed: 1, or a file path
 NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface that reaches
                        MASTER_ADDR, loopback for a single-host job)
-NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288)
+NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288); with shared memory
+                       also the size of one ring slot
+NEURON_DIST_SHM_SLOTS  slots per shared-memory ring, one ring per peer pair and direction
+                       (default 4, at least 2): memory per pair = slots x FRAME_BYTES each way
+NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory doorbell before it
+                       sleeps on a futex (default 50; 20, with sched_yield, when local ranks
+                       outnumber cores)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
 """
 from __future__ import annotations
@@ -24,9 +30,10 @@ _LOGGERS = {"INIT": "neuron_dist.init", "TOPO": "neuron_dist.topology", "TUNING"
 
 
 def env(name: str, default: str | None = None) -> str | None:
-    value = os.environ.get(name, default)
-    if name in os.environ:
-        log.debug("env %s=%s", name, value)
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    log.debug("env %s=%s", name, value)
     return value
 
 

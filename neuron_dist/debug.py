@@ -16,6 +16,7 @@ import re
 import struct
 import threading
 import zlib
+from functools import lru_cache
 
 import torch
 
@@ -53,6 +54,7 @@ def _normalised(kind: Kind, desc: str) -> str:
     return f"{kind.name.lower()}{body}"
 
 
+@lru_cache(maxsize=4096)
 def call_tag(kind: Kind, desc: str) -> int:
     """32-bit checksum of a collective's arguments, carried in its frames' tag field."""
     return zlib.crc32(_normalised(kind, desc).encode()) or 1

@@ -45,6 +45,24 @@ PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after thi
 _LIVE: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every open group of this process (for dumps)
 
 
+_KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
+_DTYPE_NAMES: dict = {}
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).replace("torch.", "")
+    return name
+
+
+def _call_tag(kind, desc: str) -> int:
+    from .debug import call_tag  # debug imports this module's GroupError lazily; import once, here
+    global _call_tag
+    _call_tag = call_tag
+    return call_tag(kind, desc)
+
+
 class GroupError(dist.DistBackendError):
     """A collective failed: names the rank, the collective, its sequence number and the cause."""
 
@@ -75,7 +93,8 @@ class Op:
         self.seq = -1
         self.exe: Execution | None = None
         self.t0 = 0.0
-        self.event = threading.Event()
+        self.finished = False            # set once, under _lock, by complete()
+        self._event: threading.Event | None = None  # made only for a wait on an unfinished op
         self.error: BaseException | None = None
         self.source_rank = peer if peer is not None else -1
         self.record: Record | None = None
@@ -86,19 +105,34 @@ class Op:
     def is_p2p(self) -> bool:
         return self.kind == Kind.P2P
 
+    @property
+    def event(self) -> threading.Event:
+        """Set when the op completes (made lazily: an op that finished inline never needs one)."""
+        ev = self._event
+        if ev is None:
+            with self._lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self.finished:
+                        self._event.set()
+                ev = self._event
+        return ev
+
     def add_done_callback(self, fn) -> None:
         with self._lock:
-            if not self.event.is_set():
+            if not self.finished:
                 self._callbacks.append(fn)
                 return
         fn(self)
 
     def complete(self, error: BaseException | None = None) -> None:
         with self._lock:
-            if self.event.is_set():
+            if self.finished:
                 return
             self.error = error
-            self.event.set()
+            self.finished = True
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             try:
@@ -107,7 +141,7 @@ class Op:
                 log.exception("completion callback failed")
 
     def wait(self, timeout: float | None = None) -> None:
-        if not self.event.wait(timeout):
+        if not self.finished and not self.event.wait(timeout):
             raise GroupError(f"{self.desc}: wait() timed out after {timeout:.1f}s")
         if self.error is not None:
             raise self.error
@@ -309,8 +343,7 @@ class Group:
             if not op.is_p2p:
                 op.seq = self._seq
                 self._seq += 1
-                op.record = Record(op.seq, op.kind.name.lower(), op.nbytes, str(op.dtype).replace("torch.", ""),
-                                   op.algorithm)
+                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
                 self.records.append(op.record)
             # an unmarked receive may wait on a send this caller has yet to issue: engine only
             small = op.nbytes <= INLINE_BYTES and not (op.is_p2p and op.direction != "send")
@@ -355,12 +388,12 @@ class Group:
             self._cv.notify()
 
     def stamp(self, op: Op, dtype: torch.dtype, tag: int = 0) -> Stamp:
-        seq = op.seq if not op.is_p2p else op.nbytes
-        if not op.is_p2p and not tag:
+        p2p = op.kind == Kind.P2P
+        seq = op.seq if not p2p else op.nbytes
+        if not p2p and not tag:
             # a collective's frames carry a checksum of its arguments (reduce op, root, sizes), so a
             # receiver whose peer called it differently fails its frame check instead of mixing data
-            from .debug import call_tag
-            tag = call_tag(op.kind, op.desc)
+            tag = _call_tag(op.kind, op.desc)
         return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:

@@ -11,8 +11,6 @@ per-peer frame counter, and `frame.check` rejects anything else with an error na
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-
 import torch
 
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check
@@ -22,19 +20,21 @@ from .schedule import LOCAL_STEPS, Chunk, Copy, LocalReduce, Recv, Schedule, Sen
 FRAME_BYTES = 512 << 10
 
 
-@dataclass(frozen=True)
 class Stamp:
-    """What every frame of one operation carries."""
-    kind: Kind
-    dtype: torch.dtype
-    token: int
-    group: int
-    seq: int
-    tag: int = 0
+    """What every frame of one operation carries (fixed at creation; the wire codes of kind and
+    dtype are computed once, not per frame)."""
+    __slots__ = ("kind", "dtype", "token", "group", "seq", "tag", "_kind", "_dtype")
+
+    def __init__(self, kind: Kind, dtype: torch.dtype, token: int, group: int, seq: int, tag: int = 0):
+        self.kind, self.dtype, self.token, self.group, self.seq, self.tag = kind, dtype, token, group, seq, tag
+        self._kind, self._dtype = int(kind), DTYPE_CODE[dtype]
 
     def header(self, src: int, dst: int, chunk: int, nbytes: int) -> Header:
-        return Header(int(self.kind), DTYPE_CODE[self.dtype], self.token, self.group, self.seq,
-                      src, dst, chunk, self.tag, nbytes)
+        return Header(self._kind, self._dtype, self.token, self.group, self.seq, src, dst, chunk, self.tag, nbytes)
+
+    def __repr__(self) -> str:
+        return (f"Stamp(kind={self.kind!r}, dtype={self.dtype}, token={self.token}, group={self.group}, "
+                f"seq={self.seq}, tag={self.tag})")
 
 
 class Mailbox:
@@ -77,19 +77,57 @@ class Mailbox:
             self.transport.release(peer)
 
 
+def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
+    """The schedule cut into frames, once per (schedule, itemsize, frame size): per round,
+    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, byte offset, bytes), ...)), ...),
+    receives as ((peer, ((step, element offset, elements), ...)), ...))."""
+    key = (itemsize, frame_elems)
+    plan = schedule.plans.get(key)
+    if plan is not None:
+        return plan
+
+    def frames(count):  # frame boundaries (offset, n) of `count` elements; one empty frame for 0
+        if count == 0:
+            return [(0, 0)]
+        return [(o, min(frame_elems, count - o)) for o in range(0, count, frame_elems)]
+
+    rounds = []
+    for steps in schedule.rounds:
+        local = tuple((isinstance(s, Copy), s.src, s.dst) for s in steps if isinstance(s, (Copy, LocalReduce)))
+        sends: dict[int, list] = {}
+        recvs: dict[int, list] = {}
+        for s in steps:
+            if isinstance(s, Send):
+                sends.setdefault(s.peer, []).extend(
+                    (s.src.buf, (s.src.start + off) * itemsize, n * itemsize) for off, n in frames(s.src.count))
+            elif isinstance(s, Recv):
+                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n in frames(s.dst.count))
+        rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
+                       tuple((p, tuple(q)) for p, q in recvs.items())))
+    plan = tuple(rounds)
+    schedule.plans[key] = plan
+    return plan
+
+
+_ITEMSIZE = {d: torch.empty(0, dtype=d).element_size() for d in DTYPE_CODE}
+_EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
+
+
 class Execution:
     """One schedule in flight. Raises from progress() on any protocol error."""
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES):
-        empty = torch.empty(0, dtype=stamp.dtype)
+        dtype = stamp.dtype
+        empty = _EMPTIES[dtype] if dtype in _EMPTIES else torch.empty(0, dtype=dtype)
         bufs = [empty if b is None else b for b in bufs]
-        self.rounds, self.bufs, self.reduce = schedule.rounds, bufs, reduce
+        self.bufs, self.reduce = bufs, reduce
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
-        self.itemsize = torch.empty(0, dtype=stamp.dtype).element_size()
+        self.itemsize = _ITEMSIZE[dtype] if dtype in _ITEMSIZE else empty.element_size()
         self.frame_elems = max(1, frame_bytes // self.itemsize)
-        self.bytes = [b.view(torch.uint8) if b is not None and b.numel() else None for b in bufs]
+        self.rounds = frame_plan(schedule, self.itemsize, self.frame_elems)
+        self.bytes = [None, None, None]  # uint8 views of the buffers, made when first sent from
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
         self.round = -1
@@ -98,20 +136,21 @@ class Execution:
         self.round_had_sends = False
         self.done = False
         self.waiting_on: int | None = None
+        if stamp.kind == Kind.P2P:
+            self._key, self._cur = ("p2p", stamp.tag), None
+        else:
+            self._key, self._cur = ("coll", stamp.seq), stamp.seq
         self._next_round()
 
     # -- helpers ---------------------------------------------------------------------------
     def _view(self, c: Chunk) -> torch.Tensor:
-        return self.bufs[c.buf][c.start:c.start + c.count]
-
-    def _frames(self, count: int):
-        """Frame boundaries (offset, n) of a step of `count` elements; one empty frame for 0."""
-        if count == 0:
-            return [(0, 0)]
-        f = self.frame_elems
-        return [(o, min(f, count - o)) for o in range(0, count, f)]
+        b = self.bufs[c.buf]
+        if c.start == 0 and c.count == b.numel():  # the whole buffer: no slicing (about 1 us each)
+            return b
+        return b[c.start:c.start + c.count]
 
     def _next_round(self) -> None:
+        view = self._view
         while True:
             if self.round_had_sends:
                 self.transport.flush(60.0)
@@ -120,26 +159,18 @@ class Execution:
             if self.round >= len(self.rounds):
                 self.done = True
                 return
-            steps = self.rounds[self.round]
-            for s in steps:
-                if isinstance(s, Copy):
-                    self._view(s.dst).copy_(self._view(s.src))
-                elif isinstance(s, LocalReduce):
-                    d = self._view(s.dst)
-                    self.reduce(d, d, self._view(s.src))
-            self.sends, self.recvs = {}, {}
-            for s in steps:
-                if isinstance(s, Send):
-                    q = self.sends.setdefault(s.peer, deque())
-                    for off, n in self._frames(s.src.count):
-                        a = (s.src.start + off) * self.itemsize
-                        q.append((self.bytes[s.src.buf], a, n * self.itemsize))
-                    self.round_had_sends = True
-                elif isinstance(s, Recv):
-                    q = self.recvs.setdefault(s.peer, deque())
-                    for off, n in self._frames(s.dst.count):
-                        q.append((s, off, n))
-            if self.sends or self.recvs:
+            local, sends, recvs = self.rounds[self.round]
+            for is_copy, src, dst in local:
+                d = view(dst)
+                if is_copy:
+                    d.copy_(view(src))
+                else:
+                    self.reduce(d, d, view(src))
+            self.sends = {p: deque(q) for p, q in sends}
+            self.recvs = {p: deque(q) for p, q in recvs}
+            if sends:
+                self.round_had_sends = True
+            if sends or recvs:
                 return
 
     # -- progress --------------------------------------------------------------------------
@@ -158,8 +189,14 @@ class Execution:
         for peer in list(self.sends):
             q = self.sends[peer]
             while q:
-                buf, a, nb = q[0]
-                payload = buf[a:a + nb] if nb else _EMPTY
+                b, a, nb = q[0]
+                if nb:
+                    bb = self.bytes[b]
+                    if bb is None:
+                        bb = self.bytes[b] = self.bufs[b].view(torch.uint8)
+                    payload = bb if a == 0 and nb == bb.numel() else bb[a:a + nb]
+                else:
+                    payload = _EMPTY
                 chunk = self.sent_chunks.get(peer, 0)
                 if not self.transport.send(peer, self.stamp.header(self.rank, peer, chunk, nb), payload):
                     break
@@ -172,8 +209,7 @@ class Execution:
 
     def _progress_recvs(self) -> bool:
         moved = False
-        key = ("p2p", self.stamp.tag) if self.stamp.kind == Kind.P2P else ("coll", self.stamp.seq)
-        cur = None if self.stamp.kind == Kind.P2P else self.stamp.seq
+        key, cur = self._key, self._cur
         for peer in list(self.recvs):
             q = self.recvs[peer]
             while q:
@@ -202,7 +238,7 @@ class Execution:
             return
         incoming = payload.view(self.stamp.dtype)
         d = step.dst
-        dst = self.bufs[d.buf][d.start + off:d.start + off + n]
+        dst = self._view(d) if off == 0 and n == d.count else self.bufs[d.buf][d.start + off:d.start + off + n]
         if step.reduce:
             base = dst if step.base is None else self.bufs[step.base.buf][step.base.start + off:step.base.start + off + n]
             self.reduce(dst, base, incoming)

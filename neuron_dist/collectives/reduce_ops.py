@@ -32,8 +32,19 @@ def _fn(op: str, dtype: torch.dtype):
     return table.get(op)
 
 
+_CHECKED: set = set()                    # (op, dtype) pairs that passed check()
+_REDUCERS: dict = {}                     # (op, dtype) -> Reducer
+
+
 def check(op: str, dtype: torch.dtype) -> None:
     """Raise ValueError for op/dtype pairs that have no meaning, before any byte moves."""
+    if (op, dtype) in _CHECKED:
+        return
+    _check(op, dtype)
+    _CHECKED.add((op, dtype))
+
+
+def _check(op: str, dtype: torch.dtype) -> None:
     if op not in OPS:
         raise ValueError(f"unknown reduce op {op!r}")
     if op in ("avg", "premul_sum") and dtype == torch.bool:
@@ -45,12 +56,16 @@ def check(op: str, dtype: torch.dtype) -> None:
 
 
 def reducer(op: str, dtype: torch.dtype) -> Reducer:
+    r = _REDUCERS.get((op, dtype))
+    if r is not None:
+        return r
     check(op, dtype)
     fn = _fn(op, dtype)
 
     def reduce(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         fn(a, b, out=out)
 
+    _REDUCERS[(op, dtype)] = reduce
     return reduce
 
 

@@ -89,13 +89,18 @@ class Schedule:
     algorithm: str
     rounds: list[tuple[Step, ...]] = field(default_factory=list)
     tmp_count: int = 0
+    # executors' precomputed frame plans, per (itemsize, frame size): a schedule reused for many
+    # calls (cached per argument set) is cut into frames once
+    plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     def add(self, *steps: Step) -> "Schedule":
         if steps:
             self.rounds.append(tuple(steps))
+            self.plans.clear()
         return self
 
     def extend(self, other: "Schedule") -> "Schedule":
+        self.plans.clear()
         self.rounds.extend(other.rounds)
         self.tmp_count = max(self.tmp_count, other.tmp_count)
         return self

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -56,8 +56,8 @@ class PeerAborted(FrameError):
     """A peer sent an ABORT frame: its copy of the group failed (the message carries its cause)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
+class Header(NamedTuple):
+    """A frame header (immutable; a named tuple: built once per frame on the hot path)."""
     kind: int
     dtype: int
     token: int
@@ -89,11 +89,25 @@ def unpack(buf) -> Header:
         mv = memoryview(buf)
         if mv.nbytes != HEADER_SIZE:
             raise FrameError(f"frame header is {mv.nbytes} bytes, expected {HEADER_SIZE}")
-        magic, version, kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes = HEADER.unpack(mv)
+        fields = HEADER.unpack(mv)
     except FrameError:
         raise
     except Exception as e:  # struct.error, TypeError on odd buffer types
         raise FrameError(f"unparseable frame header: {e}") from None
+    return _validated(fields)
+
+
+def unpack_from(buf, offset: int = 0) -> Header:
+    """`unpack` of the header at `offset` of a larger buffer (a shared-memory slot), no copy."""
+    try:
+        fields = HEADER.unpack_from(buf, offset)
+    except Exception as e:  # struct.error, TypeError on odd buffer types
+        raise FrameError(f"unparseable frame header: {e}") from None
+    return _validated(fields)
+
+
+def _validated(fields) -> Header:
+    magic, version, kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes = fields
     if magic != MAGIC:
         raise FrameError(f"bad frame magic {magic!r}: not a neuron_dist peer")
     if version != VERSION:
