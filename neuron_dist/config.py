@@ -1,6 +1,8 @@
 """Every NEURON_DIST_* environment variable, read in one place and logged when read.
 
 NEURON_DIST_ALGO       force algorithms per collective: "allreduce:ring;allgather:direct"
+NEURON_DIST_TUNING     host (default): groups whose peers all share this host's memory pick by
+                       measured host behaviour; model: always the topology cost model's choice
 NEURON_DIST_TRANSPORT  force a transport for every peer pair: zmq | shm | mpi
 NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT,COLL (or ALL)
 NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host time, modelled
@@ -15,6 +17,10 @@ NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory door
                        sleeps on a futex (default 50; 20, with sched_yield, when local ranks
                        outnumber cores)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
+NEURON_DIST_CHECK      1: check a fingerprint of every collective across ranks before running it
+                       (also on with TORCH_DISTRIBUTED_DEBUG=DETAIL)
+NEURON_DIST_DUMP       1/stderr or a file: write a group's record of recent collectives on failure
+NEURON_DIST_DUMP_SIGNAL  a signal name (USR1, ...) that dumps every group's record on demand
 """
 from __future__ import annotations
 
