@@ -134,15 +134,28 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
 
 
 _PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
+_KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan
 
 
 class _Plan:
     """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
-    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "_sched")
+    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "_sched", "_tmp")
 
     def __init__(self, desc, reduce, collective, algo, spec_args):
         self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
-        self.spec_args, self._sched = spec_args, None
+        self.spec_args, self._sched, self._tmp = spec_args, None, None
+
+    def scratch(self, sched: Schedule, dtype: torch.dtype) -> torch.Tensor | None:
+        """The schedule's TMP buffer. A small one is kept for the next call with these arguments:
+        a group runs one collective at a time, so no two executions of a plan overlap."""
+        if not sched.tmp_count:
+            return None
+        tmp = self._tmp
+        if tmp is None:
+            tmp = torch.empty(sched.tmp_count, dtype=dtype)
+            if sched.tmp_count * tmp.element_size() <= _KEEP_SCRATCH:
+                self._tmp = tmp
+        return tmp
 
     def schedule(self, g: Group) -> Schedule:
         sched = self._sched
@@ -235,8 +248,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if before:
                 before()
             sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
-            return g.execution(op, sched, [inp, out, tmp], plan.reduce, dtype)
+            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype)
 
         finish = None
         if (op_name == "avg" and out is not None) or after:
@@ -456,8 +468,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         def start(op: Op) -> Execution:
             before()
             sched = plan.schedule(g)
-            tmp = torch.empty(sched.tmp_count, dtype=dtype) if sched.tmp_count else None
-            return g.execution(op, sched, [inp, out, tmp], plan.reduce, dtype)
+            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype)
 
         def finish(op: Op) -> None:
             if op_name == "avg":

@@ -80,6 +80,22 @@ def async_ops(rank, world):
     for x, w in zip(xs, wants):
         same(x, w, "async all_reduce")
     assert all(w.is_completed() and w.is_success() for w in works)
+    # a future asked for only after the op finished (it is made lazily) still holds the outputs
+    late = works[0].get_future().wait()
+    assert isinstance(late, list) and late[0] is xs[0], "a late future must hold the output tensors"
+    # asyncOp=False (what a blocking dist.* call passes) marks the op synchronous for the group
+    from neuron_dist import NeuronProcessGroup
+    pg = dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, NeuronProcessGroup):
+        pg = pg._get_backend(torch.device("cpu"))
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    y = values(rank, 33, torch.float32, "sum", 9)
+    w = pg.allreduce([y], opts)
+    w.wait()
+    assert getattr(w._op, "sync", None) is True and w.get_future().wait()[0] is y
+    same(y, reference([values(r, 33, torch.float32, "sum", 9) for r in range(world)], "sum", torch.float32),
+         "synchronous all_reduce")
     return len(xs)
 
 
