@@ -101,7 +101,7 @@ class NeuronWork(dist.Work):
 def _check_tensor(t, what: str, rank: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rank {rank}] {what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"[rank {rank}] {what}: tensor is on {t.device}; the neuron backend "
                          f"moves CPU tensors (register the group for 'cpu' or move the tensor)")
     if t.dtype not in DTYPE_CODE:
@@ -122,11 +122,15 @@ def _factor_for(factor, dtype: torch.dtype):
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
-    """A flat view of `t` if contiguous, else a flat staging copy of it."""
-    return t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
+    """A flat view of `t` if contiguous (`t` itself if already 1-D), else a flat staging copy."""
+    if t.is_contiguous():
+        return t if t.dim() == 1 else t.view(-1)
+    return t.contiguous().view(-1)
 
 
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
+    if len(tensors) == 1:
+        return tensors[0].dtype
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:
         raise ValueError(f"[rank {rank}] {what}: tensors must share one dtype, got {sorted(map(str, dtypes))}")
@@ -275,7 +279,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         reduce_ops.check(op_name, dtype)
         if len(tensors) == 1 and tensors[0].is_contiguous():
-            buf, back = tensors[0].view(-1), None
+            buf, back = _flat(tensors[0]), None
         else:
             buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
             back = tensors

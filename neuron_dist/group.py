@@ -56,6 +56,13 @@ def _dtype_name(dtype) -> str:
     return name
 
 
+def _select_choose(collective: str, nbytes: int, group) -> str:
+    from .collectives.select import choose  # imported on first use, then called directly
+    global _select_choose
+    _select_choose = choose
+    return choose(collective, nbytes, group)
+
+
 def _call_tag(kind, desc: str) -> int:
     from .debug import call_tag  # debug imports this module's GroupError lazily; import once, here
     global _call_tag
@@ -317,8 +324,7 @@ class Group:
         return topo, order
 
     def choose(self, collective: str, nbytes: int) -> str:
-        from .collectives.select import choose
-        return choose(collective, nbytes, self)
+        return _select_choose(collective, nbytes, self)
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, op: Op) -> Op:
@@ -471,7 +477,10 @@ class Group:
             op.record.state = "failed" if error else "done"
             op.record.t_end = time.perf_counter()
             if not error:
-                st = self.stats.setdefault((op.record.kind, op.algorithm), [0, 0, 0.0, {}])
+                key = (op.record.kind, op.algorithm)
+                st = self.stats.get(key)
+                if st is None:
+                    st = self.stats[key] = [0, 0, 0.0, {}]
                 st[0] += 1
                 st[1] += op.nbytes
                 st[2] += op.record.t_end - op.record.t_start

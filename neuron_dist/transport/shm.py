@@ -298,8 +298,12 @@ class ShmTransport(Transport):
         self.held.discard(peer)
         t = self.tail[peer] + 1
         self.tail[peer] = t
-        self.inn[peer][1].value = t
-        self.theirs[peer].ring()
+        head, tail, _ = self.inn[peer]
+        tail.value = t
+        # only a sender that found the ring full waits for a free slot: wake the peer only then
+        # (a wake-up for a peer that waits on data is spurious and, on a busy host, costly)
+        if head.value - (t - 1) >= self.nslots:
+            self.theirs[peer].ring()
 
     def _ready(self) -> bool:
         for p in self.peers:
