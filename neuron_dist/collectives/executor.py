@@ -10,12 +10,13 @@ per-peer frame counter, and `frame.check` rejects anything else with an error na
 """
 from __future__ import annotations
 
+import weakref
 from collections import deque
 import torch
 
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check
 from .reduce_ops import Reducer
-from .schedule import LOCAL_STEPS, Chunk, Copy, LocalReduce, Recv, Schedule, Send
+from .schedule import LOCAL_STEPS, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
 
 FRAME_BYTES = 512 << 10
 
@@ -110,6 +111,11 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
 
 
 _ITEMSIZE = {d: torch.empty(0, dtype=d).element_size() for d in DTYPE_CODE}
+# Views into small scratch buffers, per buffer: the c10d adapter keeps a plan's scratch (up to
+# 64 KiB) across calls, so its slot views are cut once, not per call (a slice costs ~1 us).
+# Keyed by the buffer's id; an entry goes when its buffer does (weakref.finalize).
+KEEP_VIEWS_BYTES = 64 << 10
+_TMP_VIEWS: dict[int, dict] = {}
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
 
@@ -128,6 +134,14 @@ class Execution:
         self.frame_elems = max(1, frame_bytes // self.itemsize)
         self.rounds = frame_plan(schedule, self.itemsize, self.frame_elems)
         self.bytes = [None, None, None]  # uint8 views of the buffers, made when first sent from
+        tmp = bufs[TMP]
+        self._tviews = None
+        if 0 < tmp.numel() * self.itemsize <= KEEP_VIEWS_BYTES:
+            key = id(tmp)
+            self._tviews = _TMP_VIEWS.get(key)
+            if self._tviews is None:
+                self._tviews = _TMP_VIEWS[key] = {}
+                weakref.finalize(tmp, _TMP_VIEWS.pop, key, None)  # runs before the id can be reused
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
         self.round = -1
@@ -147,6 +161,12 @@ class Execution:
         b = self.bufs[c.buf]
         if c.start == 0 and c.count == b.numel():  # the whole buffer: no slicing (about 1 us each)
             return b
+        if c.buf == TMP and self._tviews is not None:  # a kept scratch buffer: its views are kept too
+            key = (c.start, c.count)
+            v = self._tviews.get(key)
+            if v is None:
+                v = self._tviews[key] = b[c.start:c.start + c.count]
+            return v
         return b[c.start:c.start + c.count]
 
     def _next_round(self) -> None:
