@@ -29,7 +29,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import Execution, Mailbox, Stamp
+from .collectives.executor import FRAME_BYTES, Execution, Mailbox, Stamp
+from .config import env_int
 from .collectives.schedule import Schedule
 from .transport.base import TransportContext
 from .transport.frame import Kind
@@ -288,6 +289,8 @@ class Group:
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, me["host"])
+        # read once: the shared-memory slots were sized from the same value
+        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES)
         # -- the engine ------------------------------------------------------------------------
         self._cv = threading.Condition()
         self._queue: deque[Op] = deque()
@@ -403,11 +406,9 @@ class Group:
         return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:
-        from .collectives.executor import FRAME_BYTES
-        from .config import env_int
         self._deaths.check(op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
-                         env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES))
+                         self.frame_bytes)
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
