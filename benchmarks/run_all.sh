@@ -4,6 +4,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${1:-benchmarks/results}
+# The fast host policy for the main tables; the default "model" policy (the cost model's choice
+# for the modelled Trainium instance) is timed at the end for comparison.
+export NEURON_DIST_TUNING=${NEURON_DIST_TUNING:-host}
 CB=${COLLBENCH:-../shared/tools/collbench.py}
 mkdir -p "$OUT"
 { date; uptime; uname -a; nproc; lscpu | grep -E 'Model name|MHz|L3'; python -c 'import torch,mpi4py;print("torch",torch.__version__,"mpi4py",mpi4py.__version__)'; git rev-parse HEAD; } > "$OUT/machine.txt" 2>&1
@@ -21,4 +24,5 @@ python -m neuron_dist.bench -g 2 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 
 python -m neuron_dist.bench -g 2 --ops allreduce -d bfloat16 -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_bf16.json" > "$OUT/bench_w2_bf16.txt" 2>/dev/null
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3 --json "$OUT/bench_w4.json" > "$OUT/bench_w4.txt" 2>/dev/null
 python -m neuron_dist.bench_train --steps 10 --warmup 3 --json "$OUT/train.json" > "$OUT/train.txt" 2>&1
+NEURON_DIST_TUNING=model python -m neuron_dist.bench -g 2 --ops allreduce,allgather,reduce_scatter -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_model.json" > "$OUT/bench_w2_model.txt" 2>/dev/null
 { date; uptime; } >> "$OUT/machine.txt"

@@ -1,8 +1,8 @@
 """Every NEURON_DIST_* environment variable, read in one place and logged when read.
 
 NEURON_DIST_ALGO       force algorithms per collective: "allreduce:ring;allgather:direct"
-NEURON_DIST_TUNING     host (default): groups whose peers all share this host's memory pick by
-                       measured host behaviour; model: always the topology cost model's choice
+NEURON_DIST_TUNING     model (default): every group runs the topology cost model's choice; host:
+                       groups whose peers all share this host's memory pick by measured host speed
 NEURON_DIST_TRANSPORT  force a transport for every peer pair: zmq | shm | mpi
 NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT,COLL (or ALL)
 NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host time, modelled

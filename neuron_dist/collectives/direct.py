@@ -108,7 +108,14 @@ def barrier(rank: int, n: int) -> Schedule:
 
 def allreduce(rank: int, n: int, count: int) -> Schedule:
     """One round: everyone sends its vector to everyone; each rank then reduces all n vectors
-    in rank order. n-1 messages of the full size per rank: for latency-bound sizes only."""
+    in rank order. n-1 messages of the full size per rank: for latency-bound sizes only.
+    Two ranks need no rank-order staging: x + y == y + x exactly in IEEE arithmetic (and for
+    every other reduce op), so each adds the peer's vector to its own and both end equal."""
+    if n == 2:
+        peer, whole, theirs = 1 - rank, Chunk(OUT, 0, count), Chunk(TMP, 0, count)
+        return (Schedule("direct", tmp_count=count)
+                .add(Send(peer, whole), Recv(peer, theirs))
+                .add(LocalReduce(theirs, whole)))
     s = Schedule("direct", tmp_count=count * n)
     slot = lambda r: Chunk(TMP, r * count, count)
     whole = Chunk(OUT, 0, count)
