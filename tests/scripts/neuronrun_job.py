@@ -17,6 +17,9 @@ assert str(slot.node) == os.environ["GROUP_RANK"], (slot, os.environ["GROUP_RANK
 assert topo.instance.name == os.environ["NEURON_DIST_INSTANCE"], topo.instance.name
 vis = os.environ["NEURON_RT_VISIBLE_CORES"]
 assert str(slot.cores[0]) == vis.split("-")[0], (slot, vis)
+transport = dist.distributed_c10d._get_default_group().group.transport
+route = getattr(transport, "route", {})
+kinds = ",".join(f"{p}:{route[p].name if p in route else transport.name}" for p in range(world) if p != rank)
 print(f"sum={t.item():g} world={world} node={slot.node} chip={slot.chip} cores={vis} "
-      f"nodes={len({s.node for s in topo.slots})}", flush=True)
+      f"nodes={len({s.node for s in topo.slots})} transports={kinds}", flush=True)
 dist.destroy_process_group()
