@@ -5,9 +5,10 @@ invalid arguments are rejected before a byte moves, with torch's error types."""
 import pytest
 
 TIMEOUT = 10.0
-# without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops via the argument
-# checksum). A root mismatch at 2 ranks is two roots that only send: only the check catches it.
-PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits"]
+# without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
+# argument checksum; two ranks that both believe they are a broadcast's root meet each other's
+# data where they expect the children's confirmation).
+PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "root", "scatter_root"]
 CHECKED = ["size", "dtype", "collective", "op", "root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 

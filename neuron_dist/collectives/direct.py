@@ -37,13 +37,17 @@ def _binomial(rank: int, root: int, n: int) -> tuple[int | None, list[int]]:
 
 
 def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
-    """OUT is the tensor on every rank (the root's holds the data)."""
+    """OUT is the tensor on every rank (the root's holds the data). After the data, every rank
+    confirms to its parent with an empty frame: a rank that wrongly believes it is the root
+    (ranks disagreeing on `root`) would otherwise return its own data without ever receiving;
+    with the confirmation it meets a data frame where it expects one and fails, naming both."""
     parent, children = _binomial(rank, root, n)
     s = Schedule("tree")
-    whole = Chunk(OUT, 0, count)
+    whole, empty = Chunk(OUT, 0, count), Chunk(OUT, 0, 0)
     if parent is not None:
         s.add(Recv(parent, whole))
     s.add(*[Send(c, whole) for c in children])
+    s.add(*[Recv(c, empty) for c in children], *([Send(parent, empty)] if parent is not None else []))
     return s
 
 
@@ -75,13 +79,16 @@ def gather(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
 
 
 def scatter(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
-    """On the root IN holds every rank's block in rank order; OUT gets this rank's block."""
+    """On the root IN holds every rank's block in rank order; OUT gets this rank's block. Each
+    receiver confirms with an empty frame, for the same reason as broadcast's."""
     s = Schedule("direct")
+    empty = Chunk(OUT, 0, 0)
     if rank != root:
-        return s.add(Recv(root, Chunk(OUT, 0, counts[rank])))
+        return s.add(Recv(root, Chunk(OUT, 0, counts[rank]))).add(Send(root, empty))
     off = _offsets(counts)
     s.add(Copy(Chunk(IN, off[rank], counts[rank]), Chunk(OUT, 0, counts[rank])),
           *[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank])
+    s.add(*[Recv(r, empty) for r in range(n) if r != rank])
     return s
 
 
