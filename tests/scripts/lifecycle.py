@@ -14,8 +14,8 @@ import torch.distributed as dist  # noqa: E402
 import neuron_dist  # noqa: E402,F401
 from cases_faults import fds  # noqa: E402
 
-rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-os.environ.update(MASTER_ADDR="127.0.0.1", RANK=str(rank), WORLD_SIZE=str(world))
+rank, world, store_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1")  # the interface the backend binds: loopback
 
 
 def ours() -> list[str]:
@@ -32,15 +32,15 @@ def allreduce(group=None) -> None:
     assert x[0].item() == world * (world + 1) / 2, x[:3]
 
 
-def init(round_: int) -> None:
-    os.environ["MASTER_PORT"] = str(port + round_)
-    dist.init_process_group("neuron", timeout=timedelta(seconds=30))
+def init(round_: int, backend: str = "neuron") -> None:
+    # a file store per round: no port to race for between rounds or with other tests
+    dist.init_process_group(backend, init_method=f"file://{store_dir}/round{round_}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=30))
 
 
 # torch's own one-time resources (a pipe the store's event loop keeps) first: a Gloo
 # init/destroy, so the baseline holds them and only what the neuron backend keeps counts.
-os.environ["MASTER_PORT"] = str(port + 3)
-dist.init_process_group("gloo")
+init(3, "gloo")
 dist.barrier()  # every rank has finished Gloo's connection mesh before any tears it down
 dist.destroy_process_group()
 gc.collect()
