@@ -387,13 +387,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if whole.dtype != part.dtype:
             raise ValueError(f"[rank {self._r}] {what}: {whole_is} dtype {whole.dtype} != {part_is} dtype {part.dtype}")
 
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+    def _coalesced_pairs(self, outputs, inputs, what: str, gather: bool):
+        """The (outputs, inputs) lists of a coalesced all-gather (output = world x input) or
+        reduce-scatter (input = world x output), checked pair by pair."""
         outputs, inputs = list(outputs), list(inputs)
         if len(outputs) != len(inputs):
-            raise ValueError(f"[rank {self._r}] allgather_into_tensor_coalesced: {len(inputs)} inputs, "
-                             f"{len(outputs)} outputs")
+            raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs, {len(outputs)} outputs")
         for o, i in zip(outputs, inputs):
-            self._check_whole_part(o, i, "allgather_into_tensor_coalesced", "output", "input")
+            if gather:
+                self._check_whole_part(o, i, what, "output", "input")
+            else:
+                self._check_whole_part(i, o, what, "input", "output")
+        return outputs, inputs
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        outputs, inputs = self._coalesced_pairs(outputs, inputs, "allgather_into_tensor_coalesced", gather=True)
         if not inputs:
             return self._empty_work(outputs)
         return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs)
@@ -422,12 +430,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        outputs, inputs = list(outputs), list(inputs)
-        if len(outputs) != len(inputs):
-            raise ValueError(f"[rank {self._r}] reduce_scatter_tensor_coalesced: {len(inputs)} inputs, "
-                             f"{len(outputs)} outputs")
-        for o, i in zip(outputs, inputs):
-            self._check_whole_part(i, o, "reduce_scatter_tensor_coalesced", "input", "output")
+        outputs, inputs = self._coalesced_pairs(outputs, inputs, "reduce_scatter_tensor_coalesced", gather=False)
         if not inputs:
             return self._empty_work(outputs)
         return self._reduce_scatter_packed(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
