@@ -1,0 +1,65 @@
+"""Peer death detection at the start of an operation (see `DeathWatch`)."""
+from __future__ import annotations
+
+import os
+import select
+
+from .errors import GroupError
+
+
+class DeathWatch:
+    """Fails an operation at its start if a peer it needs has died.
+
+    A collective needs every member; a point-to-point transfer its peer. Only a death counts: a
+    peer that closed in order (destroy_process_group after its last collective, seen by the
+    transport's `peer_finished`) may already have done its part. Same-host peers are watched
+    through pidfds in one epoll set (a single non-blocking poll per operation, zombies
+    included); peers on other hosts through the transport's connection state.
+    """
+
+    def __init__(self, group: "Group", host: str):
+        self.group = group
+        self.ep = None
+        self.fds: dict[int, int] = {}      # pidfd -> peer
+        self.dead: dict[int, str] = {}     # peer -> reason
+        self.remote = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] != host]
+        local = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] == host]
+        if local and hasattr(os, "pidfd_open"):
+            self.ep = select.epoll()
+            for r in local:
+                try:
+                    fd = os.pidfd_open(group.peers_info[r]["pid"])
+                except OSError as e:  # already gone at creation, or no permission
+                    if e.errno == 3:  # ESRCH
+                        self.dead[r] = f"rank {r} (pid {group.peers_info[r]['pid']}) exited"
+                    continue
+                self.fds[fd] = r
+                self.ep.register(fd, select.EPOLLIN)
+
+    def check(self, op: "Op") -> None:
+        g = self.group
+        if self.ep is not None:
+            for fd, _ in self.ep.poll(0):
+                r = self.fds.pop(fd)
+                self.ep.unregister(fd)
+                os.close(fd)
+                self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
+        for r in self.remote:
+            reason = g.transport.check_peer(r)
+            if reason:
+                self.dead.setdefault(r, reason)
+        if not self.dead:
+            return
+        needed = [op.peer] if op.is_p2p and op.peer is not None else range(g.size)
+        for r in needed:
+            if r in self.dead and not g.transport.peer_finished(r):
+                raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g._who(r)} is gone "
+                                 f"({self.dead[r]}) before the operation started")
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+        if self.ep is not None:
+            self.ep.close()
+            self.ep = None
