@@ -695,11 +695,7 @@ class _AnySource:
                 got = g.mailbox.take(peer, ("p2p", self.tag))
                 if got is None:
                     continue
-                h, payload, owned = got
-                g.mailbox.early.setdefault((peer, ("p2p", self.tag)), __import__("collections").deque()).appendleft(
-                    (h, payload if owned else payload.clone()))
-                if not owned:
-                    g.transport.release(peer)
+                g.mailbox.put_back(peer, ("p2p", self.tag), *got)
                 self.op.source_rank = peer
                 sched = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, self.out.numel())))
                 self.inner = g.execution(self.op, sched, [None, self.out, None], None, self.dtype, self.tag)

@@ -77,6 +77,13 @@ class Mailbox:
             self.early.setdefault((peer, k), deque()).append((h, payload.clone()))
             self.transport.release(peer)
 
+    def put_back(self, peer: int, key: tuple, header: Header, payload, owned: bool) -> None:
+        """Return a frame `take` handed out so that the next `take(peer, key)` gets it again
+        (recv from any source peeks at every peer before choosing one)."""
+        self.early.setdefault((peer, key), deque()).appendleft((header, payload if owned else payload.clone()))
+        if not owned:
+            self.transport.release(peer)
+
 
 def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size): per round,
@@ -267,10 +274,6 @@ class Execution:
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
-
-
-def describe_kind(kind: Kind) -> str:
-    return kind.name.lower()
 
 
 __all__ = ["Execution", "Mailbox", "Stamp", "FrameError", "LOCAL_STEPS"]
