@@ -19,7 +19,7 @@ from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
-from .group import Group, GroupError, Op
+from .group import Group, Op
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"
@@ -327,16 +327,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                      outputs=[t for lst in output_lists for t in lst])
 
     def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
-        n = self.group.size
         for inp, outs in zip(inputs, output_lists):
             _check_tensor(inp, what, self._r)
-            if len(outs) != n:
-                raise ValueError(f"[rank {self._r}] {what}: needs {n} output tensors (one per rank), got {len(outs)}")
-            for o in outs:
-                _check_tensor(o, what, self._r)
-                if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                    raise ValueError(f"[rank {self._r}] {what}: output tensor of {o.numel()} {o.dtype} does not "
-                                     f"match the input's {inp.numel()} {inp.dtype}")
+            self._check_per_rank(outs, inp, what, "output", "input")
         if len(inputs) != len(output_lists):
             raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
         return self._allgather_packed(inputs, output_lists, what, outputs, opts)
@@ -387,6 +380,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if whole.dtype != part.dtype:
             raise ValueError(f"[rank {self._r}] {what}: {whole_is} dtype {whole.dtype} != {part_is} dtype {part.dtype}")
 
+    def _check_per_rank(self, tensors, ref, what: str, role: str, ref_role: str) -> None:
+        """`tensors` must be one per rank, each with `ref`'s element count and dtype."""
+        n = self.group.size
+        if len(tensors) != n:
+            raise ValueError(f"[rank {self._r}] {what}: needs {n} {role} tensors (one per rank), got {len(tensors)}")
+        for t in tensors:
+            _check_tensor(t, what, self._r)
+            if t.numel() != ref.numel() or t.dtype != ref.dtype:
+                raise ValueError(f"[rank {self._r}] {what}: {role} tensor of {t.numel()} {t.dtype} does not match "
+                                 f"the {ref_role}'s {ref.numel()} {ref.dtype}")
+
     def _coalesced_pairs(self, outputs, inputs, what: str, gather: bool):
         """The (outputs, inputs) lists of a coalesced all-gather (output = world x input) or
         reduce-scatter (input = world x output), checked pair by pair."""
@@ -412,14 +416,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "reduce_scatter", self._r)
         ins = list(_one(input_tensors, "reduce_scatter", self._r))
-        n = self.group.size
-        if len(ins) != n:
-            raise ValueError(f"[rank {self._r}] reduce_scatter: needs {n} input tensors (one per rank), got {len(ins)}")
-        for t in ins + [out]:
-            _check_tensor(t, "reduce_scatter", self._r)
-            if t.numel() != out.numel() or t.dtype != out.dtype:
-                raise ValueError(f"[rank {self._r}] reduce_scatter: every input must match the output's "
-                                 f"{out.numel()} {out.dtype} elements, got {t.numel()} {t.dtype}")
+        _check_tensor(out, "reduce_scatter", self._r)
+        self._check_per_rank(ins, out, "reduce_scatter", "input", "output")
         return self._reduce_scatter_packed([out], [torch.stack([t.reshape(-1) for t in ins]) if ins else out], opts,
                                            "reduce_scatter")
 
@@ -509,13 +507,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         outs = []
         if self.group.rank == root:
             outs = list(_one(output_tensors, "gather", self._r))
-            if len(outs) != n:
-                raise ValueError(f"[rank {self._r}] gather: the root needs {n} output tensors, got {len(outs)}")
-            for o in outs:
-                _check_tensor(o, "gather", self._r)
-                if o.numel() != inp.numel() or o.dtype != inp.dtype:
-                    raise ValueError(f"[rank {self._r}] gather: output of {o.numel()} {o.dtype} does not match "
-                                     f"the input's {inp.numel()} {inp.dtype}")
+            self._check_per_rank(outs, inp, "gather", "output", "input")
         elif output_tensors and any(len(lst) for lst in output_tensors):
             raise ValueError(f"[rank {self._r}] gather: only the root (rank {root}) passes output tensors")
         c = inp.numel()
@@ -537,13 +529,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inp = None
         if self.group.rank == root:
             ins = list(_one(input_tensors, "scatter", self._r))
-            if len(ins) != n:
-                raise ValueError(f"[rank {self._r}] scatter: the root needs {n} input tensors, got {len(ins)}")
-            for i in ins:
-                _check_tensor(i, "scatter", self._r)
-                if i.numel() != c or i.dtype != out_t.dtype:
-                    raise ValueError(f"[rank {self._r}] scatter: input of {i.numel()} {i.dtype} does not match "
-                                     f"the output's {c} {out_t.dtype}")
+            self._check_per_rank(ins, out_t, "scatter", "input", "output")
             inp = torch.cat([i.reshape(-1) for i in ins]) if c else torch.empty(0, dtype=out_t.dtype)
         elif input_tensors and any(len(lst) for lst in input_tensors):
             raise ValueError(f"[rank {self._r}] scatter: only the root (rank {root}) passes input tensors")
@@ -640,7 +626,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(t, "recv", self._r)
         out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
-        g = self.group
         nbytes = t.numel() * t.element_size()
 
         def start(op: Op):

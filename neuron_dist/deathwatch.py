@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import os
 import select
+from typing import TYPE_CHECKING
 
 from .errors import GroupError
+
+if TYPE_CHECKING:
+    from .group import Group, Op
 
 
 class DeathWatch:

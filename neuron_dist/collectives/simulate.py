@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .schedule import IN, OUT, TMP, Copy, LocalReduce, Recv, Schedule, Send
+from .schedule import Copy, LocalReduce, Recv, Schedule, Send
 
 
 class Deadlock(RuntimeError):

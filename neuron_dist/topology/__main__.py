@@ -16,7 +16,7 @@ import argparse
 import os
 import sys
 
-from .cost import AVAILABLE, bus_factor, estimate, normalise_collective
+from .cost import bus_factor, estimate, normalise_collective
 from .draw import svg
 from .graph import hamiltonian_cycles
 from .instances import get_instance, list_instances

@@ -19,7 +19,6 @@ all-to-all. Rooted collectives are costed with root 0.
 from __future__ import annotations
 
 import functools
-import math
 
 from .graph import Grid, grid_for, line_next, pattern_cost, ring_order, torus_grid, hierarchical_grid
 from .placement import GroupTopology

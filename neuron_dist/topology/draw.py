@@ -25,7 +25,7 @@ def svg(inst: InstanceModel, rings: Sequence[Sequence[int]] = (), lnc: int | Non
     h = max(y for _, y in pos.values()) + margin + 60
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w:.0f}" height="{h:.0f}" '
            f'font-family="sans-serif" font-size="11">',
-           f'<rect width="100%" height="100%" fill="white"/>',
+           '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="10" y="18" font-size="14">{title or inst.name}</text>']
     seen = set()
     for a in range(inst.chips):
