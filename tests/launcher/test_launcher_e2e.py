@@ -34,7 +34,7 @@ RANK_SCRIPT = textwrap.dedent('''
     assert "NEURONRUN_PLAN" not in os.environ
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
     print("env", sorted(env.items()), flush=True)
-    if mode in ("fail", "kill") and rank == 1:  # fail only once every rank is up and recorded
+    if mode in ("fail", "kill", "flaky") and rank == 1 and restart == 0:  # fail only once every rank is up and recorded
         while len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.05)
     if mode == "allreduce":
