@@ -124,7 +124,15 @@ def allgather(rank, world):
     nc = torch.empty(3, 2 * world).t()
     dist.all_gather_into_tensor(nc, x)
     same(nc, out2, "all_gather_into_tensor non-contiguous output")
-    return checks + 2
+    # in place, as FSDP2 calls it: the input is this rank's block of the output
+    for count in (5, BIG):
+        whole = torch.zeros(world * count)
+        mine = whole.narrow(0, rank * count, count)
+        mine.copy_(values(rank, count, torch.float32, "sum", 1))
+        dist.all_gather_into_tensor(whole, mine)
+        same(whole, torch.cat([values(r, count, torch.float32, "sum", 1) for r in range(world)]),
+             f"all_gather_into_tensor in place n={count}")
+    return checks + 4
 
 
 def allgather_coalesced(rank, world):

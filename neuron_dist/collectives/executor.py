@@ -190,7 +190,9 @@ class Execution:
             for is_copy, src, dst in local:
                 d = view(dst)
                 if is_copy:
-                    d.copy_(view(src))
+                    s = view(src)
+                    if s.data_ptr() != d.data_ptr():  # an in-place call (FSDP2's all-gather input
+                        d.copy_(s)                    # is its block of the output): nothing to copy
                 else:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends}
