@@ -1,6 +1,7 @@
 """One rank of an MPI job (started by tests/test_transport_mpi.py through mpirun): brings up the
 "neuron" backend with NEURON_DIST_TRANSPORT=mpi, plus a Gloo group for comparison, and runs the
-named functions of cases_collectives.py, exiting non-zero on the first failure."""
+named cases ("allreduce" is cases_collectives.allreduce, "cases_training:ddp" names its module),
+exiting non-zero on the first failure."""
 import os
 import sys
 import traceback
@@ -17,7 +18,7 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     import neuron_dist  # noqa: F401
-    import cases_collectives
+    import importlib
     import rankctx
     torch.set_num_threads(1)
     dist.init_process_group("neuron", rank=rank, world_size=world, timeout=timedelta(seconds=60))
@@ -29,7 +30,8 @@ def main() -> int:
     status = 0
     for case in sys.argv[1:]:
         try:
-            n = getattr(cases_collectives, case)(rank, world)
+            module, _, name = case.rpartition(":")
+            n = getattr(importlib.import_module(module or "cases_collectives"), name)(rank, world)
             print(f"rank {rank}: {case} ok ({n} checks)", flush=True)
         except BaseException:  # noqa: BLE001
             print(f"rank {rank}: {case} FAILED\n{traceback.format_exc()}", flush=True)

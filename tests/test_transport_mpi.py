@@ -1,5 +1,6 @@
-"""The collective cases over the MPI transport: the worker pools spawn with multiprocessing, not
-mpirun, so this test launches `mpirun -n N python tests/mpi_rank.py CASES...` itself."""
+"""The core's cases over the MPI transport (every collective case of test_collectives.py and the
+training cases of test_training.py): the worker pools spawn with multiprocessing, not mpirun, so
+this test launches `mpirun -n N python tests/mpi_rank.py CASES...` itself."""
 import os
 import shutil
 import socket
@@ -9,8 +10,11 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CASES = ["allreduce", "async_ops", "allgather", "reduce_scatter", "broadcast", "reduce", "gather_scatter",
-         "alltoall", "p2p", "subgroups"]
+sys.path.insert(0, HERE)
+from test_collectives import CASES as COLLECTIVE_CASES  # noqa: E402
+
+CASES = COLLECTIVE_CASES + ["cases_training:ddp", "cases_training:fsdp1", "cases_training:fsdp2",
+                            "cases_training:dtensor", "cases_training:checkpoint"]
 
 
 def _mpirun():
