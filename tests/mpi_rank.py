@@ -2,6 +2,7 @@
 "neuron" backend with NEURON_DIST_TRANSPORT=mpi, plus a Gloo group for comparison, and runs the
 named cases ("allreduce" is cases_collectives.allreduce, "cases_training:ddp" names its module),
 exiting non-zero on the first failure."""
+import importlib
 import os
 import sys
 import traceback
@@ -18,7 +19,6 @@ def main() -> int:
     import torch
     import torch.distributed as dist
     import neuron_dist  # noqa: F401
-    import importlib
     import rankctx
     torch.set_num_threads(1)
     dist.init_process_group("neuron", rank=rank, world_size=world, timeout=timedelta(seconds=60))
