@@ -212,14 +212,18 @@ class Group:
         self._seq = 0
         t0 = time.perf_counter()
         # -- meet the peers through the store ------------------------------------------------
+        self._agree_on_members(store)
+        # keys of this member list only: processes that called new_group with other ranks may
+        # share this group's name (and a group rank) but never its keys
+        members = ",".join(map(str, self.global_ranks))
+        store = self.store = dist.PrefixStore(f"members-{zlib.crc32(members.encode()):08x}/", store)
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "ranks": self.global_ranks}
+        me = {"host": socket.gethostname(), "pid": os.getpid()}
         me.update(self._placement_info())
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
-        self._check_membership()
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
@@ -604,17 +608,28 @@ class Group:
         parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
         return " ".join(parts)
 
-    def _check_membership(self) -> None:
-        """Every rank must agree on who is in the group (new_group called with the same ranks)."""
-        views = {}
-        for r, info in enumerate(self.peers_info):
-            if "ranks" in info:
-                views.setdefault(tuple(info["ranks"]), []).append(r)
-        if len(views) > 1:
-            desc = "; ".join(f"group ranks {list(k)} think the members are {list(v)}" for v, k in
-                             ((v, k) for k, v in views.items()))
+    def _agree_on_members(self, store) -> None:
+        """Every member must have called new_group with the same ranks, checked before this
+        group writes anything else. Each process posts its member list under its *global* rank
+        (ranks that disagree may share a group rank, never a global one) and reads every
+        member's: a disagreement, or a member that never comes, is a clear error at once or at
+        the group's time-out, never a group whose ranks mean different processes."""
+        mine = self.global_ranks
+        store.set(f"members/{mine[self.rank]}", json.dumps(mine))
+        try:
+            store.wait([f"members/{g}" for g in mine], self.timeout)
+        except Exception:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
+            missing = [g for g in mine if not store.check([f"members/{g}"])]
+            raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): global ranks {missing} "
+                             f"did not join within {self.timeout.total_seconds():.0f}s; every process must call "
+                             f"new_group with the same ranks") from None
+        views = {g: json.loads(store.get(f"members/{g}")) for g in mine}
+        other = {g: v for g, v in views.items() if v != mine}
+        if other:
+            theirs = "; ".join(f"global rank {g}: {v}" for g, v in other.items())
             raise GroupError(f"[rank {self.rank}] group {self.name!r}: ranks disagree on the group's members "
-                             f"({desc}); call new_group with the same ranks on every process")
+                             f"(global rank {mine[self.rank]}, this process: {mine}; {theirs}); call new_group "
+                             f"with the same ranks on every process")
 
     # -- reporting and shutdown ----------------------------------------------------------------
     def report(self) -> list[dict]:

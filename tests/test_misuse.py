@@ -40,3 +40,67 @@ def test_fingerprint_check_three_ranks(pools):
 def test_invalid_arguments_rejected_before_any_byte_moves(pools):
     res = pools(2).run("cases_faults:misuse_invalid")
     assert all(len(x) == 13 for x in res), res
+
+
+
+def _membership_job(mode: str) -> list[dict]:
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "membership_mismatch.py")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, mode], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    res = []
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+        x = json.loads(out.strip().splitlines()[-1])
+        assert x["world_ok"], x
+        assert x["threads_after"] == x["threads_before"], x
+        assert x["shm_left"] == [], x
+        res.append(x)
+    return res
+
+
+def test_group_membership_mismatch_fails_on_every_rank():
+    """Ranks that call new_group with different member lists get a clear error naming who thinks
+    what, within seconds; the world group keeps working and the failed group leaves nothing."""
+    for r, x in enumerate(_membership_job("subset")):
+        assert x["kind"] == "GroupError", x
+        assert f"[rank {r}]" in x["msg"] and "disagree on the group's members" in x["msg"], x["msg"]
+        mine = "[0, 1]" if r == 0 else "[0, 1, 2]"
+        assert f"global rank {r}, this process: {mine}" in x["msg"], x["msg"]
+        assert ("global rank 1: [0, 1, 2]" if r == 0 else "global rank 0: [0, 1]") in x["msg"], x["msg"]
+        assert x["elapsed"] < TIMEOUT / 2, x
+
+
+def test_group_membership_collision_never_mixes_data():
+    """Rank 0 calls new_group([0, 2]) while ranks 1 and 2 call new_group([1, 2]): ranks 0 and 1
+    both claim group rank 0 of a group with the same name. Rank 0 fails at once, naming the
+    disagreement (rank 2 disagrees with it); ranks 1 and 2 agree with each other and form their
+    group without ever reading rank 0's keys: their all-reduce is right."""
+    res = _membership_job("collide")
+    x = res[0]
+    assert x["kind"] == "GroupError" and "disagree on the group's members" in x["msg"], x
+    assert "global rank 0, this process: [0, 2]; global rank 2: [1, 2]" in x["msg"], x["msg"]
+    assert x["elapsed"] < TIMEOUT / 2, x
+    for x in res[1:]:
+        assert x["kind"] == "ok" and x["msg"] == [5.0] * 4, x   # (1 + 1) + (2 + 1)
+
+
+def test_group_member_that_never_joins_is_named_at_the_time_out():
+    """Rank 0 calls new_group([0, 1]); ranks 1 and 2 call new_group([0, 2]), so rank 1 never joins
+    rank 0's group: rank 0 fails at the group's 3 s time-out naming global rank 1, rank 2 fails
+    at once (rank 0 disagrees with it), rank 1 is no member; the world group still works."""
+    res = _membership_job("absent")
+    x = res[0]
+    assert x["kind"] == "GroupError" and "global ranks [1] did not join within 3s" in x["msg"], x
+    assert 2.5 < x["elapsed"] < 3 + TIMEOUT / 2, x
+    assert res[1]["kind"] == "not a member", res[1]
+    x = res[2]
+    assert x["kind"] == "GroupError" and "global rank 2, this process: [0, 2]; global rank 0: [0, 1]" in x["msg"], x
