@@ -24,7 +24,7 @@ class WorkerError(AssertionError):
     pass
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -73,7 +73,7 @@ class Pool:
 
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
-        port = _free_port()
+        port = free_port()
         self.procs, self.conns = [], []
         for r in range(self.world):
             parent, child = ctx.Pipe()

@@ -2,19 +2,14 @@
 rank, size and the rendezvous address come from MPI). env:// is what every pool test uses."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
+from pool import free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "init_method.py")
 
-
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_ranks(url, world=2):
@@ -29,7 +24,7 @@ def _run_ranks(url, world=2):
 
 @pytest.mark.parametrize("scheme", ["tcp", "file"])
 def test_init_method(scheme, tmp_path):
-    url = f"tcp://127.0.0.1:{_port()}" if scheme == "tcp" else f"file://{tmp_path}/rendezvous"
+    url = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path}/rendezvous"
     outs = _run_ranks(url)
     assert sorted(o.strip().splitlines()[-1] for o in outs) == ["ok rank 0 of 2", "ok rank 1 of 2"]
 
@@ -51,7 +46,7 @@ def test_report_at_shutdown(tmp_path):
     out = tmp_path / "report.txt"
     os.environ["NEURON_DIST_REPORT"] = str(out)
     try:
-        _run_ranks(f"tcp://127.0.0.1:{_port()}")
+        _run_ranks(f"tcp://127.0.0.1:{free_port()}")
     finally:
         del os.environ["NEURON_DIST_REPORT"]
     text = out.read_text()

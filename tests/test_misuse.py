@@ -2,7 +2,13 @@
 time-out), never wrong data or a hang; the fingerprint check (TORCH_DISTRIBUTED_DEBUG=DETAIL /
 NEURON_DIST_CHECK=1) catches every mismatch before the call runs and leaves the group usable;
 invalid arguments are rejected before a byte moves, with torch's error types."""
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+from pool import free_port
 
 TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
@@ -44,15 +50,8 @@ def test_invalid_arguments_rejected_before_any_byte_moves(pools):
 
 
 def _membership_job(mode: str) -> list[dict]:
-    import json
-    import os
-    import socket
-    import subprocess
-    import sys
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "membership_mismatch.py")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    port = str(free_port())
     procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, mode], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(3)]
     outs = [p.communicate(timeout=120)[0] for p in procs]

