@@ -143,11 +143,11 @@ _KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their 
 
 class _Plan:
     """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
-    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "_sched", "_tmp")
+    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "_sched", "_tmp")
 
-    def __init__(self, desc, reduce, collective, algo, spec_args):
+    def __init__(self, desc, reduce, collective, algo, spec_args, itemsize):
         self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
-        self.spec_args, self._sched, self._tmp = spec_args, None, None
+        self.spec_args, self.itemsize, self._sched, self._tmp = spec_args, itemsize, None, None
 
     def scratch(self, sched: Schedule, dtype: torch.dtype) -> torch.Tensor | None:
         """The schedule's TMP buffer. A small one is kept for the next call with these arguments:
@@ -164,7 +164,8 @@ class _Plan:
     def schedule(self, g: Group) -> Schedule:
         sched = self._sched
         if sched is None:
-            spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology, **self.spec_args)
+            spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology,
+                        eager_count=g.frame_bytes // self.itemsize, **self.spec_args)
             sched = self._sched = build(spec, self.algo)
         return sched
 
@@ -235,7 +236,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                    (f", root {spec_args['root']}" if "root" in spec_args else "") + ")"
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.clear()
-            plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args))
+            plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
+                                            torch.empty(0, dtype=dtype).element_size())
         return plan
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,

@@ -33,7 +33,9 @@ def _run_all(rank, world, group, tag):
         for algo in algorithms_for(coll):
             with env(NEURON_DIST_ALGO=f"{coll}:{algo}"):
                 for dtype in (torch.float32, torch.bfloat16, torch.int64):
-                    for count in (0, 5, 1001):
+                    # 200,003 elements: more than one frame (512 KiB) in float32 and int64, one
+                    # frame in bfloat16, so direct all-reduce runs both its two-rank forms
+                    for count in (0, 5, 1001) + ((200_003,) if coll == "allreduce" else ()):
                         what = f"{tag} {coll}:{algo} {dtype} n={count}"
                         if coll == "allreduce":
                             ins = [values(r, count, dtype, "sum", 21) for r in range(world)]

@@ -163,3 +163,25 @@ def test_rdh_bitwise_identical_results():
     res = simulate([rdh_allreduce_topo(r, topo, 33) for r in range(12)], X, inplace=True)
     assert all(np.array_equal(o, res.outs[0]) for o in res.outs)
     assert np.allclose(res.outs[0], np.sum([rng2 for rng2 in np.random.default_rng(1).standard_normal((12, 33))], axis=0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+@pytest.mark.parametrize("count,eager", [(7, 0), (7, 7), (7, 6), (0, 4), (1000, 1 << 16)])
+def test_direct_allreduce_forms(n, count, eager):
+    """Direct all-reduce: bit-identical on every rank; at two ranks a vector of at most one
+    frame (`eager_count`) is reduced straight into OUT a round after its send (no scratch), a
+    larger one through scratch in the send's round; one rank has nothing to do."""
+    from neuron_dist.collectives.direct import allreduce
+    rng = np.random.default_rng(count + n)
+    X = [rng.standard_normal(count) for _ in range(n)]
+    scheds = [allreduce(r, n, count, eager) for r in range(n)]
+    res = simulate(scheds, [x.copy() for x in X], inplace=True)
+    assert all(np.array_equal(o, res.outs[0]) for o in res.outs)
+    assert np.allclose(res.outs[0], np.sum(X, axis=0))
+    if n == 1:
+        assert not scheds[0].rounds and scheds[0].tmp_count == 0
+    if n == 2:
+        eager_form = count <= eager
+        assert (scheds[0].tmp_count == 0) == eager_form
+        first_round_receives = any(isinstance(s, Recv) for s in scheds[0].rounds[0])
+        assert first_round_receives != eager_form  # a late receive only for what fits a frame

@@ -20,7 +20,9 @@ class Spec:
     """Everything a builder may use. `counts` is per group rank: for allgather the block each
     rank contributes, for reduce_scatter the block each rank receives, for gather/scatter each
     rank's block; `recv_counts` is all-to-all's. `order` is the ring order from the topology,
-    `topo` the GroupTopology (or None when no placement is known)."""
+    `topo` the GroupTopology (or None when no placement is known). `eager_count` is how many
+    elements one send may carry before its peer receives (the group's frame; 0 when unknown):
+    up to that a schedule may put a send a round ahead of the matching receive."""
     collective: str
     rank: int
     size: int
@@ -29,6 +31,7 @@ class Spec:
     recv_counts: tuple[int, ...] = ()
     root: int = 0
     order: tuple[int, ...] = ()
+    eager_count: int = 0  # elements every transport accepts without the peer receiving (one frame)
     topo: object = field(default=None, compare=False)
 
     @property
@@ -40,7 +43,7 @@ Builder = Callable[[Spec], Schedule]
 
 BUILDERS: dict[tuple[str, str], Builder] = {
     ("allreduce", "ring"): lambda s: ring.allreduce(s.ring, s.rank, s.count),
-    ("allreduce", "direct"): lambda s: direct.allreduce(s.rank, s.size, s.count),
+    ("allreduce", "direct"): lambda s: direct.allreduce(s.rank, s.size, s.count, s.eager_count),
     ("allgather", "ring"): lambda s: ring.allgather(s.ring, s.rank, list(s.counts)),
     ("allgather", "direct"): lambda s: direct.allgather(s.rank, s.size, list(s.counts)),
     ("reduce_scatter", "ring"): lambda s: ring.reduce_scatter(s.ring, s.rank, list(s.counts)),

@@ -113,19 +113,31 @@ def barrier(rank: int, n: int) -> Schedule:
     return s
 
 
-def allreduce(rank: int, n: int, count: int) -> Schedule:
+def allreduce(rank: int, n: int, count: int, eager_count: int = 0) -> Schedule:
     """One round: everyone sends its vector to everyone; each rank then reduces all n vectors
     in rank order. n-1 messages of the full size per rank: for latency-bound sizes only.
+
     Two ranks need no rank-order staging: x + y == y + x exactly in IEEE arithmetic (and for
-    every other reduce op), so each adds the peer's vector to its own and both end equal."""
+    every other reduce op), so each adds the peer's vector to its own and both end equal. When
+    the vector fits what the transport takes without the peer receiving (`eager_count`
+    elements: one frame), the send goes in a round of its own and the next round reduces the
+    peer's frame straight into OUT (a round starts once the previous round's sends no longer
+    read their buffers): no scratch buffer, no copy. A larger vector cannot wait a round for
+    its receive (both ranks' sends would fill the other's buffers and stop), so it is received
+    into scratch in the send's round and reduced after."""
+    whole = Chunk(OUT, 0, count)
+    if n == 1:
+        return Schedule("direct")  # OUT already holds the result
     if n == 2:
-        peer, whole, theirs = 1 - rank, Chunk(OUT, 0, count), Chunk(TMP, 0, count)
+        peer = 1 - rank
+        if count <= eager_count:
+            return Schedule("direct").add(Send(peer, whole)).add(Recv(peer, whole, reduce=True))
+        theirs = Chunk(TMP, 0, count)
         return (Schedule("direct", tmp_count=count)
                 .add(Send(peer, whole), Recv(peer, theirs))
                 .add(LocalReduce(theirs, whole)))
     s = Schedule("direct", tmp_count=count * n)
     slot = lambda r: Chunk(TMP, r * count, count)
-    whole = Chunk(OUT, 0, count)
     s.add(Copy(whole, slot(rank)),
           *[Send(r, whole) for r in range(n) if r != rank],
           *[Recv(r, slot(r)) for r in range(n) if r != rank])
