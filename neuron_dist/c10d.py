@@ -143,11 +143,12 @@ _KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their 
 
 class _Plan:
     """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
-    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "_sched", "_tmp")
+    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "tag", "_sched", "_tmp")
 
-    def __init__(self, desc, reduce, collective, algo, spec_args, itemsize):
+    def __init__(self, desc, reduce, collective, algo, spec_args, itemsize, tag):
         self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
         self.spec_args, self.itemsize, self._sched, self._tmp = spec_args, itemsize, None, None
+        self.tag = tag  # the frames' argument checksum (debug.call_tag of kind and desc)
 
     def scratch(self, sched: Schedule, dtype: torch.dtype) -> torch.Tensor | None:
         """The schedule's TMP buffer. A small one is kept for the next call with these arguments:
@@ -237,7 +238,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.clear()
             plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
-                                            torch.empty(0, dtype=dtype).element_size())
+                                            torch.empty(0, dtype=dtype).element_size(), debug.call_tag(kind, desc))
         return plan
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
@@ -254,7 +255,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if before:
                 before()
             sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype)
+            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
 
         finish = None
         if (op_name == "avg" and out is not None) or after:
@@ -475,7 +476,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         def start(op: Op) -> Execution:
             before()
             sched = plan.schedule(g)
-            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype)
+            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
 
         def finish(op: Op) -> None:
             if op_name == "avg":

@@ -89,6 +89,7 @@ class Op:
     """One submitted operation. `start()` builds its Execution (run on the engine thread, so
     argument-dependent set-up errors surface from wait()); `finish()` runs after the last
     frame (copy-back, AVG division); callbacks fire on completion."""
+    sync: bool | None = None  # True: the caller waits at once (c10d's asyncOp=False); None: unmarked
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
                  direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = ""):
@@ -283,7 +284,7 @@ class Group:
         microseconds (collectives and sends; a receive may depend on a send the caller issues
         next). If the op is not done within its budget (a late peer), it is handed to the
         engine, which owns time-outs and peer checks."""
-        sync = getattr(op, "sync", None)
+        sync = op.sync
         with self._cv:
             if self.broken is not None:
                 op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "

@@ -325,8 +325,21 @@ def p2p(rank, world):
         assert got == set(range(1, world)), got
     else:
         dist.send(torch.tensor([rank, rank * 10]), 0, tag=7)
+    # receives posted before collectives from the same peer: the collectives' frames reach the
+    # receive first and wait aside as early frames; none may stay behind (not even empty queues)
+    for i in range(50):
+        r = torch.empty(4)
+        req = dist.irecv(r, prv, tag=9)
+        s_ = torch.full((3,), float(rank + i))
+        dist.all_reduce(s_)
+        dist.send(torch.full((4,), float(rank * 100 + i)), nxt, tag=9)
+        req.wait()
+        same(r, torch.full((4,), float(prv * 100 + i)), "p2p behind a collective")
+        same(s_, torch.full((3,), float(sum(range(world)) + world * i)), "collective behind a receive")
     dist.barrier()
-    return 4
+    early = dist.distributed_c10d._get_default_group().group.mailbox.early
+    assert not early, f"rank {rank}: {len(early)} early-frame queues left: {list(early)[:4]}"
+    return 5
 
 
 def object_collectives(rank, world):

@@ -53,10 +53,13 @@ class Mailbox:
 
     def take(self, peer: int, key: tuple, current_seq: int | None = None):
         """(header, payload, owned) of the next frame from `peer` for `key`, or None."""
-        q = self.early.get((peer, key))
-        if q:
-            h, p = q.popleft()
-            return h, p, True
+        if self.early:  # (empty on the common path: skip building the key)
+            q = self.early.get((peer, key))
+            if q:
+                h, p = q.popleft()
+                if not q:  # drained: drop the key (one per early sequence number would pile up)
+                    del self.early[(peer, key)]
+                return h, p, True
         while True:
             got = self.transport.recv(peer)
             if got is None:
@@ -195,8 +198,8 @@ class Execution:
                         d.copy_(s)                    # is its block of the output): nothing to copy
                 else:
                     self.reduce(d, d, view(src))
-            self.sends = {p: deque(q) for p, q in sends}
-            self.recvs = {p: deque(q) for p, q in recvs}
+            self.sends = {p: deque(q) for p, q in sends} if sends else {}
+            self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
             if sends:
                 self.round_had_sends = True
             if sends or recvs:
@@ -206,8 +209,10 @@ class Execution:
     def progress(self) -> bool:
         moved = False
         while not self.done:
-            step_moved = self._progress_sends() | self._progress_recvs()
-            moved |= step_moved
+            if self.sends:
+                moved |= self._progress_sends()
+            if self.recvs:
+                moved |= self._progress_recvs()
             if self.sends or self.recvs:
                 return moved
             self._next_round()
