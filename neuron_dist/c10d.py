@@ -31,10 +31,14 @@ _OPS = {
 }
 
 
+_OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}  # by the enum's int: hashing the enum
+                                                            # itself costs ~0.5 us per call
+
+
 def _reduce_op(op) -> tuple[str, object]:
     """(name, premul factor or None) from a ReduceOp / RedOpType as c10d hands it over."""
     kind = getattr(op, "op", op)
-    name = _OPS.get(kind)
+    name = _OPS_BY_VALUE.get(getattr(kind, "value", None))
     if name is None:
         raise ValueError(f"unsupported reduce op {op!r}")
     factor = None
@@ -238,7 +242,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.clear()
             plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
-                                            torch.empty(0, dtype=dtype).element_size(), debug.call_tag(kind, desc))
+                                            dtype.itemsize, debug.call_tag(kind, desc))
         return plan
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
@@ -362,7 +366,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += sz
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
-                                after=after, outputs=outputs, nbytes=c * n * torch.empty(0, dtype=dtype).element_size(),
+                                after=after, outputs=outputs, nbytes=c * n * dtype.itemsize,
                                 opts=opts)
 
     def all_gather_single(self, output, input, opts=None):
@@ -468,7 +472,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += sz
 
         g = self.group
-        nbytes = c * n * torch.empty(0, dtype=dtype).element_size()
+        nbytes = c * n * dtype.itemsize
         algo = g.choose("reduce_scatter", nbytes)
         plan = self._plan("reduce_scatter", Kind.REDUCE_SCATTER, algo, {"counts": (c,) * n}, dtype, op_name,
                           nbytes, what)
@@ -591,7 +595,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return [s * row for s in splits]
 
     def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None):
-        nbytes = sum(send) * torch.empty(0, dtype=dtype).element_size()
+        nbytes = sum(send) * dtype.itemsize
         return self._collective("alltoall", Kind.ALLTOALL, dict(counts=tuple(send), recv_counts=tuple(recv)),
                                 inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts)
 

@@ -49,6 +49,7 @@ _LIVE: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every open group of this 
 
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
+_P2P = Kind.P2P
 _DTYPE_NAMES: dict = {}
 
 
@@ -89,7 +90,9 @@ class Op:
     """One submitted operation. `start()` builds its Execution (run on the engine thread, so
     argument-dependent set-up errors surface from wait()); `finish()` runs after the last
     frame (copy-back, AVG division); callbacks fire on completion."""
-    sync: bool | None = None  # True: the caller waits at once (c10d's asyncOp=False); None: unmarked
+    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "nbytes", "dtype",
+                 "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
+                 "_callbacks", "_lock", "sync", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
                  direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = ""):
@@ -105,8 +108,9 @@ class Op:
         self.error: BaseException | None = None
         self.source_rank = peer if peer is not None else -1
         self.record: Record | None = None
-        self._callbacks: list = []
+        self._callbacks: list | None = None  # made by the first add_done_callback on an unfinished op
         self._lock = threading.Lock()
+        self.sync: bool | None = None    # True: the caller waits at once (c10d's asyncOp=False)
 
     @property
     def is_p2p(self) -> bool:
@@ -128,6 +132,8 @@ class Op:
     def add_done_callback(self, fn) -> None:
         with self._lock:
             if not self.finished:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(fn)
                 return
         fn(self)
@@ -140,8 +146,8 @@ class Op:
             self.finished = True
             if self._event is not None:
                 self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
+            callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
             try:
                 fn(self)
             except Exception:  # a user's future callback must not kill the engine
@@ -206,7 +212,7 @@ class Group:
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self.group_id = _group_hash(name)
         self.records: deque[Record] = deque(maxlen=RECORD_LEN)
-        self.stats: dict[tuple[str, str], list] = {}
+        self.stats: dict[tuple[str, str, int], list] = {}  # (kind, algorithm, bytes) -> [calls, host s]
         self.broken: BaseException | None = None
         self.closed = False
         self._abort = False
@@ -236,7 +242,8 @@ class Group:
         # read once: the shared-memory slots were sized from the same value
         self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES)
         # -- the engine ------------------------------------------------------------------------
-        self._cv = threading.Condition()
+        self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
+        self._cv = threading.Condition(self._mu)
         self._queue: deque[Op] = deque()
         self._active: list[Op] = []          # ops the engine drives (only under self._drive)
         self._waiting: deque[Op] = deque()   # admitted from the queue, not yet started
@@ -285,7 +292,7 @@ class Group:
         next). If the op is not done within its budget (a late peer), it is handed to the
         engine, which owns time-outs and peer checks."""
         sync = op.sync
-        with self._cv:
+        with self._mu:
             if self.broken is not None:
                 op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "
                                        f"earlier failure: {self.broken}"))
@@ -293,13 +300,14 @@ class Group:
             if self.closed:
                 op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
                 return op
-            if not op.is_p2p:
+            p2p = op.kind == _P2P
+            if not p2p:
                 op.seq = self._seq
                 self._seq += 1
                 op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
                 self.records.append(op.record)
             # an unmarked receive may wait on a send this caller has yet to issue: engine only
-            small = op.nbytes <= INLINE_BYTES and not (op.is_p2p and op.direction != "send")
+            small = op.nbytes <= INLINE_BYTES and not (p2p and op.direction != "send")
             inline = (sync or (sync is None and small)) and self._drive.acquire(blocking=False)
             if inline and (self._queue or self._active or self._waiting):
                 self._drive.release()
@@ -421,15 +429,13 @@ class Group:
         if op.record:
             op.record.state = "failed" if error else "done"
             op.record.t_end = time.perf_counter()
-            if not error:
-                key = (op.record.kind, op.algorithm)
+            if not error:  # calls and host seconds per (collective, algorithm, bytes)
+                key = (op.record.kind, op.algorithm, op.nbytes)
                 st = self.stats.get(key)
                 if st is None:
-                    st = self.stats[key] = [0, 0, 0.0, {}]
+                    st = self.stats[key] = [0, 0.0]
                 st[0] += 1
-                st[1] += op.nbytes
-                st[2] += op.record.t_end - op.record.t_start
-                st[3][op.nbytes] = st[3].get(op.nbytes, 0) + 1
+                st[1] += op.record.t_end - op.record.t_start
         op.complete(error)
 
     def _name(self, op: Op) -> str:
@@ -635,8 +641,15 @@ class Group:
     # -- reporting and shutdown ----------------------------------------------------------------
     def report(self) -> list[dict]:
         """Per (collective, algorithm): calls, bytes, measured host time, modelled device time."""
+        per: dict[tuple[str, str], list] = {}
+        for (kind, algo, b), (n, secs) in list(self.stats.items()):
+            row = per.setdefault((kind, algo), [0, 0, 0.0, {}])
+            row[0] += n
+            row[1] += n * b
+            row[2] += secs
+            row[3][b] = n
         rows = []
-        for (kind, algo), (calls, nbytes, host, sizes) in sorted(self.stats.items()):
+        for (kind, algo), (calls, nbytes, host, sizes) in sorted(per.items()):
             model = None
             if self.topology is not None:
                 try:
