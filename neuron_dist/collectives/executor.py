@@ -90,8 +90,8 @@ class Mailbox:
 
 def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size): per round,
-    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, byte offset, bytes), ...)), ...),
-    receives as ((peer, ((step, element offset, elements), ...)), ...))."""
+    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, element offset, elements, bytes),
+    ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...))."""
     key = (itemsize, frame_elems)
     plan = schedule.plans.get(key)
     if plan is not None:
@@ -110,7 +110,7 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
         for s in steps:
             if isinstance(s, Send):
                 sends.setdefault(s.peer, []).extend(
-                    (s.src.buf, (s.src.start + off) * itemsize, n * itemsize) for off, n in frames(s.src.count))
+                    (s.src.buf, s.src.start + off, n, n * itemsize) for off, n in frames(s.src.count))
             elif isinstance(s, Recv):
                 recvs.setdefault(s.peer, []).extend((s, off, n) for off, n in frames(s.dst.count))
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
@@ -143,7 +143,6 @@ class Execution:
         self.itemsize = _ITEMSIZE[dtype] if dtype in _ITEMSIZE else empty.element_size()
         self.frame_elems = max(1, frame_bytes // self.itemsize)
         self.rounds = frame_plan(schedule, self.itemsize, self.frame_elems)
-        self.bytes = [None, None, None]  # uint8 views of the buffers, made when first sent from
         tmp = bufs[TMP]
         self._tviews = None
         if 0 < tmp.numel() * self.itemsize <= KEEP_VIEWS_BYTES:
@@ -223,12 +222,10 @@ class Execution:
         for peer in list(self.sends):
             q = self.sends[peer]
             while q:
-                b, a, nb = q[0]
-                if nb:
-                    bb = self.bytes[b]
-                    if bb is None:
-                        bb = self.bytes[b] = self.bufs[b].view(torch.uint8)
-                    payload = bb if a == 0 and nb == bb.numel() else bb[a:a + nb]
+                b, a, n, nb = q[0]
+                if nb:  # the frame's slice of the buffer, in its own dtype (transports move bytes)
+                    t = self.bufs[b]
+                    payload = t if a == 0 and n == t.numel() else t[a:a + n]
                 else:
                     payload = _EMPTY
                 chunk = self.sent_chunks.get(peer, 0)
@@ -255,7 +252,7 @@ class Execution:
                 step, off, n = q[0]
                 chunk = self.recv_chunks.get(peer, 0)
                 try:
-                    check(h, self.stamp.header(peer, self.rank, chunk, n * self.itemsize), payload.numel())
+                    check(h, self.stamp.header(peer, self.rank, chunk, n * self.itemsize), payload.nbytes)
                     self._deliver(step, off, n, payload)
                 finally:
                     if not owned:
@@ -270,7 +267,8 @@ class Execution:
     def _deliver(self, step: Recv, off: int, n: int, payload: torch.Tensor) -> None:
         if n == 0:
             return
-        incoming = payload.view(self.stamp.dtype)
+        dt = self.stamp.dtype
+        incoming = payload if payload.dtype is dt else payload.view(dt)
         d = step.dst
         dst = self._view(d) if off == 0 and n == d.count else self.bufs[d.buf][d.start + off:d.start + off + n]
         if step.reduce:

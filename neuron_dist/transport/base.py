@@ -2,7 +2,7 @@
 
 One `Transport` object connects this rank to every peer of one process group. It moves frames
 (a 56-byte header from `frame.py` plus raw payload bytes) and nothing else: no collective logic,
-no reduction, no tensors beyond uint8 views. All calls are non-blocking except `wait`, `flush`
+no reduction: payloads are contiguous tensors whose bytes move as they lie. All calls are non-blocking except `wait`, `flush`
 and `close`, so one progress loop can drive many transfers at once and never deadlocks on a
 bounded buffer.
 
@@ -53,7 +53,9 @@ class Transport(abc.ABC):
     def send(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
         """Try to hand one frame for `peer` to the transport.
 
-        `payload` is a contiguous 1-D uint8 tensor (possibly empty). Returns False when the frame
+        `payload` is a contiguous 1-D tensor of any dtype (possibly empty): its `nbytes` bytes are
+        the frame's payload, moved as they lie (the executor hands over slices of the caller's
+        tensors without re-viewing them as bytes). Returns False when the frame
         cannot be accepted now (flow control); the caller retries later, after `wait`. Once True is
         returned the transport may keep reading `payload` until `flush` returns."""
 
@@ -61,8 +63,10 @@ class Transport(abc.ABC):
     def recv(self, peer: int) -> tuple[Header, torch.Tensor] | None:
         """The next frame from `peer`, or None if none is complete yet.
 
-        The header has passed `frame.unpack` (well-formed) and the payload length equals
-        header.nbytes; whether it is the expected frame is the caller's check. The payload view
+        The header has passed `frame.unpack` (well-formed) and the payload's `nbytes` equals
+        header.nbytes; whether it is the expected frame is the caller's check. The payload is a
+        1-D tensor over those bytes: uint8, or already viewed as the header's dtype where the
+        transport keeps such views (shared memory); readers view it as they need. The payload view
         stays valid until `release(peer)`; call it before the next `recv(peer)`."""
 
     def release(self, peer: int) -> None:

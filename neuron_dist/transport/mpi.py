@@ -92,7 +92,7 @@ class MpiTransport(Transport):
         MPI, dst = self.MPI, self.world[peer]
         hb = header.pack()
         reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb)]
-        if payload.numel():
+        if payload.nbytes:
             reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload))
         self.sends.extend(reqs)
         return True

@@ -50,8 +50,10 @@ SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
 DEFAULT_SLOT_BYTES = 512 << 10
 MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
-_CUTS = 8          # payload views kept per slot (one per frame size seen; slicing costs ~1 us)
+_CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 _pack_into = frame.HEADER.pack_into
+_U8 = torch.uint8
+_RECV_DTYPE = dict(frame.CODE_DTYPE)  # a received slot is handed out viewed as its frame's dtype
 
 # control block offsets
 _DOORBELL, _SLEEPING, _CLOSED, _PID = 0, 4, 8, 16
@@ -186,7 +188,8 @@ class ShmTransport(Transport):
             if ctx.hosts and ctx.hosts[p] != ctx.hostname:
                 raise TransportError(f"rank {self.rank} cannot reach rank {p} over shared memory: "
                                      f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
-        self.slot_bytes = env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES)
+        # whole cache lines: every slot's payload starts aligned for any dtype's view
+        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES) // LINE) * LINE
         self.nslots = max(2, env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS))
         ncpu = len(os.sched_getaffinity(0))
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
@@ -245,7 +248,7 @@ class ShmTransport(Transport):
     # -- data path ---------------------------------------------------------------------------
     def send(self, peer, header, payload):
         head, tail, slots = self.out[peer]
-        n = payload.numel()
+        n = payload.nbytes
         if n > self.slot_bytes:
             raise TransportError(f"rank {self.rank}: a {n}-byte frame for rank {peer} exceeds the "
                                  f"{self.slot_bytes}-byte shared-memory slot (NEURON_DIST_FRAME_BYTES)")
@@ -257,11 +260,12 @@ class ShmTransport(Transport):
         seg = self.theirs[peer]
         _pack_into(seg.mm, off, frame.MAGIC, frame.VERSION, *header)
         if n:
-            dst = cuts.get(n)
-            if dst is None:
-                dst = body[:n]
+            dt = payload.dtype
+            dst = cuts.get((n, dt))
+            if dst is None:  # the slot viewed as the payload's dtype: copy_ then moves raw bytes
+                dst = body[:n] if dt is _U8 else body[:n].view(dt)
                 if len(cuts) < _CUTS:
-                    cuts[n] = dst
+                    cuts[(n, dt)] = dst
             dst.copy_(payload)
         self.blocked.discard(peer)
         head.value = h + 1
@@ -285,11 +289,12 @@ class ShmTransport(Transport):
             raise frame.FrameError(f"rank {self.rank}: frame from rank {peer} claims {h.nbytes} bytes, "
                                    f"more than a slot holds")
         self.held.add(peer)
-        view = cuts.get(h.nbytes)
-        if view is None:
-            view = body[:h.nbytes]
+        dt = _RECV_DTYPE.get(h.dtype, _U8)
+        view = cuts.get((h.nbytes, dt))
+        if view is None:  # typed as the header says (frame.unpack checked nbytes is whole elements)
+            view = body[:h.nbytes] if dt is _U8 else body[:h.nbytes].view(dt)
             if len(cuts) < _CUTS:
-                cuts[h.nbytes] = view
+                cuts[(h.nbytes, dt)] = view
         return h, view
 
     def release(self, peer):

@@ -93,9 +93,9 @@ def _release(domain: str, linger_ok: bool) -> None:
 
 
 def memory_of(t: torch.Tensor) -> memoryview:
-    """A memoryview of a contiguous uint8 tensor's bytes without `.numpy()` (which would pin
-    the storage's size forever and break FSDP's resize_(0))."""
-    n = t.numel()
+    """A memoryview of a contiguous tensor's bytes without `.numpy()` (which would pin the
+    storage's size forever and break FSDP's resize_(0))."""
+    n = t.nbytes
     if n == 0:
         return memoryview(b"")
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
@@ -174,7 +174,7 @@ class ZmqTransport(Transport):
         if gone and header.kind != frame.Kind.ABORT:  # a frame we have not sent yet can never arrive
             raise PeerGone(peer, gone)
         hb = header.pack()
-        n = payload.numel()
+        n = payload.nbytes
         if n < ZERO_COPY_BYTES:
             self.push[peer].send_multipart([hb, memory_of(payload)], copy=True)
         else:
