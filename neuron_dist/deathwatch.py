@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import select
+import time
 from typing import TYPE_CHECKING
 
 from .errors import GroupError
@@ -17,13 +18,17 @@ class DeathWatch:
     A collective needs every member; a point-to-point transfer its peer. Only a death counts: a
     peer that closed in order (destroy_process_group after its last collective, seen by the
     transport's `peer_finished`) may already have done its part. Same-host peers are watched
-    through pidfds in one epoll set (a single non-blocking poll per operation, zombies
-    included); peers on other hosts through the transport's connection state.
+    through pidfds in one epoll set (a non-blocking poll at an operation's start, at most one
+    per POLL_INTERVAL; zombies included); peers on other hosts through the transport's connection state.
     """
+
+    POLL_INTERVAL = 0.001  # seconds between polls of the pidfds: back-to-back small operations share
+                           # one (a death in between is still caught inside the operation)
 
     def __init__(self, group: "Group", host: str):
         self.group = group
         self.ep = None
+        self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
         self.dead: dict[int, str] = {}     # peer -> reason
         self.remote = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] != host]
@@ -42,7 +47,9 @@ class DeathWatch:
 
     def check(self, op: "Op") -> None:
         g = self.group
-        if self.ep is not None:
+        now = time.monotonic()
+        if self.ep is not None and now >= self._next_poll:
+            self._next_poll = now + self.POLL_INTERVAL
             for fd, _ in self.ep.poll(0):
                 r = self.fds.pop(fd)
                 self.ep.unregister(fd)

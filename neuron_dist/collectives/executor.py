@@ -14,7 +14,7 @@ import weakref
 from collections import deque
 import torch
 
-from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check
+from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, make_header, abort_reason, check
 from .reduce_ops import Reducer
 from .schedule import LOCAL_STEPS, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
 
@@ -31,7 +31,8 @@ class Stamp:
         self._kind, self._dtype = int(kind), DTYPE_CODE[dtype]
 
     def header(self, src: int, dst: int, chunk: int, nbytes: int) -> Header:
-        return Header(self._kind, self._dtype, self.token, self.group, self.seq, src, dst, chunk, self.tag, nbytes)
+        return make_header(Header, (self._kind, self._dtype, self.token, self.group, self.seq, src, dst, chunk,
+                                     self.tag, nbytes))
 
     def __repr__(self) -> str:
         return (f"Stamp(kind={self.kind!r}, dtype={self.dtype}, token={self.token}, group={self.group}, "

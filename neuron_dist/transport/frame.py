@@ -83,6 +83,11 @@ class Header(NamedTuple):
                 f"{self.nbytes} bytes, {dt})")
 
 
+# Header from a tuple of its 10 fields without NamedTuple's Python-level __new__ (~3x cheaper on
+# the per-frame path); callers pass exactly the fields, in order.
+make_header = tuple.__new__
+
+
 def unpack(buf) -> Header:
     """Parse and sanity-check a header from untrusted bytes. Raises FrameError, never anything else."""
     try:
@@ -122,7 +127,7 @@ def _validated(fields) -> Header:
         raise FrameError(f"frame of {CODE_DTYPE[dtype]} claims {nbytes} bytes, not a whole number of elements")
     if kind == Kind.ABORT and nbytes > MAX_ABORT_BYTES:
         raise FrameError(f"abort frame claims {nbytes} bytes, above the {MAX_ABORT_BYTES} limit")
-    return Header(kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes)
+    return make_header(Header, fields[2:])
 
 
 def abort_reason(payload) -> str:
