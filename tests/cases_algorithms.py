@@ -106,3 +106,32 @@ def model_policy(rank, world):
         dist.all_reduce(x)
         same(x, torch.full((1 << 16,), float(world)), "all_reduce under the model policy")
     return checks
+
+
+def host_policy(rank, world):
+    """NEURON_DIST_TUNING=host on shared memory: all-reduce goes direct while it is latency-bound
+    (two ranks: up to one frame each way, reduced from the peer's slot), ring above; at two
+    ranks all-gather and reduce-scatter keep the model's pick (ring and direct coincide)."""
+    from neuron_dist import topology
+    from neuron_dist.collectives.select import HOST_RING_BYTES
+    g = group_of(None)
+    if g.transport.name != "shm" or world == 1:
+        return 1
+    checks = 0
+    with env(NEURON_DIST_TUNING="host"):
+        direct_up_to = g.frame_bytes if world == 2 else HOST_RING_BYTES
+        for nbytes in (4 << 10, HOST_RING_BYTES, HOST_RING_BYTES + 4, g.frame_bytes, g.frame_bytes + 4, 64 << 20):
+            want = "direct" if nbytes <= direct_up_to else "ring"
+            assert g.choose("allreduce", nbytes) == want, (world, nbytes, g.choose("allreduce", nbytes), want)
+            if world == 2:
+                for coll in ("allgather", "reduce_scatter"):
+                    model = topology.choose(coll, nbytes, g.topology, None, available=algorithms_for(coll))
+                    assert g.choose(coll, nbytes) == model, (coll, nbytes)
+            checks += 1
+        for count in (g.frame_bytes // 4, g.frame_bytes // 4 + 1):  # the last one-frame size, the first two-frame
+            ins = [values(r, count, torch.float32, "sum", 31) for r in range(world)]
+            x = ins[rank].clone()
+            dist.all_reduce(x)
+            same(x, reference(ins, "sum", torch.float32), f"host policy all_reduce of {count} floats")
+            checks += 1
+    return checks
