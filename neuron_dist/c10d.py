@@ -31,8 +31,8 @@ _OPS = {
 }
 
 
-_OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}  # by the enum's int: hashing the enum
-                                                            # itself costs ~0.5 us per call
+# keyed by the enum's int value: hashing the pybind enum itself costs ~0.5 us per call
+_OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}
 
 
 def _reduce_op(op) -> tuple[str, object]:

@@ -14,7 +14,7 @@ import weakref
 from collections import deque
 import torch
 
-from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, make_header, abort_reason, check
+from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check, make_header
 from .reduce_ops import Reducer
 from .schedule import LOCAL_STEPS, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
 
