@@ -65,7 +65,8 @@ def bench(d: str, name: str, title: str) -> None:
     run = load(os.path.join(d, name))
     if not run:
         return
-    print(f"\n**{title}** (`neuron_dist.bench`, median; busbw GB/s; model = cost-model busbw on "
+    stat = "average of back-to-back calls" if run["config"].get("loop") else "median"
+    print(f"\n**{title}** (`neuron_dist.bench`, {stat}; busbw GB/s; model = cost-model busbw on "
           f"{run['config'].get('instance')}, not this host)\n")
     print("| op | size | count | type | time us | algbw | busbw | #wrong | gloo us | gloo busbw | ratio | model |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -131,6 +132,7 @@ def main() -> None:
     bench(d, "bench_w2.json", "All collectives, world 2, float32")
     bench(d, "bench_w2_bf16.json", "All-reduce, world 2, bfloat16")
     bench(d, "bench_w4.json", "All collectives, world 4 on 2 cores, float32")
+    bench(d, "bench_w4_loop.json", "All collectives, world 4 on 2 cores, float32, back to back (`--loop`)")
     train(d)
 
 

@@ -16,6 +16,11 @@ see the same machine, and `ratio` is neuron's busbw over Gloo's. `model` is the 
 `neuron_dist.topology.estimate` predicts for the algorithm `choose` picks on the modelled
 instance (`--instance`, ranks placed one per core): the device the backend is tuned for, not
 this host. GB = 1e9 bytes. The exit status is 1 if any element was wrong.
+
+`--loop` times as nccl-tests does: one barrier, then `-n` back-to-back calls, time = the slowest
+rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
+call) includes the cost of coming out of that barrier, which on a host with fewer cores than
+ranks favours whichever backend's next call is cheapest to schedule.
 """
 from __future__ import annotations
 
@@ -127,9 +132,17 @@ def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float
         return None
 
 
-def _time(case: Case, iters: int, warmup: int, meta, dist, torch) -> float:
+def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = False) -> float:
     for _ in range(warmup):
         case.run()
+    if loop:  # one barrier, back-to-back calls, the slowest rank's average
+        dist.barrier(group=meta)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            case.run()
+        t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=meta)
+        return t.item()
     ts = []
     for _ in range(iters):
         dist.barrier(group=meta)
@@ -154,7 +167,8 @@ def worker(a) -> int:
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
     pg = dist.distributed_c10d._get_default_group()
     transport = getattr(getattr(pg, "group", None), "transport", None)
-    say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} time median "
+    say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} "
+        f"time {'loop-avg' if a.loop else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
@@ -187,7 +201,7 @@ def worker(a) -> int:
                 bad = torch.tensor([case.wrong()], dtype=torch.int64)
                 dist.all_reduce(bad, group=meta)
                 case.reset()
-                t = _time(case, a.iters, a.warmup, meta, dist, torch)
+                t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop)
                 algbw = case.size / t / 1e9
                 row.update(size=case.size, count=case.count)
                 row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
@@ -261,6 +275,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-d", "--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
+    p.add_argument("--loop", action="store_true",
+                   help="one barrier, then back-to-back iterations averaged (nccl-tests style)")
     p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
     p.add_argument("--instance", default="trn2.48xlarge",
                    help="instance the cost model predicts busbw for ('' to omit the column)")

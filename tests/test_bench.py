@@ -28,6 +28,20 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert (r["model"] is None) == (r["op"] == "sendrecv"), r
 
 
+def test_collective_bench_loop_mode(tmp_path):
+    """--loop (one barrier, back-to-back calls): same columns, results still checked."""
+    out = tmp_path / "l.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,sendrecv",
+                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", "--loop", "--vs", "gloo", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "time loop-avg" in p.stdout and "Out of bounds values : 0 OK" in p.stdout
+    data = json.load(open(out))
+    assert data["config"]["loop"] is True
+    assert {r["op"] for r in data["rows"]} == {"allreduce", "sendrecv"}
+    assert all(r["neuron"]["time_us"] > 0 and r["gloo"]["time_us"] > 0 for r in data["rows"])
+
+
 def test_bench_detects_wrong_results(monkeypatch):
     """#wrong must be able to count: a case whose output is corrupted reports every element."""
     import torch
