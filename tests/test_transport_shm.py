@@ -299,3 +299,27 @@ def test_no_room_in_dev_shm_is_a_clear_error_on_every_rank(monkeypatch):
     assert set(errs) == {0, 1}, errs
     assert "--shm-size" in errs[0] and "rank 0" in errs[1]
     assert leftovers("full") == []
+
+
+def test_typed_payloads_any_frame_size(monkeypatch):
+    """Payloads of any dtype move as raw bytes; a received slot comes back viewed as the frame's
+    dtype, aligned for it in every slot even with a frame size that is not a multiple of 16."""
+    a, b = pair("t9", slots=3, frame_bytes=1000, monkeypatch=monkeypatch)
+    try:
+        assert a.slot_bytes % 64 == 0 and a.slot_bytes >= 1000
+        src = torch.arange(200, dtype=torch.float64) * 1.5 - 7
+        cases = [(torch.float64, src[3:3 + 100]),                       # a slice at an offset
+                 (torch.complex128, torch.complex(src[:60], -src[60:120])),
+                 (torch.bfloat16, torch.linspace(-2, 2, 500).to(torch.bfloat16)),
+                 (torch.int64, torch.arange(-60, 65)),
+                 (torch.bool, torch.arange(999) % 3 == 0)]
+        for i, (dt, x) in enumerate(cases * 2):  # twice round: every slot sees several dtypes
+            h = frame.Header(int(frame.Kind.ALLREDUCE), frame.DTYPE_CODE[dt], TOKEN, 7, 0, 0, 1, i, 0, x.nbytes)
+            assert a.send(1, h, x)
+            got_h, body = b.recv(0)
+            assert got_h == h and body.dtype == dt and body.nbytes == x.nbytes
+            assert torch.equal(body, x), dt
+            b.release(0)
+    finally:
+        a.close()
+        b.close()
