@@ -121,7 +121,7 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
     return plan
 
 
-_ITEMSIZE = {d: torch.empty(0, dtype=d).element_size() for d in DTYPE_CODE}
+_P2P = int(Kind.P2P)
 # Views into small scratch buffers, per buffer: the c10d adapter keeps a plan's scratch (up to
 # 64 KiB) across calls, so its slot views are cut once, not per call (a slice costs ~1 us).
 # Keyed by the buffer's id; an entry goes when its buffer does (weakref.finalize).
@@ -133,20 +133,27 @@ _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 class Execution:
     """One schedule in flight. Raises from progress() on any protocol error."""
 
+    __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
+                 "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
+                 "waiting_on", "_key", "_cur")
+
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES):
         dtype = stamp.dtype
-        empty = _EMPTIES[dtype] if dtype in _EMPTIES else torch.empty(0, dtype=dtype)
-        bufs = [empty if b is None else b for b in bufs]
+        if bufs[0] is None or bufs[1] is None or bufs[2] is None:  # (not `None in bufs`: that calls Tensor.__eq__)
+            empty = _EMPTIES.get(dtype)
+            if empty is None:
+                empty = torch.empty(0, dtype=dtype)
+            bufs = [empty if b is None else b for b in bufs]
         self.bufs, self.reduce = bufs, reduce
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
-        self.itemsize = _ITEMSIZE[dtype] if dtype in _ITEMSIZE else empty.element_size()
-        self.frame_elems = max(1, frame_bytes // self.itemsize)
-        self.rounds = frame_plan(schedule, self.itemsize, self.frame_elems)
+        self.itemsize = itemsize = dtype.itemsize
+        self.frame_elems = max(1, frame_bytes // itemsize)
+        self.rounds = frame_plan(schedule, itemsize, self.frame_elems)
         tmp = bufs[TMP]
         self._tviews = None
-        if 0 < tmp.numel() * self.itemsize <= KEEP_VIEWS_BYTES:
+        if 0 < tmp.numel() * itemsize <= KEEP_VIEWS_BYTES:
             key = id(tmp)
             self._tviews = _TMP_VIEWS.get(key)
             if self._tviews is None:
@@ -160,7 +167,7 @@ class Execution:
         self.round_had_sends = False
         self.done = False
         self.waiting_on: int | None = None
-        if stamp.kind == Kind.P2P:
+        if stamp._kind == _P2P:
             self._key, self._cur = ("p2p", stamp.tag), None
         else:
             self._key, self._cur = ("coll", stamp.seq), stamp.seq
