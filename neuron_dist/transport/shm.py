@@ -53,7 +53,7 @@ MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 _pack_into = frame.HEADER.pack_into
 _U8 = torch.uint8
-_RECV_DTYPE = dict(frame.CODE_DTYPE)  # a received slot is handed out viewed as its frame's dtype
+_CODE_DTYPE = frame.CODE_DTYPE  # a received slot is handed out viewed as its frame's dtype
 
 # control block offsets
 _DOORBELL, _SLEEPING, _CLOSED, _PID = 0, 4, 8, 16
@@ -289,7 +289,7 @@ class ShmTransport(Transport):
             raise frame.FrameError(f"rank {self.rank}: frame from rank {peer} claims {h.nbytes} bytes, "
                                    f"more than a slot holds")
         self.held.add(peer)
-        dt = _RECV_DTYPE.get(h.dtype, _U8)
+        dt = _CODE_DTYPE.get(h.dtype, _U8)
         view = cuts.get((h.nbytes, dt))
         if view is None:  # typed as the header says (frame.unpack checked nbytes is whole elements)
             view = body[:h.nbytes] if dt is _U8 else body[:h.nbytes].view(dt)
