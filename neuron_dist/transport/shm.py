@@ -9,10 +9,11 @@ control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid):
 A sender copies a frame into the next free slot of its ring in the receiver's segment and
 publishes it by bumping `head` (8-byte aligned stores are atomic on x86/arm64, and x86 keeps
 store order, so the payload is visible before the head). The receiver hands the executor a
-tensor *view of the slot*: reductions read the peer's bytes in place, with no extra copy, and
-`release` bumps `tail`, freeing the slot. Memory is bounded: S slots (NEURON_DIST_SHM_SLOTS,
-default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default 512 KiB) per peer pair; a full
-ring makes `send` return False (the executor retries after `wait`).
+tensor *view of the slot*, typed as the frame's dtype: reductions read the peer's bytes in
+place, with no extra copy, and `release` bumps `tail`, freeing the slot. Memory is bounded: S
+slots (NEURON_DIST_SHM_SLOTS, default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default
+512 KiB, rounded up to whole 64-byte lines so every slot is aligned for any dtype) per peer
+pair; a full ring makes `send` return False (the executor retries after `wait`).
 
 Waiting. `wait` spins briefly (NEURON_DIST_SHM_SPIN_US: 50 us with a core per rank; 20 us of
 sched_yield when local ranks outnumber cores, so the peer we wait for gets the core) and then
