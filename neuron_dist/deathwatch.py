@@ -19,7 +19,8 @@ class DeathWatch:
     peer that closed in order (destroy_process_group after its last collective, seen by the
     transport's `peer_finished`) may already have done its part. Same-host peers are watched
     through pidfds in one epoll set (a non-blocking poll at an operation's start, at most one
-    per POLL_INTERVAL; zombies included); peers on other hosts through the transport's connection state.
+    per POLL_INTERVAL; zombies included); peers on other hosts through the transport's
+    connection state.
     """
 
     POLL_INTERVAL = 0.001  # seconds between polls of the pidfds: back-to-back small operations share

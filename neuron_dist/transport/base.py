@@ -2,9 +2,9 @@
 
 One `Transport` object connects this rank to every peer of one process group. It moves frames
 (a 56-byte header from `frame.py` plus raw payload bytes) and nothing else: no collective logic,
-no reduction: payloads are contiguous tensors whose bytes move as they lie. All calls are non-blocking except `wait`, `flush`
-and `close`, so one progress loop can drive many transfers at once and never deadlocks on a
-bounded buffer.
+no reduction; payloads are contiguous tensors whose bytes move as they lie. All calls are
+non-blocking except `wait`, `flush` and `close`, so one progress loop can drive many transfers
+at once and never deadlocks on a bounded buffer.
 
 Implementations: `zmq_transport.ZmqTransport` (TCP between hosts, IPC within a host),
 `shm.ShmTransport` (shared memory within a host), `mpi.MpiTransport` (mpi4py).
