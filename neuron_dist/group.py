@@ -67,13 +67,6 @@ def _select_choose(collective: str, nbytes: int, group) -> str:
     return choose(collective, nbytes, group)
 
 
-def _call_tag(kind, desc: str) -> int:
-    from .debug import call_tag  # debug imports this module's GroupError lazily; import once, here
-    global _call_tag
-    _call_tag = call_tag
-    return call_tag(kind, desc)
-
-
 @dataclass
 class Record:
     seq: int
@@ -114,7 +107,7 @@ class Op:
 
     @property
     def is_p2p(self) -> bool:
-        return self.kind == Kind.P2P
+        return self.kind == _P2P
 
     @property
     def event(self) -> threading.Event:
@@ -348,16 +341,14 @@ class Group:
             self._active.append(op)
             self._cv.notify()
 
-    def stamp(self, op: Op, dtype: torch.dtype, tag: int = 0) -> Stamp:
-        p2p = op.kind == Kind.P2P
-        seq = op.seq if not p2p else op.nbytes
-        if not p2p and not tag:
-            # a collective's frames carry a checksum of its arguments (reduce op, root, sizes), so a
-            # receiver whose peer called it differently fails its frame check instead of mixing data
-            tag = _call_tag(op.kind, op.desc)
+    def stamp(self, op: Op, dtype: torch.dtype, tag: int) -> Stamp:
+        seq = op.nbytes if op.kind == _P2P else op.seq
         return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
 
-    def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int = 0) -> Execution:
+    def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int) -> Execution:
+        """The op's Execution. `tag`: a send/recv's user tag; a collective's checksum of its
+        arguments (`debug.call_tag`, kept with the adapter's plan), so a receiver whose peer
+        called it differently (reduce op, root, sizes) fails its frame check instead of mixing data."""
         self._deaths.check(op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
                          self.frame_bytes)
