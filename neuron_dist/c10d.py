@@ -248,18 +248,22 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None):
+                    opts=None, name: str | None = None):
         """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
-        before the schedule starts (premultiply), `after` once it has finished (AVG, copy-back)."""
+        before the schedule starts (premultiply; it may return a new IN to use), `after` once it
+        has finished (AVG, copy-back). `name` replaces the collective's in the description."""
         g = self.group
         algo = algorithm or g.choose(collective, nbytes)
-        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes)
+        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
 
         def start(op: Op) -> Execution:
+            src = inp
             if before:
-                before()
+                replaced = before()
+                if replaced is not None:
+                    src = replaced
             sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
+            return g.execution(op, sched, [src, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
 
         finish = None
         if (op_name == "avg" and out is not None) or after:
@@ -458,36 +462,20 @@ class NeuronProcessGroup(dist.ProcessGroup):
         single = len(outputs) == 1 and outputs[0].is_contiguous()
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
-        def before():
-            nonlocal inp
-            if factor is not None:
-                inp = inp * _factor_for(factor, dtype)  # never scale the caller's input in place
+        before = after = None
+        if factor is not None:
+            def before():
+                return inp * _factor_for(factor, dtype)  # never scale the caller's input in place
 
-        def after():
-            if single:
-                return
-            off = 0
-            for o, sz in zip(outputs, sizes):
-                o.copy_(out[off:off + sz].view(o.shape))
-                off += sz
+        if not single:
+            def after():
+                off = 0
+                for o, sz in zip(outputs, sizes):
+                    o.copy_(out[off:off + sz].view(o.shape))
+                    off += sz
 
-        g = self.group
-        nbytes = c * n * dtype.itemsize
-        algo = g.choose("reduce_scatter", nbytes)
-        plan = self._plan("reduce_scatter", Kind.REDUCE_SCATTER, algo, {"counts": (c,) * n}, dtype, op_name,
-                          nbytes, what)
-
-        def start(op: Op) -> Execution:
-            before()
-            sched = plan.schedule(g)
-            return g.execution(op, sched, [inp, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
-
-        def finish(op: Op) -> None:
-            if op_name == "avg":
-                reduce_ops.finish_avg(out, n)
-            after()
-
-        return self._submit(Kind.REDUCE_SCATTER, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
+        return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": (c,) * n}, inp, out, dtype,
+                                op_name, before, after, outputs, c * n * dtype.itemsize, opts=opts, name=what)
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None):
