@@ -220,15 +220,17 @@ class Group:
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
-        me = {"host": socket.gethostname(), "pid": os.getpid()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}
         me.update(self._placement_info())
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
+        # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
+        local_cpus = set().union(*(p.get("cpus", ()) for p in self.peers_info if p["host"] == me["host"]))
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=me["host"], bind_addr=_bind_addr(store), hosts=self.hosts,
-                               job_id=f"{self.token:x}"[:12])
+                               job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, me["host"])

@@ -29,3 +29,35 @@ def test_two_nodes_on_loopback_neuron_backend():
     assert len(lines) == 4, outs
     assert all("nodes=2" in l for l in lines), lines
     assert sorted(l.split("node=")[1].split()[0] for l in lines) == ["0", "0", "1", "1"], lines
+
+
+BOUND_JOB = """
+import os, torch, torch.distributed as dist, neuron_dist
+dist.init_process_group("neuron")
+t = torch.ones(8)
+dist.all_reduce(t)
+shm = dist.distributed_c10d._get_default_group().group.transport
+print("bound", int(os.environ["LOCAL_RANK"]), sorted(os.sched_getaffinity(0)), shm.oversubscribed, t.sum().item(),
+      flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_cpu_bind_core_places_each_rank_on_its_own_cpus(tmp_path):
+    """--cpu-bind core: each rank runs on its own share of the CPUs, and the shared-memory
+    transport still sees the job's CPUs together (bound to one core each, two ranks on two
+    cores are not oversubscribed: they spin before sleeping, instead of yielding)."""
+    script = tmp_path / "bound.py"
+    script.write_text(BOUND_JOB)
+    r = neuronrun(["--cpu-bind", "core", "--nproc-per-node", "2", str(script)], timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from neuronrun_launcher.plan import rank_cpus
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    got = {}
+    for line in r.stdout.splitlines():
+        if "bound " in line:
+            local, rest = line.split("bound ", 1)[1].split(" ", 1)
+            got[int(local)] = rest
+    union = set(rank_cpus(cpus, 0, 2)) | set(rank_cpus(cpus, 1, 2))
+    for local in (0, 1):
+        assert got[local] == f"{list(rank_cpus(cpus, local, 2))} {2 > len(union)} 16.0", r.stdout

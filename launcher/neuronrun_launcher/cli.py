@@ -86,6 +86,9 @@ FLAGS: tuple[Flag, ...] = (
          "instance's: 2 on trn2, 1 on trn1/inf2)", None, int, choices=(1, 2)),
     Flag(_spellings("--cores-per-rank"), "logical NeuronCores per rank (default: $NEURON_RT_NUM_CORES, else 1)",
          None, int, metavar="M"),
+    Flag(_spellings("--cpu-bind"), "core: bind each local rank to its own even share of the CPUs neuronrun "
+         "may use (as mpirun --bind-to core; more ranks than CPUs wrap around, one CPU each); none: leave "
+         "placement to the OS, as torchrun does", "none", choices=("none", "core")),
     Flag(_spellings("--scheduler"), "read nodes/node rank/master from: auto (detect srun/mpirun), slurm, mpi, "
          "none", "auto", choices=("auto", "slurm", "mpi", "none")),
     Flag(_spellings("--dry-run"), "print every rank's host, node rank, local rank, chip, cores and exact "

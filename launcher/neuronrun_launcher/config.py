@@ -12,6 +12,7 @@ with an exported Neuron variable or with the scheduler is an error, not a silent
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Mapping
@@ -154,7 +155,13 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
             check_host_port(root, "$NEURON_RT_ROOT_COMM_ID")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    plan = NeuronPlan(spec, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root)
+    # the CPUs of the node this launcher runs on (each node's neuronrun plans its own ranks)
+    host_cpus = ()
+    if args.values["cpu_bind"] == "core":
+        if not hasattr(os, "sched_getaffinity"):
+            raise ConfigError("--cpu-bind core needs Linux (sched_setaffinity)")
+        host_cpus = tuple(sorted(os.sched_getaffinity(0)))
+    plan = NeuronPlan(spec, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root, host_cpus)
     try:  # validates every slot: too many ranks, misaligned pool, pool outside the instance
         assign_slots(1, nproc, cores_per_chip=cores_per_chip, chips=model.chips, cores_per_rank=m,
                      base_core=base, pool_cores=pool)

@@ -13,7 +13,7 @@ import socket
 
 from .config import RunConfig
 from .launch import worker_command
-from .plan import neuron_env
+from .plan import format_cpus, neuron_env
 from .slots import assign_slots
 
 AT_RENDEZVOUS = "<chosen at rendezvous>"
@@ -75,6 +75,8 @@ def rank_table(cfg: RunConfig) -> list[tuple[dict[str, str], dict[str, str]]]:
             "chip": slot.chip_label,
             "cores": slot.visible_cores,
         }
+        if plan.host_cpus:  # --cpu-bind core (CPUs of the node neuronrun runs on; each node plans its own)
+            fields["cpus"] = format_cpus(plan.cpus(slot.local_rank))
         rows.append((fields, env))
     return rows
 

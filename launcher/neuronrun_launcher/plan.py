@@ -39,13 +39,20 @@ class NeuronPlan:
     base_core: int  # first core of this node's pool
     pool_cores: int  # cores of the pool (all of the instance unless NEURON_RT_VISIBLE_CORES said otherwise)
     root_comm_id: str | None = None  # user-set NEURON_RT_ROOT_COMM_ID, used as is
+    host_cpus: tuple[int, ...] = ()  # --cpu-bind core: the node's CPUs to share out; () = no binding
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "NeuronPlan":
-        return cls(**json.loads(text))
+        fields = json.loads(text)
+        fields["host_cpus"] = tuple(fields.get("host_cpus", ()))
+        return cls(**fields)
+
+    def cpus(self, local_rank: int) -> tuple[int, ...]:
+        """The CPUs local rank `local_rank` is bound to (empty: not bound)."""
+        return rank_cpus(self.host_cpus, local_rank, self.nproc_per_node)
 
     def slot(self, local_rank: int, node_rank: int = 0, nnodes: int = 1) -> Slot:
         return local_slot(
@@ -59,6 +66,30 @@ class NeuronPlan:
             node_rank=node_rank,
             nnodes=nnodes,
         )
+
+
+def rank_cpus(host_cpus: tuple[int, ...], local_rank: int, nproc: int) -> tuple[int, ...]:
+    """Local rank `local_rank`'s share of `host_cpus`, as ``mpirun --bind-to core`` shares a
+    node out: contiguous, even blocks (sizes differ by at most one) in CPU order; with more
+    ranks than CPUs, one CPU each, wrapping around. Empty `host_cpus`: no binding."""
+    if not host_cpus:
+        return ()
+    n = len(host_cpus)
+    if nproc >= n:
+        return (host_cpus[local_rank % n],)
+    return tuple(host_cpus[local_rank * n // nproc:(local_rank + 1) * n // nproc])
+
+
+def format_cpus(cpus: tuple[int, ...]) -> str:
+    """``0-3,8,10-11``: a CPU list as taskset and /proc print one."""
+    parts, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        parts.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def check_host_port(value: str, what: str) -> str:

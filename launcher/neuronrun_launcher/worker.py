@@ -16,6 +16,10 @@ trampoline rather than environment computed in the launcher:
 * It is started by file path, not ``-m``, so it works from a source checkout as well
   as an installed package; the ``sys.path`` tweak that allows this dies with ``exec``.
 
+With ``--cpu-bind core`` it binds the rank to its share of the node's CPUs before
+``exec`` (the affinity mask survives ``exec`` and is inherited by the rank's threads
+and children), so the program starts already placed.
+
 Before ``exec`` it asks Linux to SIGKILL the rank if the agent dies
 (PR_SET_PDEATHSIG survives exec), so even a SIGKILLed ``neuronrun`` leaves no ranks
 behind, and records its process group so the launcher can kill what a finished or
@@ -29,9 +33,9 @@ import sys
 
 if __package__ in (None, ""):  # started by file path: make the package importable
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    from neuronrun_launcher.plan import PLAN_VAR, NeuronPlan, neuron_env  # noqa: E402
+    from neuronrun_launcher.plan import PLAN_VAR, NeuronPlan, format_cpus, neuron_env  # noqa: E402
 else:
-    from .plan import PLAN_VAR, NeuronPlan, neuron_env
+    from .plan import PLAN_VAR, NeuronPlan, format_cpus, neuron_env
 
 MODES = ("python", "module", "exec")
 GROUPS_VAR = "NEURONRUN_GROUPS_DIR"
@@ -52,6 +56,19 @@ def rank_env(environ: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
     return env
+
+
+def bind_cpus(environ: dict[str, str]) -> str | None:
+    """Bind this process to the rank's CPUs if the plan says so; a warning if that failed."""
+    plan = NeuronPlan.from_json(environ[PLAN_VAR])
+    cpus = plan.cpus(int(environ["LOCAL_RANK"]))
+    if not cpus:
+        return None
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:
+        return f"--cpu-bind core: cannot bind to CPUs {format_cpus(cpus)} ({exc}); running unbound"
+    return None
 
 
 def command(mode: str, target: str, args: list[str], python: str) -> list[str]:
@@ -100,9 +117,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         env = rank_env(dict(os.environ))
         cmd = command(mode, target, args, sys.executable)
+        warning = bind_cpus(dict(os.environ))
     except (RuntimeError, ValueError) as exc:
         print(f"neuronrun worker (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if warning:
+        print(f"neuronrun worker (rank {env.get('RANK', '?')}): {warning}", file=sys.stderr, flush=True)
     _die_with_parent()
     _register_group()
     try:

@@ -32,6 +32,7 @@ class TransportContext:
     bind_addr: str            # the interface address this job uses (listeners bind only here)
     hosts: list[str] = field(default_factory=list)  # every rank's hostname, filled in at set-up
     job_id: str = ""          # names per-job resources (shared-memory segments, IPC paths)
+    local_cpus: int = 0       # CPUs the group's ranks on this host may use, together (0: unknown)
 
 
 class TransportError(RuntimeError):

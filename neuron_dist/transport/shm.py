@@ -192,7 +192,8 @@ class ShmTransport(Transport):
         # whole cache lines: every slot's payload starts aligned for any dtype's view
         self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES) // LINE) * LINE
         self.nslots = max(2, env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS))
-        ncpu = len(os.sched_getaffinity(0))
+        # the cores the local ranks share (ranks bound one per core see one core each)
+        ncpu = ctx.local_cpus or len(os.sched_getaffinity(0))
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
         self.oversubscribed = len(self.peers) + 1 > ncpu
         self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50) * 1e-6

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from launcher_helpers import clean_env, neuronrun
 
 from neuronrun_launcher.cli import FLAGS
 from neuronrun_launcher.config import ConfigError
 from neuronrun_launcher.dryrun import rank_table
+from neuronrun_launcher.plan import format_cpus, rank_cpus
 from neuronrun_launcher.run import config_from_argv
 
 
@@ -156,6 +159,19 @@ def test_dry_run_cli_output():
                  "NEURON_RT_NUM_CORES=8", "NEURON_LOGICAL_NC_CONFIG=1", "NEURON_RT_ROOT_COMM_ID=10.0.0.9:6001",
                  "NEURON_DIST_INSTANCE=trn2.48xlarge"):
         assert f"\n  {line}\n" in block + "\n"
+
+
+def test_cpu_bind_dry_run_and_bad_value():
+    r = neuronrun(["--dry-run", "--cpu-bind", "core", "--nproc-per-node", "2", "train.py"])
+    assert r.returncode == 0, r.stderr
+    cpus = sorted(os.sched_getaffinity(0))
+    for local in (0, 1):
+        want = format_cpus(rank_cpus(tuple(cpus), local, 2))
+        assert f"local rank {local}, chip 0, cores {local}, cpus {want}\n" in r.stdout
+    r = neuronrun(["--dry-run", "--nproc-per-node", "2", "train.py"])  # default: not bound, not shown
+    assert r.returncode == 0 and "cpus" not in r.stdout
+    r = neuronrun(["--cpu-bind", "socket", "train.py"])
+    assert r.returncode == 2 and "--cpu-bind" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_help_is_the_manual_and_errors_exit_2():

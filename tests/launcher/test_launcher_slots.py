@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neuronrun_launcher import instances, scheduler
-from neuronrun_launcher.plan import NeuronPlan, neuron_env
+from neuronrun_launcher.plan import NeuronPlan, format_cpus, neuron_env, rank_cpus
 from neuronrun_launcher.slots import PlacementError, assign_slots, local_slot, parse_core_range
 
 
@@ -167,3 +167,27 @@ def test_mpi():
     assert scheduler.detect(dict(env, MASTER_ADDR="h0")).master_addr == "h0"
     with pytest.raises(scheduler.SchedulerError, match="mpirun -N 1"):
         scheduler.detect(dict(env, OMPI_COMM_WORLD_LOCAL_SIZE="2"))
+
+
+@pytest.mark.parametrize("cpus, nproc, expect", [
+    ((0, 1), 2, [(0,), (1,)]),
+    ((0, 1, 2, 3, 4, 5, 6, 7), 2, [(0, 1, 2, 3), (4, 5, 6, 7)]),
+    ((0, 1, 2, 3, 4), 2, [(0, 1), (2, 3, 4)]),                  # uneven: blocks differ by one
+    ((0, 1), 4, [(0,), (1,), (0,), (1,)]),                      # more ranks than CPUs: wrap, one each
+    ((2, 3, 8, 9), 2, [(2, 3), (8, 9)]),                        # a restricted (taskset/cgroup) set
+    ((), 3, [(), (), ()]),                                      # no binding
+])
+def test_rank_cpus_share_the_node_out(cpus, nproc, expect):
+    got = [rank_cpus(cpus, r, nproc) for r in range(nproc)]
+    assert got == expect
+    if cpus and nproc <= len(cpus):  # a partition: every CPU used once
+        assert sorted(c for g in got for c in g) == list(cpus)
+
+
+def test_format_cpus_and_plan_round_trip():
+    assert format_cpus((0, 1, 2, 3, 8, 10, 11)) == "0-3,8,10-11" and format_cpus((5,)) == "5" and format_cpus(()) == ""
+    plan = NeuronPlan("trn2.48xlarge", 2, 16, 4, 1, 2, 0, 64, None, (0, 1, 2, 3))
+    back = NeuronPlan.from_json(plan.to_json())
+    assert back == plan and back.cpus(1) == (2, 3)
+    old = plan.to_json().replace(',"host_cpus":[0,1,2,3]', "")  # a plan without the field: no binding
+    assert "host_cpus" not in old and NeuronPlan.from_json(old).cpus(0) == ()

@@ -1,0 +1,76 @@
+"""Where one small all-reduce's time goes when calls come one at a time, as collbench times them.
+
+    torchrun --nproc-per-node 2 benchmarks/call_anatomy.py            # 4 KiB, world 2
+    torchrun --nproc-per-node 1 benchmarks/call_anatomy.py            # no peer: the code path alone
+    torchrun --nproc-per-node 2 benchmarks/call_anatomy.py --bytes 1M --iters 100
+
+For each way of starting a call (back to back; after a Gloo barrier, collbench's default; after
+a 1 ms sleep) it prints, over the iterations, the median and 90th percentile of: the skew
+between the ranks' starts, the latest-starting rank's own duration (its peer is already
+waiting, so this is mostly its own work), and the slowest rank's duration (collbench's number).
+Timestamps are CLOCK_MONOTONIC, comparable across the processes of one host.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import neuron_dist  # noqa: F401  registers "neuron"
+
+CLK = time.CLOCK_MONOTONIC
+
+
+def parse_bytes(s: str) -> int:
+    s = s.upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1:], 1)
+    return int(s[:-1] if mult > 1 else s) * mult
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bytes", default="4K", help="all-reduce size (float32), e.g. 4K, 1M")
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--pin", action="store_true", help="pin each rank to core LOCAL_RANK %% cores")
+    a = p.parse_args()
+    if a.pin:
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(os.environ.get("LOCAL_RANK", "0")) % len(cores)]})
+    torch.set_num_threads(1)
+    dist.init_process_group("neuron")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    meta = dist.new_group(backend="gloo")
+    x = torch.zeros(max(1, parse_bytes(a.bytes) // 4))
+    for _ in range(50):
+        dist.all_reduce(x)
+    modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
+             "after 1 ms sleep": lambda: time.sleep(0.001)}
+    if rank == 0:
+        print(f"# call_anatomy: all-reduce {x.numel() * 4} B, world {world}, {a.iters} calls per mode; "
+              f"us, median / p90")
+        print(f"# {'mode':>20} {'start skew':>16} {'latest rank':>16} {'slowest rank':>16}")
+    for name, before in modes.items():
+        dist.barrier(group=meta)
+        stamps = torch.empty(a.iters, 2, dtype=torch.float64)
+        for i in range(a.iters):
+            before()
+            t0 = time.clock_gettime(CLK)
+            dist.all_reduce(x)
+            stamps[i, 0], stamps[i, 1] = t0, time.clock_gettime(CLK)
+        every = [torch.empty_like(stamps) for _ in range(world)]
+        dist.all_gather(every, stamps, group=meta)
+        if rank == 0:
+            t = torch.stack(every)                      # world, iters, (start, end)
+            start, dur = t[:, :, 0], t[:, :, 1] - t[:, :, 0]
+            latest = start.argmax(0, keepdim=True)
+            cols = [start.max(0).values - start.min(0).values, dur.gather(0, latest)[0], dur.max(0).values]
+            cells = " ".join(f"{c.median().item() * 1e6:>7.1f} / {c.quantile(0.9).item() * 1e6:>6.1f}" for c in cols)
+            print(f"  {name:>20} {cells}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
