@@ -153,6 +153,13 @@ class Op:
             raise self.error
 
 
+def _cpus() -> list[int]:
+    """The CPUs this process may run on (all of them where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
 def _group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) | (len(name) << 32)
 
@@ -220,7 +227,7 @@ class Group:
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0))}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
         me.update(self._placement_info())
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
