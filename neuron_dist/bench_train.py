@@ -47,6 +47,10 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if a.cpu_bind == "core":  # as `neuronrun --cpu-bind core`: an even share of the CPUs each
+        cpus = sorted(os.sched_getaffinity(0))
+        n = len(cpus)
+        os.sched_setaffinity(0, [cpus[rank % n]] if a.world >= n else cpus[rank * n // a.world:(rank + 1) * n // a.world])
     torch.set_num_threads(a.threads)
     from . import c10d  # noqa: F401  registers "neuron"
     dist.init_process_group(backend, rank=rank, world_size=a.world)
@@ -92,6 +96,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cpu-bind", choices=("none", "core"), default="none",
+                   help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     import torch
@@ -99,7 +105,7 @@ def main(argv=None) -> int:
     nparams = sum(x.numel() for x in _model(a).parameters())
     compute = _steps(_model(a), a, 0)
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
-          f"threads/rank {a.threads}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
+          f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
     print(f"# compute-only single process step: {compute * 1e3:.1f} ms")
     print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'ratio':>6}")
     rows = []
