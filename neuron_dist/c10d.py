@@ -19,7 +19,8 @@ from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
-from .group import Group, Op
+from .group import Group
+from .op import Op
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"

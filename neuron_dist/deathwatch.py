@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from .errors import GroupError
 
 if TYPE_CHECKING:
-    from .group import Group, Op
+    from .group import Group
+    from .op import Op
 
 
 class DeathWatch:
