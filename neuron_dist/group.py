@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import socket
 import threading
 import time
@@ -32,6 +31,7 @@ from .collectives.executor import FRAME_BYTES, Execution, Mailbox, Stamp
 from .collectives.schedule import Schedule
 from .config import env_int
 from .deathwatch import DeathWatch
+from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import Op, Record
 from .transport.base import TransportContext
@@ -45,7 +45,6 @@ INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the calle
 INLINE_BUDGET = 0.0005       # ... for at most this long before the engine takes over
 INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits anyway
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
-_LIVE: "weakref.WeakSet[Group]" = weakref.WeakSet()  # every open group of this process (for dumps)
 
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
@@ -115,7 +114,7 @@ def _bind_addr(store=None) -> str:
             raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
 
-class Group:
+class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
@@ -449,26 +448,6 @@ class Group:
                     active, waiting)
                 return
 
-    # -- progress records: what each rank last ran, for hang diagnosis -------------------------
-    def progress_record(self) -> dict:
-        """This rank's small progress record: the next sequence number it will issue, the last
-        collective it completed and its most recent collectives (seq, kind, bytes, state)."""
-        recs = list(self.records)
-        done = max((r.seq for r in recs if r.state == "done"), default=-1)
-        return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "done": done,
-                "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
-                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state] for r in recs[-4:]]}
-
-    def _publish_progress(self) -> None:
-        try:
-            rec = self.progress_record()
-            key = (rec["issued"], rec["done"], tuple(tuple(x) for x in rec["recent"]), rec["broken"])
-            if key != self._published:
-                self.store.set(f"progress/{self.rank}", json.dumps(rec))
-                self._published = key
-        except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
-            log.debug("rank %d: progress record not published: %s", self.rank, e)
-
     def _start_failure_watch(self) -> None:
         """A small thread that keeps this rank's progress record in the store current (only when
         it changed, at most every `interval`), so a rank that times out can say what every rank
@@ -478,8 +457,8 @@ class Group:
         self._published = None
         self._hb_stop = threading.Event()
         self._hb_interval = max(0.05, min(1.0, self.timeout.total_seconds() / 20))
-        _LIVE.add(self)
-        _install_dump_signal()
+        LIVE.add(self)
+        install_dump_signal()
 
         def beat(ref=weakref.ref(self), stop=self._hb_stop, interval=self._hb_interval):
             while not stop.wait(interval):
@@ -491,43 +470,6 @@ class Group:
 
         self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
         self._hb_thread.start()
-
-    def _peer_records(self) -> dict[int, dict]:
-        out = {}
-        for r in range(self.size):
-            if r == self.rank:
-                continue
-            key = f"progress/{r}"
-            try:
-                if self.store.check([key]):
-                    out[r] = json.loads(self.store.get(key))
-            except Exception:  # noqa: BLE001 - a dead store must not hide the local diagnosis
-                pass
-        return out
-
-    def diagnose(self, op: Op | None = None) -> str:
-        """Which ranks had not entered `op` and what each rank last ran (from the progress
-        records every rank keeps in the store), plus this rank's recent collectives."""
-        def fmt(recent):
-            return ", ".join(f"#{s} {k} {n}B {st}" for s, k, n, _dt, st in recent) or "nothing"
-        mine = self.progress_record()
-        parts = []
-        if op is not None and not op.is_p2p:
-            peers = self._peer_records()
-            missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
-            silent = [r for r in range(self.size) if r != self.rank and r not in peers]
-            inside = [r for r in range(self.size) if r not in missing and r not in silent]
-            if missing:
-                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq};")
-            if silent:
-                parts.append(f"ranks {silent} published no progress record;")
-            parts.append(f"ranks {inside} had entered it.")
-            for r in sorted(peers):
-                p = peers[r]
-                parts.append(f"Rank {r} last ran: {fmt(p['recent'])} (next seq {p['issued']}"
-                             + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
-        parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
-        return " ".join(parts)
 
     def _agree_on_members(self, store) -> None:
         """Every member must have called new_group with the same ranks, checked before this
@@ -575,23 +517,6 @@ class Group:
                              host_s=host, model_device_s=model))
         return rows
 
-    def dump(self) -> str:
-        """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /
-        NEURON_DIST_DUMP_SIGNAL)."""
-        lines = [f"neuron_dist group {self.name!r} rank {self.rank}/{self.size} pid {os.getpid()}: "
-                 f"next seq {self._seq}, broken: {self.broken or 'no'}"]
-        for r in list(self.records):
-            took = (r.t_end - r.t_start) * 1e3 if r.t_end else 0.0
-            lines.append(f"  #{r.seq} {r.kind} {r.nbytes}B {r.dtype} {r.algorithm or '-'} {r.state}"
-                         + (f" {took:.2f} ms" if r.t_end else ""))
-        return "\n".join(lines)
-
-    def _dump_if_asked(self, why: str) -> None:
-        from .config import env
-        where = env("NEURON_DIST_DUMP")
-        if where:
-            _write_dump(f"[{why}]\n{self.dump()}\n", where)
-
     def close(self, abort: bool = False) -> None:
         with self._cv:
             if self.closed:
@@ -610,7 +535,7 @@ class Group:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
-        _LIVE.discard(self)
+        LIVE.discard(self)
         self._deaths.close()
         if not abort:
             from .report import at_shutdown
@@ -618,35 +543,6 @@ class Group:
         # a broken group's peers may be gone: do not linger on frames nobody will read
         hard = abort or self.broken is not None
         self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()
-
-
-def _write_dump(text: str, where: str) -> None:
-    from .config import emit
-    emit(text, where)
-
-
-def dump_all() -> str:
-    """The records of every open group of this process."""
-    return "\n".join(g.dump() for g in list(_LIVE))
-
-
-_SIGNAL_INSTALLED = False
-
-
-def _install_dump_signal() -> None:
-    """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
-    NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
-    global _SIGNAL_INSTALLED
-    from .config import env
-    name = (env("NEURON_DIST_DUMP_SIGNAL") or "").strip().upper()
-    if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
-        return
-    signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
-    if signum is None:
-        raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
-    where = env("NEURON_DIST_DUMP") or "stderr"
-    signal.signal(signum, lambda *_: _write_dump(dump_all() + "\n", where))
-    _SIGNAL_INSTALLED = True
 
 
 def _accepts_abort(t) -> bool:

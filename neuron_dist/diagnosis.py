@@ -1,0 +1,131 @@
+"""Hang diagnosis: what each rank last ran, on demand and at a failure.
+
+Every group keeps its recent collectives (`Record`s) and publishes a small progress record to
+the store when it changes (the heartbeat thread in `Group`), so a rank that times out can say
+which ranks had not entered the collective and what every rank last ran. `dump()` prints a
+group's history; NEURON_DIST_DUMP / NEURON_DIST_DUMP_SIGNAL write every group's on failure or
+on a signal.
+
+`HangDiagnosis` is a mixin of `Group`: it reads the group's `records`, `rank`, `size`, `name`,
+`store`, `_seq`, `broken` and `_published`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import weakref
+
+from .op import Op
+
+log = logging.getLogger("neuron_dist.init")
+LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process (for dumps)
+
+
+class HangDiagnosis:
+    """Progress records, diagnosis and dumps of one group (mixed into `Group`)."""
+
+    def progress_record(self) -> dict:
+        """This rank's small progress record: the next sequence number it will issue, the last
+        collective it completed and its most recent collectives (seq, kind, bytes, state)."""
+        recs = list(self.records)
+        done = max((r.seq for r in recs if r.state == "done"), default=-1)
+        return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "done": done,
+                "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
+                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state] for r in recs[-4:]]}
+
+    def _publish_progress(self) -> None:
+        try:
+            rec = self.progress_record()
+            key = (rec["issued"], rec["done"], tuple(tuple(x) for x in rec["recent"]), rec["broken"])
+            if key != self._published:
+                self.store.set(f"progress/{self.rank}", json.dumps(rec))
+                self._published = key
+        except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
+            log.debug("rank %d: progress record not published: %s", self.rank, e)
+
+    def _peer_records(self) -> dict[int, dict]:
+        out = {}
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            key = f"progress/{r}"
+            try:
+                if self.store.check([key]):
+                    out[r] = json.loads(self.store.get(key))
+            except Exception:  # noqa: BLE001 - a dead store must not hide the local diagnosis
+                pass
+        return out
+
+    def diagnose(self, op: Op | None = None) -> str:
+        """Which ranks had not entered `op` and what each rank last ran (from the progress
+        records every rank keeps in the store), plus this rank's recent collectives."""
+        def fmt(recent):
+            return ", ".join(f"#{s} {k} {n}B {st}" for s, k, n, _dt, st in recent) or "nothing"
+        mine = self.progress_record()
+        parts = []
+        if op is not None and not op.is_p2p:
+            peers = self._peer_records()
+            missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
+            silent = [r for r in range(self.size) if r != self.rank and r not in peers]
+            inside = [r for r in range(self.size) if r not in missing and r not in silent]
+            if missing:
+                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq};")
+            if silent:
+                parts.append(f"ranks {silent} published no progress record;")
+            parts.append(f"ranks {inside} had entered it.")
+            for r in sorted(peers):
+                p = peers[r]
+                parts.append(f"Rank {r} last ran: {fmt(p['recent'])} (next seq {p['issued']}"
+                             + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
+        parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
+        return " ".join(parts)
+
+    def dump(self) -> str:
+        """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /
+        NEURON_DIST_DUMP_SIGNAL)."""
+        lines = [f"neuron_dist group {self.name!r} rank {self.rank}/{self.size} pid {os.getpid()}: "
+                 f"next seq {self._seq}, broken: {self.broken or 'no'}"]
+        for r in list(self.records):
+            took = (r.t_end - r.t_start) * 1e3 if r.t_end else 0.0
+            lines.append(f"  #{r.seq} {r.kind} {r.nbytes}B {r.dtype} {r.algorithm or '-'} {r.state}"
+                         + (f" {took:.2f} ms" if r.t_end else ""))
+        return "\n".join(lines)
+
+    def _dump_if_asked(self, why: str) -> None:
+        from .config import env
+        where = env("NEURON_DIST_DUMP")
+        if where:
+            _write_dump(f"[{why}]\n{self.dump()}\n", where)
+
+
+def _write_dump(text: str, where: str) -> None:
+    from .config import emit
+    emit(text, where)
+
+
+def dump_all() -> str:
+    """The records of every open group of this process."""
+    return "\n".join(g.dump() for g in list(LIVE))
+
+
+_SIGNAL_INSTALLED = False
+
+
+def install_dump_signal() -> None:
+    """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
+    NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
+    global _SIGNAL_INSTALLED
+    from .config import env
+    name = (env("NEURON_DIST_DUMP_SIGNAL") or "").strip().upper()
+    if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
+    if signum is None:
+        raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
+    where = env("NEURON_DIST_DUMP") or "stderr"
+    signal.signal(signum, lambda *_: _write_dump(dump_all() + "\n", where))
+    _SIGNAL_INSTALLED = True
