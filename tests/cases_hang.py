@@ -32,3 +32,51 @@ def absent_rank(rank, world):
     dist.barrier(group=R.GLOO)  # rank 0 waits here until the others have their error
     dist.destroy_process_group(g)
     return 1
+
+
+def dumps(rank, world):
+    """NEURON_DIST_DUMP writes a group's record of recent collectives when one fails, and
+    NEURON_DIST_DUMP_SIGNAL dumps every open group's record on that signal."""
+    import os
+    import signal
+    import tempfile
+
+    from neuron_dist import diagnosis
+    where = os.path.join(tempfile.mkdtemp(prefix="nd-dump-"), f"rank{rank}.txt")
+    saved = {k: os.environ.get(k) for k in ("NEURON_DIST_DUMP", "NEURON_DIST_DUMP_SIGNAL")}
+    os.environ.update(NEURON_DIST_DUMP=where, NEURON_DIST_DUMP_SIGNAL="USR1")
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        g = dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S))  # installs the handler
+        dist.all_reduce(torch.ones(8), group=g)       # seq 0
+        dist.broadcast(torch.ones(4), src=0, group=g)  # seq 1
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while not (os.path.exists(where) and "#1 broadcast" in open(where).read()) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the handler runs between bytecodes of this thread
+        text = open(where).read()
+        assert f"rank {rank}/{world}" in text and "#0 allreduce 32B float32" in text and "#1 broadcast 16B" in text, text
+        assert "[failure" not in text, text
+        # a failure: rank 0 calls with another size, so every rank's frame check fails
+        try:
+            dist.all_reduce(torch.ones(8 if rank else 16), group=g)  # seq 2
+        except dist.DistBackendError:
+            pass
+        else:
+            raise AssertionError("an all-reduce with mismatched sizes succeeded")
+        deadline = time.monotonic() + 5
+        while "[failure" not in open(where).read() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        text = open(where).read()
+        assert "[failure: " in text and "#2 allreduce" in text and "failed" in text.split("[failure: ")[1], text
+        dist.barrier(group=R.GLOO)
+        dist.destroy_process_group(g)
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+        diagnosis._SIGNAL_INSTALLED = False
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return 1

@@ -6,3 +6,8 @@ import pytest
 @pytest.mark.parametrize("world", (2, 3))
 def test_absent_rank_is_named(pools, world):
     assert all(pools(world).run("cases_hang:absent_rank"))
+
+
+@pytest.mark.parametrize("world", (2,))
+def test_dump_on_failure_and_on_signal(pools, world):
+    assert all(pools(world).run("cases_hang:dumps"))
