@@ -54,3 +54,25 @@ def test_report_at_shutdown(tmp_path):
     rows = [l.split() for l in text.splitlines() if l.strip().startswith("allreduce")]
     assert len(rows) == 2 and all(r[2] == "1" and r[3] == "12" for r in rows), text  # 1 call, 3 x fp32
     assert all(float(r[5]) > 0 for r in rows), "modelled device time missing"
+
+
+@pytest.mark.parametrize("forced", ["", "zmq"])
+def test_debug_logs_the_transport_choice(forced):
+    """NEURON_DIST_DEBUG=TRANSPORT logs, per rank, which transport serves which peers (and that
+    NEURON_DIST_TRANSPORT forced it); NEURON_DIST_SHM_SPIN_US is the shared-memory spin."""
+    extra = {"NEURON_DIST_DEBUG": "TRANSPORT", "NEURON_DIST_SHM_SPIN_US": "7"}
+    if forced:
+        extra["NEURON_DIST_TRANSPORT"] = forced
+    os.environ.update(extra)
+    try:
+        outs = _run_ranks(f"tcp://127.0.0.1:{free_port()}")
+    finally:
+        for k in extra:
+            del os.environ[k]
+    for rank, out in enumerate(outs):
+        peer = 1 - rank
+        want = f"rank {rank}: transport {forced or 'shm'} for ranks [{peer}]"
+        assert want + (" (forced by NEURON_DIST_TRANSPORT)" if forced else "") in out, out[-3000:]
+        if not forced:
+            assert f"rank {rank}: shm rings with ranks [{peer}]: 4 slots x 512 KiB per pair" in out, out[-3000:]
+            assert "; spin 7 us" in out, out[-3000:]

@@ -235,8 +235,10 @@ class ShmTransport(Transport):
         self.held: set[int] = set()              # peers whose last frame is still lent out
         self.blocked: set[int] = set()           # peers whose ring was full at the last send
         self.doorbell_addr = self.mine.base + _DOORBELL
-        log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped)",
-                  self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10)
+        log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped); spin %d us%s",
+                  self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10,
+                  round(self.spin * 1e6), f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
+                  if self.oversubscribed else "")
 
     def _unlink(self) -> None:
         path = self.mine.path
