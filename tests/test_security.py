@@ -84,3 +84,22 @@ def test_connection_without_the_token_is_dropped(pair, password):
         assert got is not None and got[0].src == 1 and bytes(got[1].numpy()) == bytes(payload.numpy())
     finally:
         rogue.close(linger=0)
+
+
+def test_bind_address_choice(monkeypatch):
+    """Listeners bind to the interface that routes to the rendezvous host: loopback stays on
+    loopback, NEURON_DIST_BIND_ADDR overrides, and an unresolvable host is a clear error
+    naming the override (never a listener on every interface)."""
+    from neuron_dist.errors import GroupError
+    from neuron_dist.group import _bind_addr
+    monkeypatch.delenv("NEURON_DIST_BIND_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    assert _bind_addr() == "127.0.0.1"
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.5")
+    assert _bind_addr() == "127.0.0.1"
+    monkeypatch.setenv("NEURON_DIST_BIND_ADDR", "10.1.2.3")
+    assert _bind_addr() == "10.1.2.3"
+    monkeypatch.delenv("NEURON_DIST_BIND_ADDR")
+    monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
+    with pytest.raises(GroupError, match="NEURON_DIST_BIND_ADDR"):
+        _bind_addr()
