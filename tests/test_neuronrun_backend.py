@@ -38,7 +38,7 @@ t = torch.ones(8)
 dist.all_reduce(t)
 shm = dist.distributed_c10d._get_default_group().group.transport
 print("bound", int(os.environ["LOCAL_RANK"]), sorted(os.sched_getaffinity(0)), shm.oversubscribed, t.sum().item(),
-      flush=True)
+      os.environ["OMP_NUM_THREADS"], torch.get_num_threads(), flush=True)
 dist.destroy_process_group()
 """
 
@@ -60,4 +60,5 @@ def test_cpu_bind_core_places_each_rank_on_its_own_cpus(tmp_path):
             got[int(local)] = rest
     union = set(rank_cpus(cpus, 0, 2)) | set(rank_cpus(cpus, 1, 2))
     for local in (0, 1):
-        assert got[local] == f"{list(rank_cpus(cpus, local, 2))} {2 > len(union)} 16.0", r.stdout
+        share = rank_cpus(cpus, local, 2)  # OMP_NUM_THREADS unset: one intra-op thread per CPU of the share
+        assert got[local] == f"{list(share)} {2 > len(union)} 16.0 {len(share)} {len(share)}", r.stdout

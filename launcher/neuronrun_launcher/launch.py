@@ -173,8 +173,9 @@ def exit_code_of(failure) -> int:
 def launch(cfg: RunConfig) -> int:
     """Run the job on this node; returns neuronrun's exit code."""
     os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
-    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1:
+    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1 and not cfg.plan.host_cpus:
         os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
+    # (bound ranks get their share's size instead, from the worker trampoline)
     own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
     groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
     os.environ[GROUPS_VAR] = groups_dir

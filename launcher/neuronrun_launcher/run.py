@@ -28,7 +28,8 @@ Environment of each rank
 torch's, set by the elastic agent: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME, ROLE_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID,
-TORCHELASTIC_ERROR_FILE (and OMP_NUM_THREADS=1 when unset and more than one rank).
+TORCHELASTIC_ERROR_FILE (and OMP_NUM_THREADS=1 when unset and more than one rank;
+with --cpu-bind core, the number of CPUs in the rank's share instead).
 Neuron's, set by neuronrun:
   NEURON_RT_VISIBLE_CORES   the rank's core, or inclusive range a-b when m > 1
   NEURON_RT_NUM_CORES       m

@@ -55,6 +55,9 @@ def rank_env(environ: dict[str, str]) -> dict[str, str]:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
     env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
+    cpus = plan.cpus(local_rank)
+    if cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share
+        env["OMP_NUM_THREADS"] = str(len(cpus))
     return env
 
 
