@@ -47,10 +47,9 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if a.cpu_bind == "core":  # as `neuronrun --cpu-bind core`: an even share of the CPUs each
-        cpus = sorted(os.sched_getaffinity(0))
-        n = len(cpus)
-        os.sched_setaffinity(0, [cpus[rank % n]] if a.world >= n else cpus[rank * n // a.world:(rank + 1) * n // a.world])
+    if a.cpu_bind == "core":  # each rank its share of the CPUs, as `neuronrun --cpu-bind core` binds
+        from neuronrun_launcher.plan import rank_cpus
+        os.sched_setaffinity(0, rank_cpus(tuple(sorted(os.sched_getaffinity(0))), rank, a.world))
     torch.set_num_threads(a.threads)
     from . import c10d  # noqa: F401  registers "neuron"
     dist.init_process_group(backend, rank=rank, world_size=a.world)
