@@ -66,11 +66,17 @@ def _select_choose(collective: str, nbytes: int, group) -> str:
     return choose(collective, nbytes, group)
 
 
-def _cpus() -> list[int]:
-    """The CPUs this process may run on (all of them where the OS cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
+def _cpus() -> list[list[int]]:
+    """The CPUs this process may run on (all of them where the OS cannot say), as inclusive
+    [first, last] runs: every rank reads every rank's record, so it stays a few bytes."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return runs
 
 
 def _group_hash(name: str) -> int:
@@ -147,7 +153,8 @@ class Group(HangDiagnosis):
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
-        local_cpus = set().union(*(p.get("cpus", ()) for p in self.peers_info if p["host"] == me["host"]))
+        local_cpus = {c for p in self.peers_info if p["host"] == me["host"]
+                      for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=me["host"], bind_addr=_bind_addr(store), hosts=self.hosts,
                                job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))

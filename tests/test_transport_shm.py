@@ -323,3 +323,15 @@ def test_typed_payloads_any_frame_size(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_affinity_published_as_runs(monkeypatch):
+    """Each rank publishes the CPUs it may run on as [first, last] runs (every rank reads every
+    rank's record at group creation, so it must stay small on a many-core host)."""
+    import os
+
+    from neuron_dist import group
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {8, 0, 1, 2, 5, 7})
+    assert group._cpus() == [[0, 2], [5, 5], [7, 8]]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(256)))
+    assert group._cpus() == [[0, 255]]
