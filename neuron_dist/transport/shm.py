@@ -168,6 +168,15 @@ class _Segment:
             pass
 
 
+def _cut(cuts: dict, body: torch.Tensor, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first `nbytes` of a slot's payload viewed as `dtype`, kept in the slot's `cuts`
+    (up to _CUTS of them) so the next frame of that size and dtype reuses it."""
+    view = body[:nbytes] if dtype is _U8 else body[:nbytes].view(dtype)
+    if len(cuts) < _CUTS:
+        cuts[(nbytes, dtype)] = view
+    return view
+
+
 def ring_offset(i: int, nslots: int, slot_bytes: int) -> int:
     return LINE + i * (2 * LINE + nslots * (SLOT_HEADER + slot_bytes))
 
@@ -267,9 +276,7 @@ class ShmTransport(Transport):
             dt = payload.dtype
             dst = cuts.get((n, dt))
             if dst is None:  # the slot viewed as the payload's dtype: copy_ then moves raw bytes
-                dst = body[:n] if dt is _U8 else body[:n].view(dt)
-                if len(cuts) < _CUTS:
-                    cuts[(n, dt)] = dst
+                dst = _cut(cuts, body, n, dt)
             dst.copy_(payload)
         self.blocked.discard(peer)
         head.value = h + 1
@@ -296,9 +303,7 @@ class ShmTransport(Transport):
         dt = _CODE_DTYPE.get(h.dtype, _U8)
         view = cuts.get((h.nbytes, dt))
         if view is None:  # typed as the header says (frame.unpack checked nbytes is whole elements)
-            view = body[:h.nbytes] if dt is _U8 else body[:h.nbytes].view(dt)
-            if len(cuts) < _CUTS:
-                cuts[(h.nbytes, dt)] = view
+            view = _cut(cuts, body, h.nbytes, dt)
         return h, view
 
     def release(self, peer):
