@@ -187,6 +187,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks)
         self._plans: dict[tuple, _Plan] = {}
+        self._p2p_plans: dict[tuple, tuple] = {}  # send/recv: (schedule, description) per argument set
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -604,18 +605,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "send", self._r)
         _check_tensor(t, "send", self._r)
         self._peer(dstRank, "send")
-        buf = _flat(t)
-        sched = Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, buf.numel())))
-        return self._p2p(sched, [buf, None, None], t, dstRank, tag, "send", [t])
+        return self._p2p([_flat(t), None, None], t, dstRank, tag, "send", [t])
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv", self._r)
         _check_tensor(t, "recv", self._r)
         self._peer(srcRank, "recv")
         out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
-        sched = Schedule("p2p").add(Recv(srcRank, Chunk(OUT, 0, out.numel())))
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
-        return self._p2p(sched, [None, out, None], t, srcRank, tag, "recv", [t], after)
+        return self._p2p([None, out, None], t, srcRank, tag, "recv", [t], after)
 
     def recv_anysource(self, tensors, tag=0):
         t = _one(tensors, "recv", self._r)
@@ -636,15 +634,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"[rank {self._r}] {what}: peer rank {peer} is invalid in a group of size "
                              f"{self.group.size} (and cannot be this rank)")
 
-    def _p2p(self, sched, bufs, t, peer, tag, what, outputs, after=None):
-        g = self.group
-        nbytes = t.numel() * t.element_size()
+    def _p2p(self, bufs, t, peer, tag, what, outputs, after=None):
+        g, count = self.group, t.numel()
+        nbytes = count * t.element_size()
+        key = (what, peer, count, nbytes, tag)
+        plan = self._p2p_plans.get(key)
+        if plan is None:  # a send/recv's schedule and description, kept like a collective's plan
+            step = Send(peer, Chunk(IN, 0, count)) if what == "send" else Recv(peer, Chunk(OUT, 0, count))
+            if len(self._p2p_plans) >= _PLAN_CACHE:
+                self._p2p_plans.clear()
+            plan = self._p2p_plans[key] = (Schedule("p2p").add(step), f"{what}({nbytes} bytes, "
+                                           f"{'to' if what == 'send' else 'from'} rank {peer}, tag {tag})")
+        sched, desc = plan
 
         def start(op: Op):
             return g.execution(op, sched, bufs, None, t.dtype, tag)
 
-        return self._submit(Kind.P2P, f"{what}({nbytes} bytes, {'to' if what == 'send' else 'from'} rank {peer}, "
-                            f"tag {tag})", start, (lambda op: after()) if after else None, outputs, nbytes,
+        return self._submit(Kind.P2P, desc, start, (lambda op: after()) if after else None, outputs, nbytes,
                             t.dtype, "p2p", peer=peer, direction=what)
 
     # -- life cycle ----------------------------------------------------------------------------

@@ -228,9 +228,10 @@ class Group(HangDiagnosis):
                 self._seq += 1
                 op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
                 self.records.append(op.record)
-            # an unmarked receive may wait on a send this caller has yet to issue: engine only
-            small = op.nbytes <= INLINE_BYTES and not (p2p and op.direction != "send")
-            inline = (sync or (sync is None and small)) and self._drive.acquire(blocking=False)
+            # an unmarked receive may wait on a send this caller has yet to issue: it only takes
+            # what has already arrived here, and the engine waits for the rest
+            recv = p2p and op.direction != "send"
+            inline = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
             if inline and (self._queue or self._active or self._waiting):
                 self._drive.release()
                 inline = False
@@ -239,7 +240,7 @@ class Group(HangDiagnosis):
                 self._cv.notify()
                 return op
         try:
-            self._run_inline(op, INLINE_SYNC_BUDGET if sync else INLINE_BUDGET)
+            self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
         finally:
             self._drive.release()
         return op
