@@ -29,10 +29,18 @@ def env(**kv):
 
 def _run_all(rank, world, group, tag):
     checks = 0
-    for coll in ("allreduce", "allgather", "reduce_scatter"):
+    for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast"):
         for algo in algorithms_for(coll):
             with env(NEURON_DIST_ALGO=f"{coll}:{algo}"):
-                for dtype in (torch.float32, torch.bfloat16, torch.int64):
+                if coll == "broadcast":  # every root, one frame and several
+                    for root in range(world):
+                        for count in (0, 5, 200_003):
+                            ins = [values(r, count, torch.float32, "sum", 24 + root) for r in range(world)]
+                            x = ins[rank].clone()
+                            dist.broadcast(x, group_src(group, root), group=group)
+                            same(x, ins[root], f"{tag} broadcast:{algo} root {root} n={count}")
+                            checks += 1
+                for dtype in (torch.float32, torch.bfloat16, torch.int64) if coll != "broadcast" else ():
                     # 200,003 elements: more than one frame (512 KiB) in float32 and int64, one
                     # frame in bfloat16, so direct all-reduce runs both its two-rank forms
                     for count in (0, 5, 1001) + ((200_003,) if coll == "allreduce" else ()):
@@ -56,6 +64,11 @@ def _run_all(rank, world, group, tag):
             used = {(r["collective"], r["algorithm"]) for r in group_of(group).report()}
             assert (coll, algo) in used, f"{tag}: forced {coll}:{algo} but the group ran {sorted(used)}"
     return checks
+
+
+def group_src(group, root):
+    """The global rank of `group`'s rank `root` (broadcast's src is global)."""
+    return root if group is None else dist.get_global_rank(group, root)
 
 
 def group_of(group):
@@ -111,9 +124,10 @@ def model_policy(rank, world):
 def host_policy(rank, world):
     """NEURON_DIST_TUNING=host on shared memory: all-reduce goes direct while it is latency-bound
     (two ranks: up to one frame each way, reduced from the peer's slot), ring above; at two
-    ranks all-gather and reduce-scatter keep the model's pick (ring and direct coincide)."""
+    ranks all-gather and reduce-scatter keep the model's pick (ring and direct coincide);
+    broadcast goes from the root directly up to 1 MiB, down the tree above."""
     from neuron_dist import topology
-    from neuron_dist.collectives.select import HOST_RING_BYTES
+    from neuron_dist.collectives.select import HOST_FLAT_BROADCAST_BYTES, HOST_RING_BYTES
     g = group_of(None)
     if g.transport.name != "shm" or world == 1:
         return 1
@@ -127,6 +141,10 @@ def host_policy(rank, world):
                 for coll in ("allgather", "reduce_scatter"):
                     model = topology.choose(coll, nbytes, g.topology, None, available=algorithms_for(coll))
                     assert g.choose(coll, nbytes) == model, (coll, nbytes)
+            checks += 1
+        for nbytes in (4 << 10, HOST_FLAT_BROADCAST_BYTES, HOST_FLAT_BROADCAST_BYTES + 4, 64 << 20):
+            want = "direct" if nbytes <= HOST_FLAT_BROADCAST_BYTES else "tree"
+            assert g.choose("broadcast", nbytes) == want, (world, nbytes, g.choose("broadcast", nbytes), want)
             checks += 1
         for count in (g.frame_bytes // 4, g.frame_bytes // 4 + 1):  # the last one-frame size, the first two-frame
             ins = [values(r, count, torch.float32, "sum", 31) for r in range(world)]

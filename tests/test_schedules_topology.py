@@ -185,3 +185,27 @@ def test_direct_allreduce_forms(n, count, eager):
         assert (scheds[0].tmp_count == 0) == eager_form
         first_round_receives = any(isinstance(s, Recv) for s in scheds[0].rounds[0])
         assert first_round_receives != eager_form  # a late receive only for what fits a frame
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("algo", ["tree", "direct"])
+def test_broadcast_forms(n, algo):
+    """Broadcast from every root: every rank ends with the root's data; the direct form reaches
+    every rank in one hop from the root, the tree in ceil(log2 n) rounds; in both every other
+    rank confirms to the root with an empty frame (so ranks disagreeing on the root fail)."""
+    from neuron_dist.collectives.direct import broadcast, broadcast_flat
+    build = broadcast if algo == "tree" else broadcast_flat
+    for root in range(n):
+        for count in (0, 1, 7):
+            X = [np.full(count, float(r)) for r in range(n)]
+            res = simulate([build(r, n, root, count) for r in range(n)], X, inplace=True)
+            for r, o in enumerate(res.outs):
+                assert np.array_equal(o, np.full(count, float(root))), (algo, n, root, count, r)
+            confirms = [s for r in range(n) if r != root for rnd in build(r, n, root, count).rounds
+                        for s in rnd if isinstance(s, Send) and s.peer == root]
+            assert len(confirms) == n - 1 and all(s.src.count == 0 for s in confirms)
+            if algo == "direct":
+                for r in range(n):
+                    if r != root:
+                        recvs = [s for rnd in build(r, n, root, count).rounds for s in rnd if isinstance(s, Recv)]
+                        assert [s.peer for s in recvs] == [root], (n, root, r)

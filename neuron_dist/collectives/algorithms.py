@@ -49,6 +49,7 @@ BUILDERS: dict[tuple[str, str], Builder] = {
     ("reduce_scatter", "ring"): lambda s: ring.reduce_scatter(s.ring, s.rank, list(s.counts)),
     ("reduce_scatter", "direct"): lambda s: direct.reduce_scatter(s.rank, s.size, list(s.counts)),
     ("broadcast", "tree"): lambda s: direct.broadcast(s.rank, s.size, s.root, s.count),
+    ("broadcast", "direct"): lambda s: direct.broadcast_flat(s.rank, s.size, s.root, s.count),
     ("reduce", "tree"): lambda s: direct.reduce(s.rank, s.size, s.root, s.count),
     ("gather", "direct"): lambda s: direct.gather(s.rank, s.size, s.root, list(s.counts)),
     ("scatter", "direct"): lambda s: direct.scatter(s.rank, s.size, s.root, list(s.counts)),

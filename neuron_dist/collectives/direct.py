@@ -54,6 +54,18 @@ def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
     return s.add(*[Send(c, whole) for c in children], Send(root, empty))
 
 
+def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
+    """The root sends the whole tensor to every other rank itself: one hop where the tree takes
+    ceil(log2 n), at the price of n-1 sends from the root, so for small tensors. Receivers
+    confirm to the root as in `broadcast`, for the same reason."""
+    s = Schedule("direct")
+    whole, empty = Chunk(OUT, 0, count), Chunk(OUT, 0, 0)
+    if rank != root:
+        return s.add(Recv(root, whole)).add(Send(root, empty))
+    s.add(*[Send((root + k) % n, whole) for k in range(1, n)])
+    return s.add(*[Recv((root + k) % n, empty) for k in range(1, n)])
+
+
 def reduce(rank: int, n: int, root: int, count: int) -> Schedule:
     """IN is each rank's contribution (never written); OUT (the root's tensor) gets the result.
     Partial results accumulate in TMP along a binomial tree."""
