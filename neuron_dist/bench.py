@@ -21,6 +21,11 @@ this host. GB = 1e9 bytes. The exit status is 1 if any element was wrong.
 rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
 call) includes the cost of coming out of that barrier, which on a host with fewer cores than
 ranks favours whichever backend's next call is cheapest to schedule.
+
+`--added` times what a call costs the job: the wall time of `-n` x (barrier + call) less that of
+`-n` barriers alone (the mean of one loop before and one after), with a barrier closing each loop,
+per call, the slowest rank's. Work a backend leaves running when its call returns (Gloo's sends
+complete on its own threads) is then charged to it, not to the next barrier.
 """
 from __future__ import annotations
 
@@ -132,9 +137,26 @@ def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float
         return None
 
 
-def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = False) -> float:
+def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = False,
+          added: bool = False) -> float:
     for _ in range(warmup):
         case.run()
+    if added:  # wall time a call adds to a loop of barriers: (barrier + call) x n - barrier x n
+        def span(with_call: bool) -> float:
+            dist.barrier(group=meta)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.barrier(group=meta)
+                if with_call:
+                    case.run()
+            dist.barrier(group=meta)  # work a call left running (a queued send) is counted
+            return time.perf_counter() - t0
+        base = span(False)
+        calls = span(True)
+        base = (base + span(False)) / 2
+        t = torch.tensor([max(calls - base, 0.0) / iters], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=meta)
+        return max(t.item(), 1e-9)
     if loop:  # one barrier, back-to-back calls, the slowest rank's average
         dist.barrier(group=meta)
         t0 = time.perf_counter()
@@ -168,7 +190,7 @@ def worker(a) -> int:
     pg = dist.distributed_c10d._get_default_group()
     transport = getattr(getattr(pg, "group", None), "transport", None)
     say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} "
-        f"time {'loop-avg' if a.loop else 'median'} "
+        f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
@@ -201,7 +223,7 @@ def worker(a) -> int:
                 bad = torch.tensor([case.wrong()], dtype=torch.int64)
                 dist.all_reduce(bad, group=meta)
                 case.reset()
-                t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop)
+                t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
                 algbw = case.size / t / 1e9
                 row.update(size=case.size, count=case.count)
                 row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
@@ -277,6 +299,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--loop", action="store_true",
                    help="one barrier, then back-to-back iterations averaged (nccl-tests style)")
+    p.add_argument("--added", action="store_true",
+                   help="time = wall time a call adds to a loop of Gloo barriers (what it costs the job)")
     p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
     p.add_argument("--instance", default="trn2.48xlarge",
                    help="instance the cost model predicts busbw for ('' to omit the column)")
@@ -294,6 +318,8 @@ def main(argv=None) -> int:
         parser().error(f"unknown ops {bad}; known: {', '.join(OPS)}, all")
     if a.factor < 2:
         parser().error("--factor must be at least 2")
+    if a.loop and a.added:
+        parser().error("--loop and --added are two ways of timing: choose one")
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return worker(a)
     return launch(a)

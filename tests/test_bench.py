@@ -42,6 +42,52 @@ def test_collective_bench_loop_mode(tmp_path):
     assert all(r["neuron"]["time_us"] > 0 and r["gloo"]["time_us"] > 0 for r in data["rows"])
 
 
+def test_collective_bench_added_mode(tmp_path):
+    """--added (what a call adds to a loop of barriers): same columns, results still checked;
+    --loop and --added together are refused."""
+    out = tmp_path / "a.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "broadcast,sendrecv",
+                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", "--added", "--vs", "gloo", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "time added" in p.stdout and "Out of bounds values : 0 OK" in p.stdout
+    data = json.load(open(out))
+    assert data["config"]["added"] is True and {r["op"] for r in data["rows"]} == {"broadcast", "sendrecv"}
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--loop", "--added"], capture_output=True, text=True)
+    assert p.returncode == 2 and "choose one" in p.stderr
+
+
+def test_added_time_subtracts_the_barriers():
+    """--added's arithmetic on a fake group: a call that takes 2 ms behind a barrier that takes
+    1 ms adds about 2 ms (its own time; the barrier's is subtracted), and is run n times."""
+    import time as _time
+    import torch
+
+    class FakeDist:
+        class ReduceOp:
+            MAX = "max"
+
+        @staticmethod
+        def barrier(group=None):
+            _time.sleep(0.001)
+
+        @staticmethod
+        def all_reduce(t, op=None, group=None):
+            pass
+
+    class SlowCase:
+        calls = 0
+
+        def run(self):
+            SlowCase.calls += 1
+            _time.sleep(0.002)
+
+    t = bench._time(SlowCase(), 20, 2, None, FakeDist, torch, added=True)
+    assert SlowCase.calls == 22
+    # a sleep never returns early; not subtracting the barriers would give 3 ms
+    assert 0.0019 <= t < 0.0028, t
+
+
 def test_bench_detects_wrong_results(monkeypatch):
     """#wrong must be able to count: a case whose output is corrupted reports every element."""
     import torch
