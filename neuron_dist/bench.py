@@ -22,10 +22,10 @@ rank's average. It shows a backend's own per-call cost; the default (a Gloo barr
 call) includes the cost of coming out of that barrier, which on a host with fewer cores than
 ranks favours whichever backend's next call is cheapest to schedule.
 
-`--added` times what a call costs the job: the wall time of `-n` x (barrier + call) less that of
-`-n` barriers alone (the mean of one loop before and one after), with a barrier closing each loop,
-per call, the slowest rank's. Work a backend leaves running when its call returns (Gloo's sends
-complete on its own threads) is then charged to it, not to the next barrier.
+`--added` times what a call costs the job: per iteration, the wall time of (call + barrier) less
+that of the barrier just before it alone, averaged over the ranks, median over iterations. Work a
+backend leaves running when its call returns (Gloo's sends complete on its own threads) is then
+charged to it, not to whatever comes next.
 """
 from __future__ import annotations
 
@@ -141,22 +141,21 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
           added: bool = False) -> float:
     for _ in range(warmup):
         case.run()
-    if added:  # wall time a call adds to a loop of barriers: (barrier + call) x n - barrier x n
-        def span(with_call: bool) -> float:
+    if added:  # wall time a call adds to a barrier: (call + barrier) - barrier, paired per iteration
+        diffs = []
+        for _ in range(iters):
             dist.barrier(group=meta)
             t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.barrier(group=meta)
-                if with_call:
-                    case.run()
-            dist.barrier(group=meta)  # work a call left running (a queued send) is counted
-            return time.perf_counter() - t0
-        base = span(False)
-        calls = span(True)
-        base = (base + span(False)) / 2
-        t = torch.tensor([max(calls - base, 0.0) / iters], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=meta)
-        return max(t.item(), 1e-9)
+            dist.barrier(group=meta)
+            t1 = time.perf_counter()
+            case.run()
+            dist.barrier(group=meta)  # work a call left running (a queued send) is counted here
+            diffs.append((time.perf_counter() - t1) - (t1 - t0))
+        # the mean over ranks: a rank that leaves the first barrier early counts its lead twice
+        # (a shorter barrier, a longer call), so the maximum would be biased by the skew
+        t = torch.tensor(diffs, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=meta)
+        return max(statistics.median(t.tolist()) / dist.get_world_size(meta), 1e-7)
     if loop:  # one barrier, back-to-back calls, the slowest rank's average
         dist.barrier(group=meta)
         t0 = time.perf_counter()
@@ -300,7 +299,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--loop", action="store_true",
                    help="one barrier, then back-to-back iterations averaged (nccl-tests style)")
     p.add_argument("--added", action="store_true",
-                   help="time = wall time a call adds to a loop of Gloo barriers (what it costs the job)")
+                   help="time = wall time a call adds to a Gloo barrier (what it costs the job)")
     p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
     p.add_argument("--instance", default="trn2.48xlarge",
                    help="instance the cost model predicts busbw for ('' to omit the column)")

@@ -43,7 +43,7 @@ def test_collective_bench_loop_mode(tmp_path):
 
 
 def test_collective_bench_added_mode(tmp_path):
-    """--added (what a call adds to a loop of barriers): same columns, results still checked;
+    """--added (what a call adds to a barrier): same columns, results still checked;
     --loop and --added together are refused."""
     out = tmp_path / "a.json"
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "broadcast,sendrecv",
@@ -65,7 +65,7 @@ def test_added_time_subtracts_the_barriers():
 
     class FakeDist:
         class ReduceOp:
-            MAX = "max"
+            MAX, SUM = "max", "sum"
 
         @staticmethod
         def barrier(group=None):
@@ -74,6 +74,10 @@ def test_added_time_subtracts_the_barriers():
         @staticmethod
         def all_reduce(t, op=None, group=None):
             pass
+
+        @staticmethod
+        def get_world_size(group=None):
+            return 1
 
     class SlowCase:
         calls = 0
