@@ -65,7 +65,8 @@ def bench(d: str, name: str, title: str) -> None:
     run = load(os.path.join(d, name))
     if not run:
         return
-    stat = "average of back-to-back calls" if run["config"].get("loop") else "median"
+    stat = ("average of back-to-back calls" if run["config"].get("loop") else
+            "wall time a call adds to a barrier, median" if run["config"].get("added") else "median")
     print(f"\n**{title}** (`neuron_dist.bench`, {stat}; busbw GB/s; model = cost-model busbw on "
           f"{run['config'].get('instance')}, not this host)\n")
     print("| op | size | count | type | time us | algbw | busbw | #wrong | gloo us | gloo busbw | ratio | model |")
@@ -133,6 +134,7 @@ def main() -> None:
     bench(d, "bench_w2_bf16.json", "All-reduce, world 2, bfloat16")
     bench(d, "bench_w4.json", "All collectives, world 4 on 2 cores, float32")
     bench(d, "bench_w4_loop.json", "All collectives, world 4 on 2 cores, float32, back to back (`--loop`)")
+    bench(d, "bench_w4_added.json", "All collectives, world 4 on 2 cores, float32, cost to the job (`--added`)")
     train(d)
 
 
