@@ -24,8 +24,8 @@ ranks favours whichever backend's next call is cheapest to schedule.
 
 `--added` times what a call costs the job: per iteration, the wall time of (call + barrier) less
 that of the barrier just before it alone, averaged over the ranks, median over iterations. Work a
-backend leaves running when its call returns (Gloo's sends complete on its own threads) is then
-charged to it, not to whatever comes next.
+backend leaves running when its call returns (Gloo's worker threads, the wake-ups they cause) is
+then charged to it, not to whatever comes next.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
             dist.barrier(group=meta)
             t1 = time.perf_counter()
             case.run()
-            dist.barrier(group=meta)  # work a call left running (a queued send) is counted here
+            dist.barrier(group=meta)  # work a call left running (a backend's threads) is counted here
             diffs.append((time.perf_counter() - t1) - (t1 - t0))
         # the mean over ranks: a rank that leaves the first barrier early counts its lead twice
         # (a shorter barrier, a longer call), so the maximum would be biased by the skew
