@@ -369,6 +369,8 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         dist.all_reduce(torch.ones(64), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=group)
     elif case == "root":
         dist.broadcast(torch.ones(64), src=0 if rank == 0 else 1, group=group)
+    elif case == "crossed_root":  # each of ranks 0 and 1 takes the other for the root
+        dist.broadcast(torch.ones(64), src=1 if rank == 0 else 0, group=group)
     elif case == "scatter_root":  # both ranks believe they are the root
         world = dist.get_world_size(group)
         dist.scatter(torch.empty(4), [torch.full((4,), float(r)) for r in range(world)], src=rank, group=group)

@@ -13,9 +13,10 @@ from pool import free_port
 TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
 # argument checksum; two ranks that both believe they are a broadcast's root meet each other's
-# data where they expect the children's confirmation).
-PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "root", "scatter_root"]
-CHECKED = ["size", "dtype", "collective", "op", "root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
+# data where they expect the confirmation receivers send on entry; two ranks that each take the
+# other for the root meet each other's confirmation where they expect data).
+PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "root", "crossed_root", "scatter_root"]
+CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 
 @pytest.mark.parametrize("case", PLAIN)

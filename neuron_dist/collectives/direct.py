@@ -38,20 +38,21 @@ def _binomial(rank: int, root: int, n: int) -> tuple[int | None, list[int]]:
 
 def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
     """OUT is the tensor on every rank (the root's holds the data), sent down a binomial tree.
-    Once it has its data, every other rank confirms to the root directly with an empty frame: a
-    rank that wrongly believes it is the root (ranks disagreeing on `root`) would otherwise return
-    its own data without ever receiving; with the confirmation it meets a data frame where it
-    expects one and fails, naming both. Confirming to the root rather than up the tree keeps the
-    root's wait at depth + 1 hops instead of twice the depth, and lets inner ranks finish as soon
-    as they have forwarded."""
+    Every other rank confirms to the root with an empty frame as it enters the call: a rank that
+    wrongly believes it is the root (ranks disagreeing on `root`) would otherwise return its own
+    data without ever receiving; with the confirmation it meets a data frame where it expects one
+    and fails, naming both (and two ranks that each take the other for the root meet each
+    other's confirmation instead of both waiting for data). Confirming on entry rather than once
+    the data is in means the root, which waits for every confirmation, waits for its peers to
+    arrive, not for each of them to be scheduled again after receiving."""
     parent, children = _binomial(rank, root, n)
     s = Schedule("tree")
     whole, empty = Chunk(OUT, 0, count), Chunk(OUT, 0, 0)
     if parent is None:
         s.add(*[Send(c, whole) for c in children])
         return s.add(*[Recv(r, empty) for r in range(n) if r != root])
-    s.add(Recv(parent, whole))
-    return s.add(*[Send(c, whole) for c in children], Send(root, empty))
+    s.add(Send(root, empty), Recv(parent, whole))
+    return s.add(*[Send(c, whole) for c in children])
 
 
 def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
@@ -61,7 +62,7 @@ def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
     s = Schedule("direct")
     whole, empty = Chunk(OUT, 0, count), Chunk(OUT, 0, 0)
     if rank != root:
-        return s.add(Recv(root, whole)).add(Send(root, empty))
+        return s.add(Send(root, empty), Recv(root, whole))
     s.add(*[Send((root + k) % n, whole) for k in range(1, n)])
     return s.add(*[Recv((root + k) % n, empty) for k in range(1, n)])
 
@@ -95,11 +96,11 @@ def gather(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
 
 def scatter(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
     """On the root IN holds every rank's block in rank order; OUT gets this rank's block. Each
-    receiver confirms with an empty frame, for the same reason as broadcast's."""
+    receiver confirms with an empty frame as it enters, for the same reasons as broadcast's."""
     s = Schedule("direct")
     empty = Chunk(OUT, 0, 0)
     if rank != root:
-        return s.add(Recv(root, Chunk(OUT, 0, counts[rank]))).add(Send(root, empty))
+        return s.add(Send(root, empty), Recv(root, Chunk(OUT, 0, counts[rank])))
     off = _offsets(counts)
     s.add(Copy(Chunk(IN, off[rank], counts[rank]), Chunk(OUT, 0, counts[rank])),
           *[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank])
