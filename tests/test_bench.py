@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from neuron_dist import bench
 
 
@@ -28,31 +30,23 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert (r["model"] is None) == (r["op"] == "sendrecv"), r
 
 
-def test_collective_bench_loop_mode(tmp_path):
-    """--loop (one barrier, back-to-back calls): same columns, results still checked."""
-    out = tmp_path / "l.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,sendrecv",
-                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", "--loop", "--vs", "gloo", "--json", str(out)],
+@pytest.mark.parametrize("mode,header,key", [("--loop", "time loop-avg", "loop"), ("--added", "time added", "added")])
+def test_collective_bench_timing_modes(tmp_path, mode, header, key):
+    """--loop (one barrier, back-to-back calls) and --added (what a call adds to a barrier):
+    same columns, results still checked."""
+    out = tmp_path / "m.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,broadcast,sendrecv",
+                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", mode, "--vs", "gloo", "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "time loop-avg" in p.stdout and "Out of bounds values : 0 OK" in p.stdout
+    assert header in p.stdout and "Out of bounds values : 0 OK" in p.stdout
     data = json.load(open(out))
-    assert data["config"]["loop"] is True
-    assert {r["op"] for r in data["rows"]} == {"allreduce", "sendrecv"}
+    assert data["config"][key] is True
+    assert {r["op"] for r in data["rows"]} == {"allreduce", "broadcast", "sendrecv"}
     assert all(r["neuron"]["time_us"] > 0 and r["gloo"]["time_us"] > 0 for r in data["rows"])
 
 
-def test_collective_bench_added_mode(tmp_path):
-    """--added (what a call adds to a barrier): same columns, results still checked;
-    --loop and --added together are refused."""
-    out = tmp_path / "a.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "broadcast,sendrecv",
-                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", "--added", "--vs", "gloo", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "time added" in p.stdout and "Out of bounds values : 0 OK" in p.stdout
-    data = json.load(open(out))
-    assert data["config"]["added"] is True and {r["op"] for r in data["rows"]} == {"broadcast", "sendrecv"}
+def test_loop_and_added_are_exclusive():
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--loop", "--added"], capture_output=True, text=True)
     assert p.returncode == 2 and "choose one" in p.stderr
 
