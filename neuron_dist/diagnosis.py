@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 
+from .config import emit, env
 from .op import Op
 
 log = logging.getLogger("neuron_dist.init")
@@ -96,15 +97,9 @@ class HangDiagnosis:
         return "\n".join(lines)
 
     def _dump_if_asked(self, why: str) -> None:
-        from .config import env
         where = env("NEURON_DIST_DUMP")
         if where:
-            _write_dump(f"[{why}]\n{self.dump()}\n", where)
-
-
-def _write_dump(text: str, where: str) -> None:
-    from .config import emit
-    emit(text, where)
+            emit(f"[{why}]\n{self.dump()}\n", where)
 
 
 def dump_all() -> str:
@@ -119,7 +114,6 @@ def install_dump_signal() -> None:
     """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
     NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
     global _SIGNAL_INSTALLED
-    from .config import env
     name = (env("NEURON_DIST_DUMP_SIGNAL") or "").strip().upper()
     if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
@@ -127,5 +121,5 @@ def install_dump_signal() -> None:
     if signum is None:
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
     where = env("NEURON_DIST_DUMP") or "stderr"
-    signal.signal(signum, lambda *_: _write_dump(dump_all() + "\n", where))
+    signal.signal(signum, lambda *_: emit(dump_all() + "\n", where))
     _SIGNAL_INSTALLED = True
