@@ -20,14 +20,9 @@ import torch
 import torch.distributed as dist
 
 import neuron_dist  # noqa: F401  registers "neuron"
+from neuron_dist.bench import parse_size
 
 CLK = time.CLOCK_MONOTONIC
-
-
-def parse_bytes(s: str) -> int:
-    s = s.upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1:], 1)
-    return int(s[:-1] if mult > 1 else s) * mult
 
 
 def main() -> None:
@@ -43,7 +38,7 @@ def main() -> None:
     dist.init_process_group("neuron")
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = dist.new_group(backend="gloo")
-    x = torch.zeros(max(1, parse_bytes(a.bytes) // 4))
+    x = torch.zeros(max(1, parse_size(a.bytes) // 4))
     for _ in range(50):
         dist.all_reduce(x)
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
