@@ -1,58 +1,18 @@
 """Hostile connections: listeners bind only to the job's address, and a connection that does
 not present the job's token (or presents a wrong one) is dropped before any frame is read.
-Two zmq transports are built in one process as ranks on two different "hosts", so they talk
-over TCP on loopback; a rogue zmq socket then tries to inject a well-formed frame."""
-import threading
-import time
-from datetime import timedelta
-
+Two zmq transports are built in one process as ranks on two different "hosts" (tests/zmqpair.py),
+so they talk over TCP on loopback; a rogue zmq socket then tries to inject a well-formed frame."""
 import pytest
 import torch
-import torch.distributed as dist
 import zmq
 
-from neuron_dist.transport import frame
-from neuron_dist.transport.base import TransportContext
-from neuron_dist.transport.zmq_transport import USER, ZmqTransport, context
-
-TOKEN = 0x1234_5678_9ABC
-
-
-def _pair():
-    store = dist.HashStore()
-    out = [None, None]
-
-    def make(r):
-        ctx = TransportContext(rank=r, size=2, store=store, token=TOKEN, timeout=timedelta(seconds=10),
-                               hostname=f"host{r}", bind_addr="127.0.0.1", hosts=["host0", "host1"], job_id="sec")
-        out[r] = ZmqTransport(ctx)
-
-    ts = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(30)
-    return out
-
-
-def _frame(src=1, dst=0, token=TOKEN, nbytes=8):
-    h = frame.Header(int(frame.Kind.P2P), frame.DTYPE_CODE[torch.float32], token, 0, nbytes, src, dst, 0, 0, nbytes)
-    return [h.pack(), b"\x01" * nbytes]
-
-
-def _recv(t, peer, wait=1.0):
-    end = time.time() + wait
-    while time.time() < end:
-        got = t.recv(peer)
-        if got is not None:
-            return got
-        t.wait(0.05)
-    return None
+from neuron_dist.transport.zmq_transport import USER, context
+from zmqpair import TOKEN, make_pair, p2p_header, recv_within
 
 
 @pytest.fixture
 def pair():
-    a, b = _pair()
+    a, b = make_pair()
     yield a, b
     a.close()
     b.close()
@@ -73,14 +33,13 @@ def test_connection_without_the_token_is_dropped(pair, password):
     if password is not None:
         rogue.plain_username, rogue.plain_password = USER, password
     rogue.connect(ep)
-    rogue.send_multipart(_frame(), copy=True)  # a perfectly well-formed frame, claiming rank 1
+    rogue.send_multipart([p2p_header().pack(), b"\x01" * 8], copy=True)  # a perfectly well-formed frame, claiming rank 1
     try:
-        assert _recv(a, 1, wait=1.5) is None, "a frame from an unauthenticated connection was read"
+        assert recv_within(a, 1, wait=1.5) is None, "a frame from an unauthenticated connection was read"
         # the real peer, which has the token, still gets through on the same listener
         payload = torch.arange(2, dtype=torch.float32).view(torch.uint8)
-        h = frame.Header(int(frame.Kind.P2P), frame.DTYPE_CODE[torch.float32], TOKEN, 0, 8, 1, 0, 0, 0, 8)
-        assert b.send(0, h, payload)
-        got = _recv(a, 1, wait=5)
+        assert b.send(0, p2p_header(), payload)
+        got = recv_within(a, 1, wait=5)
         assert got is not None and got[0].src == 1 and bytes(got[1].numpy()) == bytes(payload.numpy())
     finally:
         rogue.close(linger=0)

@@ -41,6 +41,8 @@ log = logging.getLogger("neuron_dist.transport")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
 
 ZERO_COPY_BYTES = 64 << 10  # below this zmq copies (cheaper than tracking)
+ABORT_LINGER_S = 1.0  # on abort, how long frames already sent may still drain to live peers: an op
+                      # that completed here may have a peer still reading its last frames
 USER = b"neuron_dist"
 _CONTEXT: zmq.Context | None = None
 _CONTEXT_PID = 0
@@ -269,6 +271,9 @@ class ZmqTransport(Transport):
                         s.send_multipart([bye.pack(), b""], flags=zmq.NOBLOCK)
                     except zmq.ZMQError:
                         pass
+        # zero-copy frames still unsent read the caller's tensors, which may be freed once we
+        # return: those peers get no linger (their op had not completed, so nothing is owed)
+        reading = {peer for tracker, _, peer in self.trackers if not tracker.done}
         for p, s in self.push.items():
             try:
                 self.check_peer(p)
@@ -277,7 +282,11 @@ class ZmqTransport(Transport):
                 pass
             if p in self.monitors:
                 self.monitors[p].close(linger=0)
-            s.close(linger=0 if abort or p in self.gone else 5000)
+            if p in self.gone or p in reading:
+                linger = 0
+            else:
+                linger = int(ABORT_LINGER_S * 1000) if abort else 5000
+            s.close(linger=linger)
         for p, m in self.monitors.items():
             if p not in self.push:
                 m.close(linger=0)

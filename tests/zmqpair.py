@@ -1,0 +1,47 @@
+"""Two zmq transports in one process, as ranks on two different "hosts" (TCP on loopback), and
+the small frame helpers the zmq transport tests share."""
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from neuron_dist.transport import frame
+from neuron_dist.transport.base import TransportContext
+from neuron_dist.transport.zmq_transport import ZmqTransport
+
+TOKEN = 0x1234_5678_9ABC
+
+
+def make_pair(job: str = "sec"):
+    store = dist.HashStore()
+    out = [None, None]
+
+    def make(r):
+        ctx = TransportContext(rank=r, size=2, store=store, token=TOKEN, timeout=timedelta(seconds=10),
+                               hostname=f"host{r}", bind_addr="127.0.0.1", hosts=["host0", "host1"], job_id=job)
+        out[r] = ZmqTransport(ctx)
+
+    ts = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    return out
+
+
+def p2p_header(src=1, dst=0, token=TOKEN, nbytes=8, chunk=0):
+    return frame.Header(int(frame.Kind.P2P), frame.DTYPE_CODE[torch.float32], token, 0, 0, src, dst, chunk, 0,
+                        nbytes)
+
+
+def recv_within(t, peer, wait=1.0):
+    """The next frame from `peer`, or None if none arrives within `wait` seconds."""
+    end = time.time() + wait
+    while time.time() < end:
+        got = t.recv(peer)
+        if got is not None:
+            return got
+        t.wait(0.05)
+    return None
