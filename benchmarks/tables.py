@@ -61,6 +61,11 @@ def loop(d: str) -> None:
         print(f"| {human(size)} | {n:.1f} | {g:.1f} | {m:.1f} | {g / n:.1f} |")
 
 
+def cell(v, digits: int) -> str:
+    """A table cell: '-' where the benchmark had no number (no Gloo run; an unresolved --added row)."""
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
 def bench(d: str, name: str, title: str) -> None:
     run = load(os.path.join(d, name))
     if not run:
@@ -75,11 +80,11 @@ def bench(d: str, name: str, title: str) -> None:
     for r in run["rows"]:
         n, g = r["neuron"], r.get("gloo", {})
         m = r.get("model") or {}
-        if g and r.get("ratio", 1) < 1:
+        if g and (r.get("ratio") or 1) < 1:
             slower.append(f"{r['op']} {human(r['size'])}")
-        print(f"| {r['op']} | {human(r['size'])} | {r['count']} | {r['type']} | {n['time_us']:.1f} | {n['algbw']:.3f} | "
-              f"{n['busbw']:.3f} | {n['wrong']} | {g.get('time_us', float('nan')):.1f} | "
-              f"{g.get('busbw', float('nan')):.3f} | {r.get('ratio', float('nan')):.2f} | "
+        print(f"| {r['op']} | {human(r['size'])} | {r['count']} | {r['type']} | {cell(n['time_us'], 1)} | "
+              f"{cell(n['algbw'], 3)} | {cell(n['busbw'], 3)} | {n['wrong']} | {cell(g.get('time_us'), 1)} | "
+              f"{cell(g.get('busbw'), 3)} | {cell(r.get('ratio'), 2)} | "
               f"{('%.1f ' % m['busbw'] + m['algorithm']) if m else '-'} |")
     print(f"\nRows where neuron is slower than Gloo: {', '.join(slower) if slower else 'none'}.")
 

@@ -25,12 +25,14 @@ ranks favours whichever backend's next call is cheapest to schedule.
 `--added` times what a call costs the job: per iteration, the wall time of (call + barrier) less
 that of the barrier just before it alone, averaged over the ranks, median over iterations. Work a
 backend leaves running when its call returns (Gloo's worker threads, the wake-ups they cause) is
-then charged to it, not to whatever comes next.
+then charged to it, not to whatever comes next. A call that costs less than the barrier's own
+jitter (median difference <= 0) has no such time: `-` in the table, null in the JSON.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import socket
@@ -137,6 +139,10 @@ def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float
         return None
 
 
+def _num(v: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if v is None else f"{v:>{width}.{digits}f}"
+
+
 def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = False,
           added: bool = False) -> float:
     for _ in range(warmup):
@@ -155,7 +161,10 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
         # (a shorter barrier, a longer call), so the maximum would be biased by the skew
         t = torch.tensor(diffs, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=meta)
-        return max(statistics.median(t.tolist()) / dist.get_world_size(meta), 1e-7)
+        med = statistics.median(t.tolist()) / dist.get_world_size(meta)
+        # at or below zero the call costs less than the barrier's own jitter: no time to report
+        # (a clamp to a tiny positive number would print an absurd bandwidth)
+        return med if med > 0 else float("nan")
     if loop:  # one barrier, back-to-back calls, the slowest rank's average
         dist.barrier(group=meta)
         t0 = time.perf_counter()
@@ -223,16 +232,19 @@ def worker(a) -> int:
                 dist.all_reduce(bad, group=meta)
                 case.reset()
                 t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
-                algbw = case.size / t / 1e9
                 row.update(size=case.size, count=case.count)
-                row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
+                if math.isnan(t):  # unresolved (--added): null in JSON, "-" in the table
+                    row[name] = dict(time_us=None, algbw=None, busbw=None, wrong=int(bad))
+                else:
+                    algbw = case.size / t / 1e9
+                    row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
             r = row["neuron"]
-            line = (f"{row['size']:>12} {row['count']:>11} {a.dtype:>8} {r['time_us']:>9.1f} {r['algbw']:>7.3f} "
-                    f"{r['busbw']:>7.3f} {r['wrong']:>6}")
+            line = (f"{row['size']:>12} {row['count']:>11} {a.dtype:>8} {_num(r['time_us'], 9, 1)} "
+                    f"{_num(r['algbw'], 7, 3)} {_num(r['busbw'], 7, 3)} {r['wrong']:>6}")
             if gloo is not None:
                 gr = row["gloo"]
-                row["ratio"] = r["busbw"] / gr["busbw"] if gr["busbw"] else float("inf")
-                line += f" {gr['time_us']:>9.1f} {gr['busbw']:>7.3f} {row['ratio']:>6.2f}"
+                row["ratio"] = r["busbw"] / gr["busbw"] if r["busbw"] and gr["busbw"] else None
+                line += f" {_num(gr['time_us'], 9, 1)} {_num(gr['busbw'], 7, 3)} {_num(row['ratio'], 6, 2)}"
             if a.instance:
                 m = model_busbw(op, row["size"], n, a.instance)
                 row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}
@@ -246,8 +258,11 @@ def worker(a) -> int:
                       file=sys.stderr, flush=True)
     nwrong = sum(r["neuron"]["wrong"] + r.get("gloo", {}).get("wrong", 0) for r in rows)
     say(f"# Out of bounds values : {nwrong} {'OK' if nwrong == 0 else 'FAILED'}")
-    if rows:
-        say(f"# Avg bus bandwidth    : {statistics.mean(r['neuron']['busbw'] for r in rows):.4f}")
+    timed = [r["neuron"]["busbw"] for r in rows if r["neuron"]["busbw"] is not None]
+    if timed:
+        say(f"# Avg bus bandwidth    : {statistics.mean(timed):.4f}")
+    if len(timed) < len(rows) or any(r.get("gloo", {}).get("busbw", 0) is None for r in rows):
+        say("# -: the call cost less than the barrier's jitter (median difference <= 0); use more iterations")
     if rank == 0 and a.json:
         meta_info = dict(vars(a), host=platform.node(), cpus=os.cpu_count(), python=sys.version.split()[0],
                          torch=torch.__version__, transport=getattr(transport, "name", "?"))

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time as _time
 
 import pytest
 
@@ -51,39 +52,59 @@ def test_loop_and_added_are_exclusive():
     assert p.returncode == 2 and "choose one" in p.stderr
 
 
+class FakeDist:
+    """Just enough of torch.distributed for `bench._time` in one process: a barrier that sleeps
+    `barrier_s(i)` on its i-th call, reductions over one rank."""
+    class ReduceOp:
+        MAX, SUM = "max", "sum"
+
+    def __init__(self, barrier_s):
+        self.barrier_s, self.barriers = barrier_s, 0
+
+    def barrier(self, group=None):
+        _time.sleep(self.barrier_s(self.barriers))
+        self.barriers += 1
+
+    def all_reduce(self, t, op=None, group=None):
+        pass
+
+    def get_world_size(self, group=None):
+        return 1
+
+
+class SleepCase:
+    def __init__(self, secs):
+        self.secs, self.calls = secs, 0
+
+    def run(self):
+        self.calls += 1
+        if self.secs:
+            _time.sleep(self.secs)
+
+
 def test_added_time_subtracts_the_barriers():
     """--added's arithmetic on a fake group: a call that takes 2 ms behind a barrier that takes
     1 ms adds about 2 ms (its own time; the barrier's is subtracted), and is run n times."""
-    import time as _time
     import torch
-
-    class FakeDist:
-        class ReduceOp:
-            MAX, SUM = "max", "sum"
-
-        @staticmethod
-        def barrier(group=None):
-            _time.sleep(0.001)
-
-        @staticmethod
-        def all_reduce(t, op=None, group=None):
-            pass
-
-        @staticmethod
-        def get_world_size(group=None):
-            return 1
-
-    class SlowCase:
-        calls = 0
-
-        def run(self):
-            SlowCase.calls += 1
-            _time.sleep(0.002)
-
-    t = bench._time(SlowCase(), 20, 2, None, FakeDist, torch, added=True)
-    assert SlowCase.calls == 22
+    case = SleepCase(0.002)
+    t = bench._time(case, 20, 2, None, FakeDist(lambda i: 0.001), torch, added=True)
+    assert case.calls == 22
     # a sleep never returns early; not subtracting the barriers would give 3 ms
     assert 0.0019 <= t < 0.0028, t
+
+
+def test_added_time_below_the_barrier_jitter_is_unresolved():
+    """A call cheaper than the barrier's jitter has no time under --added: the timed barrier
+    before it (every third barrier) takes 2 ms, the one after 1 ms, the call nothing, so the
+    difference is negative. It must come back as NaN and print as '-' (a clamp to a tiny time
+    printed 163 GB/s for a 16 KiB broadcast), not as a number."""
+    import math
+
+    import torch
+    t = bench._time(SleepCase(0), 10, 0, None, FakeDist(lambda i: 0.002 if i % 3 == 1 else 0.001), torch,
+                    added=True)
+    assert math.isnan(t), t
+    assert bench._num(None, 9, 1) == "        -" and bench._num(12.345, 9, 1) == "     12.3"
 
 
 def test_bench_detects_wrong_results(monkeypatch):
