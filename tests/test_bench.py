@@ -44,7 +44,10 @@ def test_collective_bench_timing_modes(tmp_path, mode, header, key):
     data = json.load(open(out))
     assert data["config"][key] is True
     assert {r["op"] for r in data["rows"]} == {"allreduce", "broadcast", "sendrecv"}
-    assert all(r["neuron"]["time_us"] > 0 and r["gloo"]["time_us"] > 0 for r in data["rows"])
+    # --added may leave a row unresolved (null) when a 4 KiB call costs less than the barrier's
+    # jitter; a time it reports is positive, and --loop always reports one
+    ok = (lambda v: v is None or v > 0) if key == "added" else (lambda v: v is not None and v > 0)
+    assert all(ok(r["neuron"]["time_us"]) and ok(r["gloo"]["time_us"]) for r in data["rows"]), data["rows"]
 
 
 def test_loop_and_added_are_exclusive():
