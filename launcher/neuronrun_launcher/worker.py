@@ -41,15 +41,24 @@ MODES = ("python", "module", "exec")
 GROUPS_VAR = "NEURONRUN_GROUPS_DIR"
 
 
-def rank_env(environ: dict[str, str]) -> dict[str, str]:
+def _plan(environ: dict[str, str]) -> tuple[NeuronPlan, int]:
+    """The launcher's plan and this rank's local rank, from the variables the agent set."""
+    try:
+        return NeuronPlan.from_json(environ[PLAN_VAR]), int(environ["LOCAL_RANK"])
+    except KeyError as exc:
+        raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
+
+
+def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[str, str]:
     """The full environment of the rank: ``environ`` (as the agent built it) plus Neuron's.
 
     The launcher already reconciled the user's exported Neuron variables with the plan,
     so the plan's values win here (the exported NEURON_RT_VISIBLE_CORES is the node's
-    pool, and each rank gets its own slice of it)."""
+    pool, and each rank gets its own slice of it). ``plan``: already parsed from ``environ``."""
+    if plan is None:
+        plan, _ = _plan(environ)
+    local_rank = int(environ["LOCAL_RANK"])
     try:
-        plan = NeuronPlan.from_json(environ[PLAN_VAR])
-        local_rank = int(environ["LOCAL_RANK"])
         master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
@@ -61,10 +70,8 @@ def rank_env(environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def bind_cpus(environ: dict[str, str]) -> str | None:
-    """Bind this process to the rank's CPUs if the plan says so; a warning if that failed."""
-    plan = NeuronPlan.from_json(environ[PLAN_VAR])
-    cpus = plan.cpus(int(environ["LOCAL_RANK"]))
+def bind_cpus(cpus: tuple[int, ...]) -> str | None:
+    """Bind this process to the rank's CPUs (none: unbound); a warning if that failed."""
     if not cpus:
         return None
     try:
@@ -118,9 +125,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("usage: worker.py {python|module|exec} SCRIPT [ARGS...] (started by neuronrun)")
     mode, target, args = argv[0], argv[1], argv[2:]
     try:
-        env = rank_env(dict(os.environ))
+        plan, local_rank = _plan(dict(os.environ))
+        env = rank_env(dict(os.environ), plan)
         cmd = command(mode, target, args, sys.executable)
-        warning = bind_cpus(dict(os.environ))
+        warning = bind_cpus(plan.cpus(local_rank))
     except (RuntimeError, ValueError) as exc:
         print(f"neuronrun worker (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr, flush=True)
         sys.exit(2)
