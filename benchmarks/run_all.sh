@@ -25,6 +25,6 @@ python -m neuron_dist.bench -g 2 --ops allreduce -d bfloat16 -b 4K -e 64M -f 4 -
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3 --json "$OUT/bench_w4.json" > "$OUT/bench_w4.txt" 2>/dev/null
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 3 --loop --json "$OUT/bench_w4_loop.json" > "$OUT/bench_w4_loop.txt" 2>/dev/null
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 60 -w 3 --added --json "$OUT/bench_w4_added.json" > "$OUT/bench_w4_added.txt" 2>/dev/null
-python -m neuron_dist.bench_train --steps 10 --warmup 3 --json "$OUT/train.json" > "$OUT/train.txt" 2>&1
+python -m neuron_dist.bench_train --steps 10 --warmup 3 --backends neuron,gloo,none --json "$OUT/train.json" > "$OUT/train.txt" 2>&1
 NEURON_DIST_TUNING=model python -m neuron_dist.bench -g 2 --ops allreduce,allgather,reduce_scatter -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_model.json" > "$OUT/bench_w2_model.txt" 2>/dev/null
 { date; uptime; } >> "$OUT/machine.txt"

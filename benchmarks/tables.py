@@ -95,10 +95,11 @@ def train(d: str) -> None:
         return
     print(f"\n**Training step, {run['params'] / 1e6:.1f}M-parameter MLP, world {run['config']['world']}** "
           f"(`neuron_dist.bench_train`; compute-only step {run['compute_ms']:.1f} ms)\n")
-    print("| wrap | backend | step ms | x compute-only |")
-    print("|---|---|---:|---:|")
+    print("| wrap | backend | step ms | x compute-only | ranks agree |")
+    print("|---|---|---:|---:|---|")
     for r in run["rows"]:
-        print(f"| {r['wrap']} | {r['backend']} | {r['step_ms']:.1f} | {r['ratio']:.2f} |")
+        name = "none (floor: no communication)" if r["backend"] == "none" else r["backend"]
+        print(f"| {r['wrap']} | {name} | {r['step_ms']:.1f} | {r['ratio']:.2f} | {r.get('agree', '-')} |")
 
 
 def bound(d: str) -> None:

@@ -8,6 +8,12 @@ Linear(width, width)+ReLU (4 x 2500 = 25M parameters), batch 32, SGD, median ste
 warm-up. The reference is the same step in one process with no communication (compute only);
 `ratio` = distributed step / compute-only step: the cost of communication that overlap did not
 hide. Every configuration runs in this invocation, one after the other, on the same machine.
+
+Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
+way but alone (a world-1 group; DDP with a no-op communication hook), so its row holds what the
+wrapper and the ranks sharing the host's cores and memory cost before any byte is exchanged.
+`agree` says whether every rank ends with the same parameters (it must for a real backend; with
+`none` the ranks train on different data without exchanging anything, so it must not).
 """
 from __future__ import annotations
 
@@ -43,6 +49,14 @@ def _steps(m, a, rank) -> float:
     return statistics.median(times[a.warmup:])
 
 
+def _no_comm(state, bucket):
+    """DDP communication hook for the floor: the bucket's gradients, as they are."""
+    import torch
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def _worker(rank, a, backend, wrap, port, q) -> None:
     import torch
     import torch.distributed as dist
@@ -52,10 +66,15 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
         os.sched_setaffinity(0, rank_cpus(tuple(sorted(os.sched_getaffinity(0))), rank, a.world))
     torch.set_num_threads(a.threads)
     from . import c10d  # noqa: F401  registers "neuron"
-    dist.init_process_group(backend, rank=rank, world_size=a.world)
+    if backend == "none":  # the floor: alone, in a world-1 group of its own
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    else:
+        dist.init_process_group(backend, rank=rank, world_size=a.world)
     m = _model(a)
     if wrap == "ddp":
         m = torch.nn.parallel.DistributedDataParallel(m)
+        if backend == "none":
+            m.register_comm_hook(None, _no_comm)
     else:
         from torch.distributed.fsdp import fully_shard
         for layer in m:
@@ -63,11 +82,15 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
                 fully_shard(layer)
         m = fully_shard(m)
     t = _steps(m, a, rank)
+    with torch.no_grad():  # a fingerprint of the full parameters (FSDP2's are sharded DTensors)
+        digest = sum(float((x.full_tensor() if hasattr(x, "full_tensor") else x).double().sum())
+                     for x in m.parameters())
     dist.destroy_process_group()
-    q.put(t)
+    q.put((t, digest))
 
 
-def run(a, backend: str, wrap: str) -> float:
+def run(a, backend: str, wrap: str) -> tuple[float, bool]:
+    """The slowest rank's median step, and whether the ranks ended with equal parameters."""
     import torch.multiprocessing as mp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -77,10 +100,10 @@ def run(a, backend: str, wrap: str) -> float:
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
     for p in ps:
         p.start()
-    ts = [q.get(timeout=900) for _ in ps]
+    results = [q.get(timeout=900) for _ in ps]
     for p in ps:
         p.join()
-    return max(ts)
+    return max(t for t, _ in results), len({d for _, d in results}) == 1
 
 
 def main(argv=None) -> int:
@@ -88,7 +111,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--wrap", choices=("ddp", "fsdp2", "both"), default="both")
-    p.add_argument("--backends", default="neuron,gloo")
+    p.add_argument("--backends", default="neuron,gloo",
+                   help="comma-separated; 'none' adds the no-communication floor (see above)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=2500)
     p.add_argument("--batch", type=int, default=32)
@@ -106,13 +130,13 @@ def main(argv=None) -> int:
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
           f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
     print(f"# compute-only single process step: {compute * 1e3:.1f} ms")
-    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'ratio':>6}")
+    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'ratio':>6} {'agree':>6}")
     rows = []
     for wrap in (("ddp", "fsdp2") if a.wrap == "both" else (a.wrap,)):
         for backend in a.backends.split(","):
-            t = run(a, backend, wrap)
-            rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, ratio=t / compute))
-            print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {t / compute:>6.2f}", flush=True)
+            t, agree = run(a, backend, wrap)
+            rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, ratio=t / compute, agree=agree))
+            print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {t / compute:>6.2f} {str(agree):>6}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(config=vars(a), params=nparams, compute_ms=compute * 1e3, rows=rows), f, indent=1)

@@ -121,13 +121,18 @@ def test_bench_detects_wrong_results(monkeypatch):
 
 
 def test_training_bench_runs(tmp_path):
+    """Both wrappers over both backends and the no-communication floor: the real backends must
+    leave every rank with the same parameters, the floor (ranks alone on different data) must not."""
     out = tmp_path / "t.json"
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
-                        "--steps", "2", "--warmup", "1", "--cpu-bind", "core", "--json", str(out)],
+                        "--steps", "2", "--warmup", "1", "--cpu-bind", "core", "--backends", "neuron,gloo,none",
+                        "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.load(open(out))
     rows = result["rows"]
     assert result["config"]["cpu_bind"] == "core" and "cpu-bind core" in p.stdout
-    assert {(r["wrap"], r["backend"]) for r in rows} == {(w, b) for w in ("ddp", "fsdp2") for b in ("neuron", "gloo")}
+    assert [(r["wrap"], r["backend"]) for r in rows] == [(w, b) for w in ("ddp", "fsdp2")
+                                                         for b in ("neuron", "gloo", "none")]
     assert all(r["step_ms"] > 0 for r in rows)
+    assert [r["agree"] for r in rows] == [True, True, False] * 2
