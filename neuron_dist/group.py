@@ -45,6 +45,7 @@ INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the calle
 INLINE_BUDGET = 0.0005       # ... for at most this long before the engine takes over
 INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits anyway
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
+SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often (who went first)
 
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
@@ -368,7 +369,9 @@ class Group(HangDiagnosis):
 
     def _gone_cause(self, p: int, reason: str) -> str:
         """Why peer `p` is gone: the cause it sent in an ABORT frame before closing, if any
-        (it failed first, naming the real culprit), else the transport's reason."""
+        (it failed first, naming the real culprit); else the member seen gone before `p`, if
+        any (a rank that fails on another's death closes next, and over TCP its close can
+        reach us before its ABORT frame does); else the transport's reason."""
         from .transport.frame import PeerAborted
         try:
             self.mailbox.take(p, ("abort-probe",))
@@ -376,6 +379,12 @@ class Group(HangDiagnosis):
             return str(e)
         except Exception:  # noqa: BLE001 - a broken channel: fall back to the transport's reason
             pass
+        seen = self._gone_seen.get(p, float("inf"))
+        earlier = sorted((t, q) for q, t in self._gone_seen.items() if q != p and t < seen)
+        for _, q in earlier:
+            first = self.transport.check_peer(q)
+            if first and not self.transport.peer_finished(q):
+                return f"{self._who(q)} is gone: {first}; then {self._who(p)}: {reason}"
         return f"{self._who(p)} is gone: {reason}"
 
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: deque[Op]) -> None:
@@ -436,6 +445,12 @@ class Group(HangDiagnosis):
     def _check_stalled(self, active: list[Op], waiting: deque[Op]) -> None:
         now = time.monotonic()
         limit = self.timeout.total_seconds()
+        if now >= self._next_sweep and any(not o.is_p2p for o in active):
+            # note when each member is first seen gone, so a failure names the first to go
+            self._next_sweep = now + SWEEP_INTERVAL_S
+            for q in range(self.size):
+                if q != self.rank:
+                    self._peer_gone(q, now)
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
             # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
@@ -461,6 +476,7 @@ class Group(HangDiagnosis):
         it changed, at most every `interval`), so a rank that times out can say what every rank
         last ran. Idle groups cost nothing: nothing changes, nothing is written."""
         self._gone_seen: dict[int, float] = {}
+        self._next_sweep = 0.0
         self._abort_sent = False
         self._published = None
         self._hb_stop = threading.Event()
