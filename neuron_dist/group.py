@@ -382,8 +382,11 @@ class Group(HangDiagnosis):
         seen = self._gone_seen.get(p, float("inf"))
         earlier = sorted((t, q) for q, t in self._gone_seen.items() if q != p and t < seen)
         for _, q in earlier:
-            first = self.transport.check_peer(q)
-            if first and not self.transport.peer_finished(q):
+            try:
+                first = self.transport.check_peer(q) if not self.transport.peer_finished(q) else None
+            except Exception:  # noqa: BLE001 - a broken channel tells nothing more
+                first = None
+            if first:
                 return f"{self._who(q)} is gone: {first}; then {self._who(p)}: {reason}"
         return f"{self._who(p)} is gone: {reason}"
 
