@@ -1,4 +1,4 @@
-"""Where one small all-reduce's time goes when calls come one at a time, as collbench times them.
+"""Where one small all-reduce's (or all-gather's, --op allgather) time goes when calls come one at a time, as collbench times them.
 
     torchrun --nproc-per-node 2 benchmarks/call_anatomy.py            # 4 KiB, world 2
     torchrun --nproc-per-node 1 benchmarks/call_anatomy.py            # no peer: the code path alone
@@ -27,7 +27,8 @@ CLK = time.CLOCK_MONOTONIC
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bytes", default="4K", help="all-reduce size (float32), e.g. 4K, 1M")
+    p.add_argument("--bytes", default="4K", help="size (float32; all-gather: the output), e.g. 4K, 1M")
+    p.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--pin", action="store_true", help="pin each rank to core LOCAL_RANK %% cores")
     a = p.parse_args()
@@ -38,13 +39,21 @@ def main() -> None:
     dist.init_process_group("neuron")
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = dist.new_group(backend="gloo")
-    x = torch.zeros(max(1, parse_size(a.bytes) // 4))
+    x = torch.zeros(max(world, parse_size(a.bytes) // 4 // world * world))
+    if a.op == "allreduce":
+        def call():
+            dist.all_reduce(x)
+    else:
+        part = torch.ones(x.numel() // world)
+
+        def call():
+            dist.all_gather_into_tensor(x, part)
     for _ in range(50):
-        dist.all_reduce(x)
+        call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
              "after 1 ms sleep": lambda: time.sleep(0.001)}
     if rank == 0:
-        print(f"# call_anatomy: all-reduce {x.numel() * 4} B, world {world}, {a.iters} calls per mode; "
+        print(f"# call_anatomy: {a.op} {x.numel() * 4} B, world {world}, {a.iters} calls per mode; "
               f"us, median / p90")
         print(f"# {'mode':>20} {'start skew':>16} {'latest rank':>16} {'slowest rank':>16}")
     for name, before in modes.items():
@@ -53,7 +62,7 @@ def main() -> None:
         for i in range(a.iters):
             before()
             t0 = time.clock_gettime(CLK)
-            dist.all_reduce(x)
+            call()
             stamps[i, 0], stamps[i, 1] = t0, time.clock_gettime(CLK)
         every = [torch.empty_like(stamps) for _ in range(world)]
         dist.all_gather(every, stamps, group=meta)
