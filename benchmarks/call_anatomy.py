@@ -1,4 +1,5 @@
-"""Where one small all-reduce's (or all-gather's, --op allgather) time goes when calls come one at a time, as collbench times them.
+"""Where one small all-reduce's (or, with --op allgather, all-gather's) time goes when calls come
+one at a time, as collbench times them.
 
     torchrun --nproc-per-node 2 benchmarks/call_anatomy.py            # 4 KiB, world 2
     torchrun --nproc-per-node 1 benchmarks/call_anatomy.py            # no peer: the code path alone
