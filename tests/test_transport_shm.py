@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from neuron_dist.transport import frame, select, shm
+from zmqpair import recv_within
 from neuron_dist.transport.base import TransportContext, TransportError
 
 pytestmark = pytest.mark.skipif(shm.available() is not None, reason=f"no shared memory: {shm.available()}")
@@ -256,13 +257,10 @@ def test_composite_routes_each_pair_two_hosts(monkeypatch):
             for s in range(4):
                 if s == d:
                     continue
-                got = None
-                for _ in range(1000):
-                    got = ts[d].recv(s)
-                    if got is not None:
-                        break
-                    ts[d].wait(0.01)
-                assert got is not None, f"rank {d} got nothing from rank {s}"
+                # a deadline, not a count of waits: wait() returns at once while frames from
+                # other peers sit unread, so a thousand of them can pass in a millisecond
+                got = recv_within(ts[d], s, 10.0)
+                assert got is not None, f"rank {d} got nothing from rank {s} within 10 s"
                 assert got[1].tolist() == [s, d]
                 ts[d].release(s)
     finally:
