@@ -136,3 +136,5 @@ def test_training_bench_runs(tmp_path):
                                                          for b in ("neuron", "gloo", "none")]
     assert all(r["step_ms"] > 0 for r in rows)
     assert [r["agree"] for r in rows] == [True, True, False] * 2
+    refs = result["compute_runs_ms"]
+    assert len(refs) == 3 and result["compute_ms"] == sorted(refs)[1]
