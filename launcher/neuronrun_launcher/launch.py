@@ -3,9 +3,10 @@
 Rendezvous, monitoring, restarts and stopping ranks are torch.distributed.elastic's
 (``LaunchConfig``/``elastic_launch``); nothing here manages processes. What this
 module adds: the worker trampoline as entrypoint, ``NEURONRUN_PLAN`` in the
-environment the agent hands down, rank-prefixed output, and a root-cause report
-(rank, node, exit code or signal, last lines of its output) instead of a traceback
-of the launcher. torch is imported here only, so --help and --dry-run stay fast.
+environment the agent hands down, rank-prefixed output in whole lines (``tail.py``),
+and a root-cause report (rank, node, exit code or signal, last lines of its output)
+instead of a traceback of the launcher. torch is imported here only, so --help and
+--dry-run stay fast.
 """
 
 from __future__ import annotations
@@ -191,8 +192,12 @@ def launch(cfg: RunConfig) -> int:
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing import tail_log
     from torch.distributed.launcher.api import elastic_launch
 
+    from .tail import tail_whole_lines
+
+    tail_log.tail_logfile = tail_whole_lines  # the agent's per-rank output copier; see tail.py
     entrypoint, args = worker_command(cfg)
     try:
         elastic_launch(config, entrypoint)(*args)

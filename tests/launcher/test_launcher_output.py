@@ -1,0 +1,53 @@
+"""Rank output reaches the terminal in whole lines (neuronrun_launcher/tail.py)."""
+from __future__ import annotations
+
+import io
+import threading
+import time
+
+import pytest
+from launcher_helpers import neuronrun
+
+from neuronrun_launcher import tail
+
+pytest.importorskip("torch.distributed")
+
+
+def _copy(tmp_path, fn, pieces, interval=0.01):
+    """Run tail function `fn` over a log file written in `pieces` ((text, pause after) each)."""
+    log = tmp_path / "rank.log"
+    log.write_text("")
+    out, finished = io.StringIO(), threading.Event()
+    t = threading.Thread(target=fn, args=("[r0]: ", str(log), out, finished, interval, lambda _: True))
+    t.start()
+    with open(log, "a") as f:
+        for text, pause in pieces:
+            f.write(text)
+            f.flush()
+            time.sleep(pause)
+    finished.set()
+    t.join(10)
+    return out.getvalue()
+
+
+def test_a_line_written_in_two_pieces_stays_one_line(tmp_path):
+    from torch.distributed.elastic.multiprocessing.tail_log import tail_logfile
+    pieces = [("sum=6 world=4", 0.1), ("\n", 0.05), ("next\n", 0.05)]  # the reader sees the first piece alone
+    assert _copy(tmp_path, tail_logfile, pieces) == "[r0]: sum=6 world=4[r0]: \n[r0]: next\n"  # torch's
+    assert _copy(tmp_path, tail.tail_whole_lines, pieces) == "[r0]: sum=6 world=4\n[r0]: next\n"
+
+
+def test_an_unended_line_is_shown_after_the_hold_and_at_the_end(tmp_path):
+    shown = _copy(tmp_path, tail.tail_whole_lines, [("50%", tail.HOLD_S + 0.3), (" 100%", 0.05)])
+    assert shown.startswith("[r0]: 50%")  # not held for ever (a progress bar without newlines)
+    assert shown.endswith("[r0]:  100%")  # the last piece is written once the rank is done
+
+
+def test_neuronrun_prints_each_rank_line_whole(tmp_path):
+    script = tmp_path / "split.py"
+    script.write_text("import sys, time\n"
+                      "sys.stdout.write('part one'); sys.stdout.flush(); time.sleep(0.15)\n"
+                      "sys.stdout.write(' and two\\n'); sys.stdout.flush()\n")
+    r = neuronrun(["--nproc-per-node", "1", str(script)], timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[rank0]: part one and two\n" in r.stdout, r.stdout
