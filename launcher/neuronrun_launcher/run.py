@@ -64,7 +64,8 @@ Output and failures
 -------------------
 Each output line is prefixed with the global rank ("[rank3]: ..."; --tee defaults
 to 3, unlike torchrun's 0, because the prefix and the failure report need the
-per-rank files; set TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE to change the prefix).
+per-rank files; set TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE to change the prefix)
+and printed whole: an unfinished line waits up to 0.5 s for its newline.
 When a rank exits non-zero or is killed, the agent stops the others (SIGTERM, then
 SIGKILL after --shutdown-timeout seconds), restarts the group if --max-restarts
 allows, and otherwise neuronrun prints the root cause (rank, node, host, exit code
