@@ -32,15 +32,13 @@ def test_two_nodes_on_loopback_neuron_backend():
 
 
 BOUND_JOB = """
-import os, sys, torch, torch.distributed as dist, neuron_dist
+import os, torch, torch.distributed as dist, neuron_dist
 dist.init_process_group("neuron")
 t = torch.ones(8)
 dist.all_reduce(t)
 shm = dist.distributed_c10d._get_default_group().group.transport
-words = ("bound", int(os.environ["LOCAL_RANK"]), sorted(os.sched_getaffinity(0)), shm.oversubscribed, t.sum().item(),
-         os.environ["OMP_NUM_THREADS"], torch.get_num_threads())
-sys.stdout.write(" ".join(map(str, words)) + "\\n")  # one write per line (see scripts/neuronrun_job.py)
-sys.stdout.flush()
+print("bound", int(os.environ["LOCAL_RANK"]), sorted(os.sched_getaffinity(0)), shm.oversubscribed, t.sum().item(),
+      os.environ["OMP_NUM_THREADS"], torch.get_num_threads(), flush=True)
 dist.destroy_process_group()
 """
 

@@ -22,11 +22,6 @@ pytest.importorskip("torch.distributed")
 RANK_SCRIPT = textwrap.dedent('''
     import os, subprocess, sys, time
     piddir, mode = sys.argv[1], sys.argv[2]
-
-    def say(*words):  # one write per line: under python -u, print() writes the text and then the
-        sys.stdout.write(" ".join(map(str, words)) + "\\n")  # newline, and the agent's tail may read
-        sys.stdout.flush()                                    # between them, letting another line in
-
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -38,7 +33,7 @@ RANK_SCRIPT = textwrap.dedent('''
            "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_ROOT_COMM_ID", "NEURON_DIST_INSTANCE")}
     assert "NEURONRUN_PLAN" not in os.environ
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
-    say("env", sorted(env.items()))
+    print("env", sorted(env.items()), flush=True)
     if mode in ("fail", "kill", "flaky") and rank == 1 and restart == 0:  # fail only once every rank is up and recorded
         while len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.05)
@@ -47,10 +42,10 @@ RANK_SCRIPT = textwrap.dedent('''
         dist.init_process_group("gloo")
         t = torch.tensor([float(rank)])
         dist.all_reduce(t)
-        say(f"sum={t.item():g} world={dist.get_world_size()}")
+        print(f"sum={t.item():g} world={dist.get_world_size()}", flush=True)
         dist.destroy_process_group()
     elif mode == "fail" and rank == 1:
-        say("rank 1 is about to fail")
+        print("rank 1 is about to fail", flush=True)
         print("ValueError: the root cause", file=sys.stderr, flush=True)
         sys.exit(7)
     elif mode == "kill" and rank == 1:
@@ -60,7 +55,7 @@ RANK_SCRIPT = textwrap.dedent('''
     elif mode in ("fail", "kill", "hang"):
         time.sleep(120)
     child.kill()
-    say(f"done restart={restart}")
+    print(f"done restart={restart}", flush=True)
 ''')
 
 

@@ -1,7 +1,6 @@
 """A rank under neuronrun on the neuron backend: all-reduce, then check that the backend's
 topology agrees with the launcher's placement (node, cores, instance)."""
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -21,9 +20,6 @@ assert str(slot.cores[0]) == vis.split("-")[0], (slot, vis)
 transport = dist.distributed_c10d._get_default_group().group.transport
 route = getattr(transport, "route", {})
 kinds = ",".join(f"{p}:{route[p].name if p in route else transport.name}" for p in range(world) if p != rank)
-# one write for the whole line: under python -u, print() writes the text and then the newline,
-# and neuronrun's tail of this rank's log may read between them, letting another rank's line in
-sys.stdout.write(f"sum={t.item():g} world={world} node={slot.node} chip={slot.chip} cores={vis} "
-                 f"nodes={len({s.node for s in topo.slots})} transports={kinds}\n")
-sys.stdout.flush()
+print(f"sum={t.item():g} world={world} node={slot.node} chip={slot.chip} cores={vis} "
+      f"nodes={len({s.node for s in topo.slots})} transports={kinds}", flush=True)
 dist.destroy_process_group()
