@@ -5,10 +5,12 @@
 
 The model and step follow ../shared/tools/ddp_step.py so numbers compare: an MLP of --layers
 Linear(width, width)+ReLU (4 x 2500 = 25M parameters), batch 32, SGD, median step time after
-warm-up. The reference is the same step in one process with no communication (compute only;
-the median of three measurements); `ratio` = distributed step / compute-only step: the cost of
-communication that overlap did not hide. Every configuration runs in this invocation, one after
-the other, on the same machine.
+warm-up. The reference is the same step in one process with no communication (compute only),
+measured before the first configuration and again after each one; `ratio` = distributed step /
+the mean of the two reference measurements beside it: the cost of communication that overlap did
+not hide. Measuring the reference between the rows, not once up front, keeps a slow spell of this
+host (they last seconds to minutes) from shifting every ratio of a run. Every configuration runs
+in this invocation, one after the other, on the same machine.
 
 Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
 way but alone (a world-1 group; DDP with a no-op communication hook), so its row holds what the
@@ -27,7 +29,6 @@ import sys
 import time
 
 
-REFERENCE_RUNS = 3  # compute-only measurements; ratios use their median
 
 
 def _model(a):
@@ -130,20 +131,29 @@ def main(argv=None) -> int:
     import torch
     torch.set_num_threads(a.threads)
     nparams = sum(x.numel() for x in _model(a).parameters())
-    # the reference, three times: one slow moment in a single measurement would skew every ratio
-    refs = [_steps(_model(a), a, 0) for _ in range(REFERENCE_RUNS)]
-    compute = statistics.median(refs)
+    configs = [(w, b) for w in (("ddp", "fsdp2") if a.wrap == "both" else (a.wrap,))
+               for b in a.backends.split(",")]
+    def reference() -> float:  # compute only, in this process, with no rank running
+        return _steps(_model(a), a, 0)
+
+    refs = [reference()]
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
           f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
-    print(f"# compute-only single process step: {compute * 1e3:.1f} ms (median of "
-          f"{', '.join(f'{r * 1e3:.1f}' for r in refs)})")
-    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'ratio':>6} {'agree':>6}")
+    print("# compute-only: the same step in one process, measured before the first row and after each; "
+          "a row's ratio is its step over the mean of the two beside it")
+    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'compute':>8} {'ratio':>6} {'agree':>6}")
     rows = []
-    for wrap in (("ddp", "fsdp2") if a.wrap == "both" else (a.wrap,)):
-        for backend in a.backends.split(","):
-            t, agree = run(a, backend, wrap)
-            rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, ratio=t / compute, agree=agree))
-            print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {t / compute:>6.2f} {str(agree):>6}", flush=True)
+    for wrap, backend in configs:
+        t, agree = run(a, backend, wrap)
+        refs.append(reference())
+        compute = (refs[-2] + refs[-1]) / 2
+        rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, compute_ms=compute * 1e3,
+                         ratio=t / compute, agree=agree))
+        print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {compute * 1e3:>8.1f} {t / compute:>6.2f} {str(agree):>6}",
+              flush=True)
+    compute = statistics.median(refs)
+    print(f"# compute-only step, median of {len(refs)}: {compute * 1e3:.1f} ms "
+          f"({', '.join(f'{r * 1e3:.1f}' for r in refs)})")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(config=vars(a), params=nparams, compute_ms=compute * 1e3,

@@ -136,5 +136,8 @@ def test_training_bench_runs(tmp_path):
                                                          for b in ("neuron", "gloo", "none")]
     assert all(r["step_ms"] > 0 for r in rows)
     assert [r["agree"] for r in rows] == [True, True, False] * 2
-    refs = result["compute_runs_ms"]
-    assert len(refs) == 3 and result["compute_ms"] == sorted(refs)[1]
+    refs = result["compute_runs_ms"]  # one before the first row, one after each
+    assert len(refs) == len(rows) + 1 and result["compute_ms"] == sorted(refs)[len(rows) // 2]
+    for i, r in enumerate(rows):
+        assert r["compute_ms"] == pytest.approx((refs[i] + refs[i + 1]) / 2)
+        assert r["ratio"] == pytest.approx(r["step_ms"] / r["compute_ms"])
