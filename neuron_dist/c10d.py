@@ -103,7 +103,10 @@ class NeuronWork(dist.Work):
         return fut.then(check)
 
 
-def _check_tensor(t, what: str, rank: int) -> None:
+def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
+    """Argument checks that fail on this rank before any byte moves; `written`: the call writes
+    into `t`, so no two of its elements may share memory (an expand()ed view), which would
+    otherwise fail only when the result is copied back, after the peers have sent."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rank {rank}] {what}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_cpu:
@@ -113,6 +116,10 @@ def _check_tensor(t, what: str, rank: int) -> None:
         raise ValueError(f"[rank {rank}] {what}: dtype {t.dtype} is not supported")
     if t.is_sparse:
         raise ValueError(f"[rank {rank}] {what}: sparse tensors are not supported")
+    if written and not t.is_contiguous() and any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
+        raise ValueError(f"[rank {rank}] {what}: the output tensor (shape {tuple(t.shape)}, strides "
+                         f"{t.stride()}) has elements that share memory, as an expand()ed view does; "
+                         f"pass one whose elements have their own memory (.clone())")
 
 
 def _one(tensors, what: str, rank: int) -> torch.Tensor:
@@ -131,6 +138,15 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous():
         return t if t.dim() == 1 else t.view(-1)
     return t.contiguous().view(-1)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two flat (contiguous) tensors intersect: an output that shares
+    memory with its input (in-place forms) must not be written while the input is still read."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
@@ -287,7 +303,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _allreduce_flat(self, tensors, opts, what):
         for t in tensors:
-            _check_tensor(t, what, self._r)
+            _check_tensor(t, what, self._r, written=True)
         dtype = _same_dtype(tensors, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         reduce_ops.check(op_name, dtype)
@@ -316,7 +332,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # -- broadcast -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None):
         t = _one(tensors, "broadcast", self._r)
-        _check_tensor(t, "broadcast", self._r)
+        _check_tensor(t, "broadcast", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
         buf = _flat(t)
         after = None if buf.data_ptr() == t.data_ptr() or t.numel() == 0 else (lambda: t.copy_(buf.view_as(t)))
@@ -336,8 +352,19 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self._allgather_lists(list(output_lists), list(input_list), "allgather_coalesced",
-                                     outputs=[t for lst in output_lists for t in lst])
+        """`output_lists[r][j]` receives rank r's `input_list[j]` (torch's and Gloo's layout)."""
+        what, n = "allgather_coalesced", self.group.size
+        output_lists, inputs = [list(lst) for lst in output_lists], list(input_list)
+        if len(output_lists) != n:
+            raise ValueError(f"[rank {self._r}] {what}: needs {n} output lists (one per rank), got {len(output_lists)}")
+        for r, lst in enumerate(output_lists):
+            if len(lst) != len(inputs):
+                raise ValueError(f"[rank {self._r}] {what}: output list {r} has {len(lst)} tensors for "
+                                 f"{len(inputs)} inputs")
+        if not inputs:
+            return self._empty_work([])
+        per_input = [[lst[j] for lst in output_lists] for j in range(len(inputs))]
+        return self._allgather_lists(per_input, inputs, what, outputs=[t for lst in output_lists for t in lst])
 
     def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
         for inp, outs in zip(inputs, output_lists):
@@ -358,6 +385,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inp = _flat(inputs[0]) if len(inputs) == 1 else torch.cat([i.reshape(-1) for i in inputs])
         single = len(inputs) == 1 and isinstance(output_lists[0], torch.Tensor) and output_lists[0].is_contiguous()
         out = output_lists[0].view(-1) if single else torch.empty(c * n, dtype=dtype)
+        if single and _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + self._r * c * dtype.itemsize:
+            inp = inp.clone()  # the input inside the output but not as this rank's block: keep a copy
 
         def after():
             if single or c == 0:
@@ -384,8 +413,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
         """`whole` must hold world_size x `part` elements of the same dtype (all-gather's output
         and input, reduce-scatter's input and output)."""
-        _check_tensor(whole, what, self._r)
-        _check_tensor(part, what, self._r)
+        _check_tensor(whole, what, self._r, written=whole_is == "output")
+        _check_tensor(part, what, self._r, written=part_is == "output")
         n = self.group.size
         if whole.numel() != part.numel() * n:
             raise ValueError(f"[rank {self._r}] {what}: {whole_is} has {whole.numel()} elements, expected "
@@ -399,7 +428,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if len(tensors) != n:
             raise ValueError(f"[rank {self._r}] {what}: needs {n} {role} tensors (one per rank), got {len(tensors)}")
         for t in tensors:
-            _check_tensor(t, what, self._r)
+            _check_tensor(t, what, self._r, written=role == "output")
             if t.numel() != ref.numel() or t.dtype != ref.dtype:
                 raise ValueError(f"[rank {self._r}] {what}: {role} tensor of {t.numel()} {t.dtype} does not match "
                                  f"the {ref_role}'s {ref.numel()} {ref.dtype}")
@@ -429,7 +458,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         out = _one(output_tensors, "reduce_scatter", self._r)
         ins = list(_one(input_tensors, "reduce_scatter", self._r))
-        _check_tensor(out, "reduce_scatter", self._r)
+        _check_tensor(out, "reduce_scatter", self._r, written=True)
         self._check_per_rank(ins, out, "reduce_scatter", "input", "output")
         return self._reduce_scatter_packed([out], [torch.stack([t.reshape(-1) for t in ins]) if ins else out], opts,
                                            "reduce_scatter")
@@ -461,7 +490,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
             inp = _flat(inputs[0])
         else:
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
-        single = len(outputs) == 1 and outputs[0].is_contiguous()
+        # in place (the output a piece of the input, as NCCL allows): schedules read the input
+        # until the end, so the result goes to a staging buffer first
+        single = len(outputs) == 1 and outputs[0].is_contiguous() and not _overlap(outputs[0], inp)
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None
@@ -482,7 +513,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None):
         t = _one(tensors, "reduce", self._r)
-        _check_tensor(t, "reduce", self._r)
+        _check_tensor(t, "reduce", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         reduce_ops.check(op_name, t.dtype)
@@ -520,7 +551,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         out_t = _one(output_tensors, "scatter", self._r)
-        _check_tensor(out_t, "scatter", self._r)
+        _check_tensor(out_t, "scatter", self._r, written=True)
         n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "scatter")
         c = out_t.numel()
         inp = None
@@ -542,9 +573,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if len(outs) != n or len(ins) != n:
             raise ValueError(f"[rank {self._r}] all_to_all: needs {n} input and {n} output tensors, "
                              f"got {len(ins)} and {len(outs)}")
-        for t in ins + outs:
+        for t in ins:
             _check_tensor(t, "all_to_all", self._r)
+        for t in outs:
+            _check_tensor(t, "all_to_all", self._r, written=True)
         dtype = _same_dtype(ins + outs, "all_to_all", self._r)
+        if ins[self._r].numel() != outs[self._r].numel():
+            raise ValueError(f"[rank {self._r}] all_to_all: this rank sends itself {ins[self._r].numel()} "
+                             f"elements but expects {outs[self._r].numel()} from itself")
         inp = torch.cat([i.reshape(-1) for i in ins])
         out = torch.empty(sum(o.numel() for o in outs), dtype=dtype)
 
@@ -559,15 +595,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         _check_tensor(input, "all_to_all_single", self._r)
-        _check_tensor(output, "all_to_all_single", self._r)
+        _check_tensor(output, "all_to_all_single", self._r, written=True)
         if output.dtype != input.dtype:
             raise ValueError(f"[rank {self._r}] all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
         n = self.group.size
         send = self._splits(input, list(input_split_sizes), n, "input")
         recv = self._splits(output, list(output_split_sizes), n, "output")
-        out = output.view(-1) if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype)
-        after = None if output.is_contiguous() else (lambda: output.copy_(out.view(output.shape)))
-        return self._alltoall(_flat(input), out, send, recv, input.dtype, after, [output], opts)
+        if send[self._r] != recv[self._r]:
+            raise ValueError(f"[rank {self._r}] all_to_all_single: this rank sends itself {send[self._r]} "
+                             f"elements but expects {recv[self._r]} from itself (input and output split "
+                             f"sizes at index {self._r} must agree)")
+        inp = _flat(input)
+        direct = output.is_contiguous() and not _overlap(output, inp)  # in place: stage, as above
+        out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
+        after = None if direct else (lambda: output.copy_(out.view(output.shape)))
+        return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
 
     alltoall_base = all_to_all_single
 
@@ -609,7 +651,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors, srcRank, tag=0):
         t = _one(tensors, "recv", self._r)
-        _check_tensor(t, "recv", self._r)
+        _check_tensor(t, "recv", self._r, written=True)
         self._peer(srcRank, "recv")
         out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
@@ -617,7 +659,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def recv_anysource(self, tensors, tag=0):
         t = _one(tensors, "recv", self._r)
-        _check_tensor(t, "recv", self._r)
+        _check_tensor(t, "recv", self._r, written=True)
         out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
         nbytes = t.numel() * t.element_size()

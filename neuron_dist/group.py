@@ -240,9 +240,14 @@ class Group(HangDiagnosis):
                 self._queue.append(op)
                 self._cv.notify()
                 return op
+        grad = torch.is_grad_enabled()
         try:
+            if grad:  # as on the engine thread: see _engine
+                torch.set_grad_enabled(False)
             self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
         finally:
+            if grad:
+                torch.set_grad_enabled(True)
             self._drive.release()
         return op
 
@@ -286,6 +291,11 @@ class Group(HangDiagnosis):
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
+        # A collective writes into tensors autograd may track (a Parameter broadcast or
+        # all-reduced in place, views of one): like Gloo's C++, the data path works outside
+        # autograd, so out= reductions and in-place copies on them are allowed (grad mode is
+        # per thread; the fast path in submit does the same for the caller's thread).
+        torch.set_grad_enabled(False)
         active, waiting = self._active, self._waiting
         while True:
             if self._abort:

@@ -149,11 +149,17 @@ def allgather_coalesced(rank, world):
     pg.allgather_into_tensor_coalesced(outs2, ins).wait()
     for o, o2 in zip(outs, outs2):
         same(o2, o, "allgather_into_tensor_coalesced")
-    lists = [[torch.empty(i.numel()) for _ in range(world)] for i in ins]
-    pg.allgather_coalesced(lists, ins).wait()
-    for lst, c in zip(lists, (3, 0, 11)):
+    # torch's layout: lists[r][j] is rank r's input j (the number of inputs unrelated to the world)
+    for counts in ((3, 0, 11), (4,), (2, 6)):
+        mine = [values(rank, c, torch.float32, "sum", 5) for c in counts]
+        lists = [[torch.empty(c) for c in counts] for _ in range(world)]
+        dist.all_gather_coalesced(lists, mine)
+        glists = [[torch.empty(c) for c in counts] for _ in range(world)]
+        dist.all_gather_coalesced(glists, mine, group=R.GLOO)
         for r in range(world):
-            same(lst[r], values(r, c, torch.float32, "sum", 5), "allgather_coalesced")
+            for j, c in enumerate(counts):
+                same(lists[r][j], values(r, c, torch.float32, "sum", 5), f"all_gather_coalesced rank {r} input {j}")
+                same(lists[r][j], glists[r][j], "all_gather_coalesced vs gloo")
     return 9
 
 
@@ -195,6 +201,63 @@ def reduce_scatter_coalesced(rank, world):
         full = reference([values(r, c * world, torch.float32, "sum", 6) for r in range(world)], "avg", torch.float32)
         same(o, full[rank * c:(rank + 1) * c], "reduce_scatter_tensor_coalesced avg")
     return len(sizes)
+
+
+def in_place(rank, world):
+    """Outputs that share memory with their inputs, as NCCL's in-place forms allow: reduce-scatter
+    into this rank's piece of its input, all-to-all onto its input, all-gather from another
+    rank's block of its output; each against the out-of-place result and Gloo."""
+    checks = 0
+    for count in (1, 5, 1003, 70_001):
+        x = values(rank, count * world, torch.float32, "sum", 7)
+        want = torch.empty(count)
+        dist.reduce_scatter_tensor(want, x.clone())
+        same(want, reference([values(r, count * world, torch.float32, "sum", 7) for r in range(world)],
+                             "sum", torch.float32)[rank * count:(rank + 1) * count], "reduce_scatter_tensor out of place")
+        inplace = x.clone()
+        dist.reduce_scatter_tensor(inplace.narrow(0, rank * count, count), inplace)
+        same(inplace.narrow(0, rank * count, count), want, f"reduce_scatter_tensor in place n={count}")
+        a2a = x.clone()
+        ref = torch.empty_like(x)
+        dist.all_to_all_single(ref, x.clone())
+        dist.all_to_all_single(a2a, a2a)
+        same(a2a, ref, f"all_to_all_single in place n={count}")
+        whole = torch.zeros(count * world)
+        other = whole.narrow(0, (rank + 1) % world * count, count)
+        other.copy_(values(rank, count, torch.float32, "sum", 8))
+        dist.all_gather_into_tensor(whole, other)
+        same(whole, torch.cat([values(r, count, torch.float32, "sum", 8) for r in range(world)]),
+             f"all_gather_into_tensor from another block of the output n={count}")
+        checks += 4
+    return checks
+
+
+def autograd_tensors(rank, world):
+    """Tensors autograd tracks (Parameters, leaves that require grad, views of them), written in
+    place by every collective that writes, small (caller's thread) and large (engine thread):
+    the data path runs outside autograd, as Gloo's C++ does."""
+    checks = 0
+    for count in (4, 1 << 20):
+        p = torch.nn.Parameter(torch.full((count,), float(rank + 1)))
+        dist.all_reduce(p)
+        same(p.detach(), torch.full((count,), float(sum(range(1, world + 1)))), f"all_reduce Parameter n={count}")
+        b = torch.full((count,), float(rank), requires_grad=True)
+        dist.broadcast(b, src=world - 1)
+        same(b.detach(), torch.full((count,), float(world - 1)), f"broadcast requires_grad n={count}")
+        r = torch.nn.Parameter(torch.ones(count))
+        dist.reduce(r.view(2, -1), dst=0)
+        same(r.detach(), torch.full((count,), float(world if rank == 0 else 1)), f"reduce view of a Parameter n={count}")
+        o = torch.zeros(count * world, requires_grad=True)
+        dist.all_gather_into_tensor(o, torch.full((count,), float(rank), requires_grad=True))
+        same(o.detach(), torch.arange(world, dtype=torch.float32).repeat_interleave(count), f"all_gather into requires_grad n={count}")
+        s = torch.zeros(count, requires_grad=True)
+        dist.reduce_scatter_tensor(s, torch.ones(count * world, requires_grad=True), op=dist.ReduceOp.AVG)
+        same(s.detach(), torch.ones(count), f"reduce_scatter AVG into requires_grad n={count}")
+        w = dist.all_reduce(torch.nn.Parameter(torch.ones(count)), async_op=True)
+        w.wait()
+        same(w.result()[0].detach(), torch.full((count,), float(world)), f"async all_reduce Parameter n={count}")
+        checks += 6
+    return checks
 
 
 def broadcast(rank, world):

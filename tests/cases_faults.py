@@ -447,7 +447,15 @@ def misuse_invalid(rank, world):
     expect((ValueError, RuntimeError), lambda: dist.all_reduce(torch.ones(4, device="meta")), "meta tensor (dist)")
     expect(ValueError, lambda: pg.allreduce([torch.ones(4, device="meta")]), "meta tensor (group)")
     expect(TypeError, lambda: pg.allreduce(["not a tensor"]), "not a tensor")
-    assert g._seq == seq0, f"a rejected call consumed sequence numbers ({seq0} -> {g._seq})"
+    expect(ValueError, lambda: dist.all_reduce(torch.ones(1).expand(4)), "expand()ed output")
+    expect(ValueError, lambda: dist.all_gather([torch.empty(1).expand(2)] * world, torch.ones(2)),
+           "expand()ed all_gather output")
+    expect(ValueError, lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world + 1),
+                                                      output_split_sizes=[1] * (world - 1) + [2],
+                                                      input_split_sizes=[2] + [1] * (world - 1)),
+           "all_to_all_single: split sizes for this rank itself disagree")
+    dist.all_reduce(torch.zeros(2, 3)[:, 1])  # non-contiguous is fine: each element its own memory
+    assert g._seq == seq0 + 1, f"a rejected call consumed sequence numbers ({seq0} -> {g._seq})"
     assert g.broken is None, f"a rejected call broke the group: {g.broken}"
     t = torch.ones(4)
     dist.all_reduce(t)

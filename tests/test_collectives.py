@@ -5,7 +5,8 @@ import pytest
 WORLDS = (1, 2, 3, 4)
 CASES = ["allreduce", "allreduce_noncontig", "allreduce_coalesced", "async_ops", "allgather",
          "allgather_coalesced", "reduce_scatter", "reduce_scatter_coalesced", "broadcast", "reduce",
-         "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh"]
+         "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh",
+         "in_place", "autograd_tensors"]
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -46,7 +46,7 @@ def test_fingerprint_check_three_ranks(pools):
 
 def test_invalid_arguments_rejected_before_any_byte_moves(pools):
     res = pools(2).run("cases_faults:misuse_invalid")
-    assert all(len(x) == 13 for x in res), res
+    assert all(len(x) == 16 for x in res), res
 
 
 
