@@ -28,7 +28,10 @@ class DeathWatch:
                            # one (a death in between is still caught inside the operation)
 
     def __init__(self, group: "Group", host: str):
-        self.group = group
+        # no reference to the group kept: the group owns this watch, and a cycle between them
+        # would keep the group (and the store it holds, a TCPStore server on rank 0) alive after
+        # destroy_process_group until the cycle collector ran, so a new init_process_group on
+        # the same address met the old store
         self.ep = None
         self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
@@ -47,8 +50,8 @@ class DeathWatch:
                 self.fds[fd] = r
                 self.ep.register(fd, select.EPOLLIN)
 
-    def check(self, op: "Op") -> None:
-        g = self.group
+    def check(self, g: "Group", op: "Op") -> None:
+        """Raise if a peer `op` of group `g` needs has died."""
         now = time.monotonic()
         if self.ep is not None and now >= self._next_poll:
             self._next_poll = now + self.POLL_INTERVAL

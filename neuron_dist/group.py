@@ -121,6 +121,9 @@ def _bind_addr(store=None) -> str:
             raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
 
+_GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that name this process created
+
+
 class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
@@ -139,6 +142,12 @@ class Group(HangDiagnosis):
         self._seq = 0
         t0 = time.perf_counter()
         # -- meet the peers through the store ------------------------------------------------
+        # a store can outlive the group (torchrun's agent store; one a caller passes again after
+        # destroy_process_group), and torch reuses group names after a destroy: this process's
+        # count of groups by this name keeps every key of a new group apart from an old one's
+        # (each member makes the same calls in the same order, so the counts agree)
+        generation = _GENERATIONS[name] = _GENERATIONS.get(name, -1) + 1
+        store = dist.PrefixStore(f"gen-{generation}/", store)
         self._agree_on_members(store)
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
@@ -285,7 +294,7 @@ class Group(HangDiagnosis):
         """The op's Execution. `tag`: a send/recv's user tag; a collective's checksum of its
         arguments (`debug.call_tag`, kept with the adapter's plan), so a receiver whose peer
         called it differently (reduce op, root, sizes) fails its frame check instead of mixing data."""
-        self._deaths.check(op)
+        self._deaths.check(self, op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
                          self.frame_bytes)
 

@@ -74,7 +74,26 @@ allreduce()
 dist.destroy_process_group()
 check_released("after the second init/destroy")
 
-# 3. abort: pending work fails, everything is released
+# 3. one store that outlives the groups (as torchrun's agent store does), three rounds: every
+# round's keys stay apart from the last one's; and a destroyed group is freed at once, not left
+# to the cycle collector holding its store (a TCPStore server on rank 0, met by the next init)
+import weakref  # noqa: E402
+store = dist.FileStore(f"{store_dir}/persistent", world)
+for round_ in range(3):
+    gc.disable()
+    dist.init_process_group("neuron", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    sub = dist.new_group(list(range(world)))
+    allreduce()
+    allreduce(sub)
+    freed = weakref.ref(dist.distributed_c10d._get_default_group().group)
+    del sub
+    dist.destroy_process_group()
+    assert freed() is None, f"round {round_}: the destroyed group is still alive (a reference cycle)"
+    gc.enable()
+del store
+check_released("after three rounds on one store")
+
+# 4. abort: pending work fails, everything is released
 init(2)
 allreduce()
 dist.distributed_c10d._abort_process_group()
