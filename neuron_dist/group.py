@@ -12,6 +12,7 @@ and later operation fails with an error that names the original cause.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -120,6 +121,20 @@ def _bind_addr(store=None) -> str:
         except OSError as e:
             raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
+
+def _close_at_exit() -> None:
+    """Close the groups a process leaves open (no destroy_process_group) before the interpreter
+    finalizes. Otherwise an engine thread (a daemon) can be inside a torch op, with the GIL
+    released, when finalization begins; taking the GIL back then ends the thread with
+    pthread_exit, whose unwinding through torch's C++ frames calls std::terminate: the process
+    died with SIGABRT ('terminate called without an active exception') instead of its exit
+    status. A group with work still pending is aborted (its peers are told); an idle one closes
+    in order, as destroy_process_group would."""
+    for g in list(LIVE):
+        g.close(abort=bool(g._queue or g._active or g._waiting))
+
+
+atexit.register(_close_at_exit)
 
 _GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that name this process created
 

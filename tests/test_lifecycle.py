@@ -18,3 +18,19 @@ def test_lifecycle(transport, world, tmp_path):
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"rank {r}: lifecycle ok" in out, out[-3000:]
+
+
+def test_exit_with_the_group_open_and_work_in_flight():
+    """A process that exits without destroy_process_group, an async collective still running on
+    the engine thread, ends with its own status, not SIGABRT from torch's C++ at finalization
+    (4 runs: without the exit hook most runs aborted)."""
+    from pool import free_port
+    script = os.path.join(os.path.dirname(SCRIPT), "exit_open.py")
+    for run in range(4):
+        port = str(free_port())
+        procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+        for r, (p, out) in enumerate(zip(procs, outs)):
+            assert p.returncode == 0 and f"rank {r}: leaving" in out, f"run {run}, rank {r}: status {p.returncode}\n{out[-2000:]}"
+            assert "terminate called" not in out, out[-2000:]
