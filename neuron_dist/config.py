@@ -43,14 +43,17 @@ def env(name: str, default: str | None = None) -> str | None:
     return value
 
 
-def env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
     raw = env(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+    return value
 
 
 def emit(text: str, where: str) -> None:

@@ -36,7 +36,7 @@ from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import Op, Record
 from .transport.base import TransportContext
-from .transport.frame import Kind
+from .transport.frame import MIN_FRAME_BYTES, Kind
 
 log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
@@ -187,7 +187,7 @@ class Group(HangDiagnosis):
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, me["host"])
         # read once: the shared-memory slots were sized from the same value
-        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES)
+        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES)
         # -- the engine ------------------------------------------------------------------------
         self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
         self._cv = threading.Condition(self._mu)
@@ -500,7 +500,8 @@ class Group(HangDiagnosis):
                     return
             if now - op.t0 > limit:
                 active.remove(op)
-                who = f"waiting for {self._who(peer)}" if peer is not None else "waiting to send"
+                who = f"waiting for {self._who(peer)}" if peer is not None else \
+                    "waiting for a message from any rank" if op.is_p2p and op.direction != "send" else "waiting to send"
                 self._fail(op, GroupError(
                     f"[rank {self.rank}] {self._name(op)} timed out after {limit:.1f}s {who}. "
                     f"{self.diagnose(op)} Check that every rank of the group calls the same collectives "

@@ -149,3 +149,17 @@ def test_unpack_raw_bytes(buf):
     except FrameError:
         return
     assert len(buf) == frame.HEADER_SIZE and h.nbytes <= frame.MAX_FRAME_BYTES
+
+
+def test_mismatch_messages_say_what_the_frames_carry():
+    """A point-to-point header's seq field holds the message's size (messages have no sequence):
+    the error says so instead of calling two sizes sequence numbers."""
+    f32 = frame.DTYPE_CODE[torch.float32]
+    want = frame.Header(int(Kind.P2P), f32, TOKEN, GROUP, 32, 1, 0, 0, 3, 32)
+    got = frame.Header(int(Kind.P2P), f32, TOKEN, GROUP, 16, 1, 0, 0, 3, 16)
+    with pytest.raises(FrameError, match=r"expected p2p message of 32 bytes, tag 3, from rank 1 .* "
+                                         r"received p2p message of 16 bytes, tag 3, from rank 1"):
+        frame.check(got, want, 16)
+    want_c = want._replace(kind=int(Kind.ALLREDUCE), seq=5, tag=0)
+    with pytest.raises(FrameError, match=r"expected allreduce seq=5 from rank 1 .* received allreduce seq=6"):
+        frame.check(want_c._replace(seq=6), want_c, 32)

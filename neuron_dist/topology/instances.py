@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -325,7 +326,9 @@ def get_instance(name: "str | InstanceModel") -> InstanceModel:
     key = ALIASES.get(name, name)
     if key in _REGISTRY:
         return _REGISTRY[key]
-    if name.endswith((".json", ".toml")) and Path(name).exists():
+    if name.endswith((".json", ".toml")):
+        if not Path(name).exists():
+            raise ValueError(f"instance description {name!r} does not exist (working directory {os.getcwd()})")
         return load_instance(name)
     raise ValueError(f"unknown instance {name!r}; known: {', '.join(list_instances())} "
                      f"(or describe it in a .json/.toml file, see load_instance)")

@@ -17,6 +17,7 @@ VERSION = 1
 # magic, version, kind, dtype, token, group, seq, src, dst, chunk, tag, nbytes
 HEADER = struct.Struct("<4sHBBQQQIIIIQ")
 HEADER_SIZE = HEADER.size  # 56 bytes
+MIN_FRAME_BYTES = 64  # NEURON_DIST_FRAME_BYTES floor: one cache line, room for an element of every dtype
 MAX_FRAME_BYTES = 1 << 30  # a hard bound on one frame's payload, whatever a peer claims
 
 
@@ -79,6 +80,9 @@ class Header(NamedTuple):
         except ValueError:
             kind = f"kind#{self.kind}"
         dt = CODE_DTYPE.get(self.dtype, f"dtype#{self.dtype}")
+        if self.kind == Kind.P2P:  # a message's seq field holds its total size (messages have no sequence)
+            return (f"p2p message of {self.seq} bytes, tag {self.tag}, from rank {self.src} (chunk {self.chunk}, "
+                    f"{self.nbytes} bytes, {dt})")
         return (f"{kind} seq={self.seq} from rank {self.src} (chunk {self.chunk}, "
                 f"{self.nbytes} bytes, {dt})")
 

@@ -40,6 +40,7 @@ import torch
 
 from ..config import env_int
 from . import frame
+from .frame import MIN_FRAME_BYTES
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -199,13 +200,13 @@ class ShmTransport(Transport):
                 raise TransportError(f"rank {self.rank} cannot reach rank {p} over shared memory: "
                                      f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
         # whole cache lines: every slot's payload starts aligned for any dtype's view
-        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES) // LINE) * LINE
-        self.nslots = max(2, env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS))
+        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES, minimum=MIN_FRAME_BYTES) // LINE) * LINE
+        self.nslots = env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
         # the cores the local ranks share (ranks bound one per core see one core each)
         ncpu = ctx.local_cpus or len(os.sched_getaffinity(0))
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
         self.oversubscribed = len(self.peers) + 1 > ncpu
-        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50) * 1e-6
+        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
         self.closed = False
         # the members of this transport, in one order every rank agrees on
         members = sorted(self.peers + [self.rank])

@@ -98,3 +98,5 @@ def test_user_instance_errors(tmp_path):
         register_instance(InstanceModel(name="mine2", chips=4, physical_cores_per_chip=1,
                                         default_lnc=1, supported_lnc=(1,), graph="switch"))
     assert isinstance(GroupTopology("mine2", ()).instance, InstanceModel)
+    with pytest.raises(ValueError, match="instance description .*missing.json' does not exist"):
+        get_instance(str(tmp_path / "missing.json"))
