@@ -578,9 +578,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for t in outs:
             _check_tensor(t, "all_to_all", self._r, written=True)
         dtype = _same_dtype(ins + outs, "all_to_all", self._r)
-        if ins[self._r].numel() != outs[self._r].numel():
-            raise ValueError(f"[rank {self._r}] all_to_all: this rank sends itself {ins[self._r].numel()} "
-                             f"elements but expects {outs[self._r].numel()} from itself")
         inp = torch.cat([i.reshape(-1) for i in ins])
         out = torch.empty(sum(o.numel() for o in outs), dtype=dtype)
 
@@ -601,10 +598,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         n = self.group.size
         send = self._splits(input, list(input_split_sizes), n, "input")
         recv = self._splits(output, list(output_split_sizes), n, "output")
-        if send[self._r] != recv[self._r]:
-            raise ValueError(f"[rank {self._r}] all_to_all_single: this rank sends itself {send[self._r]} "
-                             f"elements but expects {recv[self._r]} from itself (input and output split "
-                             f"sizes at index {self._r} must agree)")
         inp = _flat(input)
         direct = output.is_contiguous() and not _overlap(output, inp)  # in place: stage, as above
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)

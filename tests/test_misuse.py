@@ -15,7 +15,8 @@ TIMEOUT = 10.0
 # argument checksum; two ranks that both believe they are a broadcast's root meet each other's
 # data where they expect the confirmation receivers send on entry; two ranks that each take the
 # other for the root meet each other's confirmation where they expect data).
-PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "root", "crossed_root", "scatter_root"]
+PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root", "crossed_root",
+         "scatter_root"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 
@@ -27,6 +28,8 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
         assert x["runtime_error"], f"rank {r}: {x['kind']}: {x['msg']}"
         assert x["elapsed"] < TIMEOUT / 2, f"rank {r}: took {x['elapsed']:.1f}s (the time-out, not detection)"
         assert "seq" in x["msg"], x["msg"]
+        if case == "alltoall_self_splits":
+            assert "sends itself 2 elements but expects 1 from itself" in x["msg"], x["msg"]
 
 
 @pytest.mark.parametrize("case", CHECKED)
@@ -46,7 +49,7 @@ def test_fingerprint_check_three_ranks(pools):
 
 def test_invalid_arguments_rejected_before_any_byte_moves(pools):
     res = pools(2).run("cases_faults:misuse_invalid")
-    assert all(len(x) == 16 for x in res), res
+    assert all(len(x) == 15 for x in res), res
 
 
 

@@ -111,6 +111,10 @@ def scatter(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
 def alltoall(rank: int, n: int, send_counts: list[int], recv_counts: list[int]) -> Schedule:
     """IN holds send_counts[j] elements for rank j, in rank order; OUT receives recv_counts[j]
     from rank j. Sends are staggered (rank+k) so no rank is everyone's first target."""
+    if send_counts[rank] != recv_counts[rank]:  # raised at the op's start: the group fails, peers are told
+        raise ValueError(f"all_to_all: rank {rank} sends itself {send_counts[rank]} elements but expects "
+                         f"{recv_counts[rank]} from itself (its input and output split sizes at index "
+                         f"{rank} must agree)")
     so, ro = _offsets(send_counts), _offsets(recv_counts)
     steps = [Copy(Chunk(IN, so[rank], send_counts[rank]), Chunk(OUT, ro[rank], recv_counts[rank]))]
     for k in range(1, n):
