@@ -66,3 +66,37 @@ except TransportError as e:
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for out in outs:
         assert "error:" in out and "mpirun" in out, out
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_rank_that_leaves_is_reported_at_once(tmp_path):
+    """MPI tells nobody when a process leaves, and Open MPI's MPI_Finalize waits for the others:
+    without the BYE frame, rank 0 waited out the group's time-out on rank 1, which raised and sat
+    in MPI_Finalize waiting for rank 0. Rank 0 must fail at once, naming rank 1."""
+    script = tmp_path / "leave.py"
+    script.write_text(r"""
+import sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import neuron_dist
+dist.init_process_group("neuron", timeout=timedelta(seconds=120))
+r = dist.get_rank()
+t = torch.ones(4)
+dist.all_reduce(t)
+if r == 1:
+    raise SystemExit("rank 1 leaves")
+t0 = time.monotonic()
+try:
+    dist.all_reduce(t)
+except Exception as e:
+    print(f"rank 0 failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+""")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
+           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
+    out = p.stdout + p.stderr
+    line = next((x for x in out.splitlines() if "rank 0 failed after" in x), None)
+    assert line is not None, out[-4000:]
+    assert "rank 1 closed its MPI transport" in line, line
+    assert float(line.split("failed after ")[1].split("s")[0]) < 10, line

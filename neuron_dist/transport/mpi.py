@@ -10,6 +10,12 @@ A frame is two messages with the same (source, tag): the 56-byte header, then th
 (skipped when empty). MPI keeps their order. Receives are pre-posted into transport-owned
 buffers as soon as a header is seen, so a rendezvous send always finds its receive and `flush`
 cannot deadlock against a peer that is itself flushing.
+
+MPI says nothing when a peer leaves, and under Open MPI a process that exits waits in
+MPI_Finalize for the others: a rank still waiting on it would wait out the group's time-out, and
+it in turn. So `close` sends every peer a header-only BYE frame after its data (as the zmq
+transport does), and a rank that has seen a peer's BYE reports it gone to an operation still
+waiting on it.
 """
 from __future__ import annotations
 
@@ -58,6 +64,7 @@ class MpiTransport(Transport):
         self.inbox: dict[int, deque] = {p: deque()for p in self.peers}  # [header, buf, req]
         self.sends: list = []  # (request, keep-alive objects)
         self.status = MPI.Status()
+        self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
         self.closed = False
         log.debug("rank %d: mpi to ranks %s (MPI ranks %s, tag %d)", self.rank, self.peers,
                   [self.world[p] for p in self.peers], self.tag)
@@ -82,6 +89,10 @@ class MpiTransport(Transport):
                 if h.token != self.token or h.src != p or h.dst != self.rank:
                     raise frame.FrameError(f"rank {self.rank}: frame from MPI rank {src} claims rank {h.src} -> "
                                            f"{h.dst} with {'the wrong' if h.token != self.token else 'the'} token")
+                if h.kind == frame.Kind.BYE:
+                    self.finished.add(p)
+                    moved = True
+                    continue
                 buf = torch.empty(h.nbytes, dtype=torch.uint8)
                 req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
                 self.inbox[p].append([h, buf, req])
@@ -138,15 +149,31 @@ class MpiTransport(Transport):
                 raise TransportError(f"rank {self.rank}: MPI sends not complete after {timeout:.0f}s")
             time.sleep(20e-6)
 
+    def check_peer(self, peer):
+        if peer not in self.finished:
+            try:
+                self._poll()
+            except frame.FrameError:
+                pass  # a bad frame is the executor's to report, not this query's
+        return f"rank {peer} closed its MPI transport" if peer in self.finished else None
+
+    def peer_finished(self, peer):
+        return self.check_peer(peer) is not None
+
     def close(self, abort: bool = False):
         if self.closed:
             return
         self.closed = True
-        if not abort:
-            try:
-                self.flush(5.0)
-            except TransportError:
-                pass
+        # an orderly close tells every peer, after everything sent so far (MPI keeps the order
+        # per source and tag); an abort has already sent its peers an ABORT frame with the cause
+        for p in ([] if abort else self.peers):
+            if p not in self.finished:
+                bye = frame.Header(int(frame.Kind.BYE), 0, self.token, 0, 0, self.rank, p, 0, 0, 0)
+                self.send(p, bye, torch.empty(0, dtype=torch.uint8))
+        try:
+            self.flush(1.0 if abort else 5.0)
+        except TransportError:
+            pass
         for r, _ in self.sends:
             try:
                 r.Cancel()
