@@ -78,14 +78,13 @@ def setup_logging() -> None:
     unknown = [n for n in names if n not in _LOGGERS]
     if unknown:
         raise ValueError(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}; known: {', '.join(SUBSYSTEMS)}")
+    # one handler, on the package's logger: the subsystems' records propagate to it (a handler on
+    # each as well printed every line twice); subsystems not named stay quiet at INFO
     handler = logging.StreamHandler()
     rank = os.environ.get("RANK", "?")
     handler.setFormatter(logging.Formatter(f"[neuron_dist rank {rank}] %(name)s %(levelname)s: %(message)s"))
-    for n in names:
-        lg = logging.getLogger(_LOGGERS[n])
-        lg.setLevel(logging.DEBUG)
-        if not lg.handlers:
-            lg.addHandler(handler)
-    log.setLevel(logging.DEBUG)
+    for n, logger_name in _LOGGERS.items():
+        logging.getLogger(logger_name).setLevel(logging.DEBUG if n in names else logging.INFO)
+    log.setLevel(logging.DEBUG if "INIT" in names else logging.INFO)  # its own lines: variables read at set-up
     if not log.handlers:
         log.addHandler(handler)

@@ -73,6 +73,8 @@ def test_debug_logs_the_transport_choice(forced):
         peer = 1 - rank
         want = f"rank {rank}: transport {forced or 'shm'} for ranks [{peer}]"
         assert want + (" (forced by NEURON_DIST_TRANSPORT)" if forced else "") in out, out[-3000:]
+        assert out.count(want) == 1, f"a debug line printed more than once:\n{out[-3000:]}"
+        assert "neuron_dist.coll DEBUG" not in out, "a subsystem not named in NEURON_DIST_DEBUG logged"
         if not forced:
             assert f"rank {rank}: shm rings with ranks [{peer}]: 4 slots x 512 KiB per pair" in out, out[-3000:]
             assert "; spin 7 us" in out, out[-3000:]

@@ -100,3 +100,21 @@ except Exception as e:
     assert line is not None, out[-4000:]
     assert "rank 1 closed its MPI transport" in line, line
     assert float(line.split("failed after ")[1].split("s")[0]) < 10, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_neuronrun_under_mpirun_ranks_are_no_mpi_processes():
+    """`mpirun -N 1 neuronrun --nproc-per-node K`: the ranks inherited the launcher's OMPI/PMIx
+    variables, took themselves for MPI processes (MPI transport between hosts, K ranks sharing one
+    MPI rank: garbled frames and crashes), and the launcher itself initialised MPI when it read
+    the topology models. Neither may happen; the collective must be right."""
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    launcher = shutil.which("neuronrun", path=os.path.dirname(sys.executable)) or shutil.which("neuronrun")
+    cmd = [_mpirun(), "-n", "1", *extra, "--bind-to", "none", launcher, "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           os.path.join(HERE, "scripts", "mpirun_neuronrun_rank.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    for r in (0, 1):
+        assert f"rank {r}: sum=3 under_mpirun=False leaked=[] launcher_mpi=False" in out, out[-4000:]

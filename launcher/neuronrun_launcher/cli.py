@@ -53,8 +53,8 @@ def _spellings(*names: str) -> tuple[str, ...]:
 FLAGS: tuple[Flag, ...] = (
     # --- torchrun: job size and rendezvous -------------------------------------------------
     Flag(_spellings("--nnodes"), "number of nodes, N or MIN:MAX (elastic)", "1:1", metavar="N|MIN:MAX"),
-    Flag(_spellings("--nproc-per-node"), "ranks per node: an integer or 'auto' (one per logical NeuronCore, "
-         "divided by --cores-per-rank)", "1", metavar="K|auto"),
+    Flag(_spellings("--nproc-per-node"), "ranks per node: an integer, 'auto' (one per logical NeuronCore, "
+         "divided by --cores-per-rank) or 'cpu' (one per CPU, as torchrun)", "1", metavar="K|auto|cpu"),
     Flag(_spellings("--node-rank"), "rank of this node, static rendezvous only", 0, int),
     Flag(_spellings("--master-addr"), "address of node 0, static rendezvous only", "127.0.0.1"),
     Flag(_spellings("--master-port"), "port of node 0's store, static rendezvous only (default 29500)", None, int),
@@ -75,7 +75,7 @@ FLAGS: tuple[Flag, ...] = (
          "2 err, 3 both, or per local rank '0:1,1:2'", "0"),
     Flag(("-t", *_spellings("--tee")), "copy std streams to files *and* the console, each line prefixed with "
          "the rank; same values as --redirects. Default 3 (torchrun: 0): needed for prefixes and for the "
-         "failure report's last lines", "3"),
+         "failure report's last lines; 0 when --redirects is given alone (files only)", "3"),
     Flag(_spellings("--local-ranks-filter"), "only show console output of these local ranks, e.g. 0,1", ""),
     Flag(("-m", *_spellings("--module")), "run the script as a Python module, like python -m", False, switch=True),
     Flag(_spellings("--no-python"), "run the script as an executable, not with python", False, switch=True),

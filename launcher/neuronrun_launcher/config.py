@@ -130,7 +130,8 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
         raise ConfigError(f"{model.name} supports LNC {', '.join(map(str, model.supported_lnc))}, not {lnc}")
     cores_per_chip = model.cores_per_chip(lnc)
     total = model.chips * cores_per_chip
-    m = _pick(args, "cores_per_rank", env, "NEURON_RT_NUM_CORES", int) or 1
+    m = _pick(args, "cores_per_rank", env, "NEURON_RT_NUM_CORES", int)
+    m = 1 if m is None else m  # 0 is an error below, not the default
     try:
         check_cores_per_rank(m, cores_per_chip)
         visible = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
@@ -138,6 +139,8 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
     except PlacementError as exc:
         raise ConfigError(str(exc)) from None
     nproc_text = str(args.nproc_per_node).strip()
+    if nproc_text == "cpu":  # torchrun's value: one rank per CPU this launcher may use
+        nproc_text = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     if nproc_text == "auto":
         nproc = pool // m
         if nproc == 0:
@@ -146,7 +149,7 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
         try:
             nproc = int(nproc_text)
         except ValueError:
-            raise ConfigError(f"--nproc-per-node {nproc_text!r}: expected an integer or 'auto'") from None
+            raise ConfigError(f"--nproc-per-node {nproc_text!r}: expected an integer, 'auto' or 'cpu'") from None
         if nproc < 1:
             raise ConfigError(f"--nproc-per-node {nproc}: must be at least 1")
     root = env.get("NEURON_RT_ROOT_COMM_ID", "").strip() or None
@@ -222,6 +225,11 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
     elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     master_port = DEFAULT_MASTER_PORT if master_port is None else master_port
+    if not 1 <= master_port <= 65534:  # NEURON_RT_ROOT_COMM_ID defaults to the next port
+        raise ConfigError(f"--master-port {master_port}: expected 1-65534 (the port after it is "
+                          f"NEURON_RT_ROOT_COMM_ID's default)")
+    if args.explicit("redirects") and not args.explicit("tee"):
+        values["tee"] = "0"  # --redirects alone means files only, as with torchrun (tee's default is 3)
     if backend == "static":
         if min_nodes != max_nodes:
             raise ConfigError("static rendezvous needs a fixed --nnodes; use --rdzv-backend c10d for MIN:MAX")

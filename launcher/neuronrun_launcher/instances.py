@@ -70,10 +70,10 @@ def get_instance(name: str, *, use_topology: bool = True):
     if topo is not None:
         try:
             return topo.get_instance(name)
-        except (KeyError, ValueError) as exc:
-            raise ValueError(
-                f"unknown instance {name!r} ({exc}); known: {', '.join(instance_names())}"
-            ) from None
+        except ValueError as exc:  # the topology's message names the instance and the known ones
+            raise ValueError(str(exc)) from None
+        except KeyError:
+            raise ValueError(f"unknown instance {name!r}; known: {', '.join(instance_names())}") from None
     try:
         return _FALLBACK[name]
     except KeyError:

@@ -49,6 +49,12 @@ def _plan(environ: dict[str, str]) -> tuple[NeuronPlan, int]:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
 
 
+# The process manager's variables of an mpirun/srun that started neuronrun (`mpirun -N 1
+# neuronrun ...`): they describe the launcher's MPI process, not its ranks, which are no MPI
+# processes; a rank that kept them would take itself for one (MPI transport, shared MPI ranks).
+MPI_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
+
+
 def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[str, str]:
     """The full environment of the rank: ``environ`` (as the agent built it) plus Neuron's.
 
@@ -62,7 +68,7 @@ def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[st
         master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
-    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR)}
+    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR) and not k.startswith(MPI_PREFIXES)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
     cpus = plan.cpus(local_rank)
     if cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share

@@ -58,6 +58,10 @@ class MpiTransport(Transport):
             if w == me or not 0 <= w < self.comm.Get_size():
                 raise TransportError(f"rank {self.rank}: rank {p} is MPI rank {w}, outside this MPI job of "
                                      f"{self.comm.Get_size()} processes; were all ranks started by one mpirun?")
+            if w in self.world.values():  # several ranks in one MPI process: frames would mix
+                other = next(q for q, v in self.world.items() if v == w)
+                raise TransportError(f"rank {self.rank}: ranks {other} and {p} are both MPI rank {w}: only "
+                                     f"processes that mpirun started can use the mpi transport")
             self.world[p] = w
         ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self.tag = zlib.crc32(ctx.job_id.encode()) % min(ub, 1 << 20)

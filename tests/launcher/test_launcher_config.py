@@ -82,7 +82,11 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
     (["--cores-per-rank", "2"], {"NEURON_RT_NUM_CORES": "4"}, "conflicts with"),
     (["--cores-per-rank", "3"], {}, "straddles a chip"),
     (["--instance", "p4d.24xlarge"], {}, "unknown instance"),
-    (["--nproc-per-node", "gpu"], {}, "integer or 'auto'"),
+    (["--nproc-per-node", "gpu"], {}, "integer, 'auto' or 'cpu'"),
+    (["--cores-per-rank", "0"], {}, "must be >= 1, got 0"),
+    ([], {"NEURON_RT_NUM_CORES": "0"}, "must be >= 1, got 0"),
+    (["--master-port", "65535"], {}, "expected 1-65534"),
+    (["--master-port", "99999"], {}, "expected 1-65534"),
     (["--nnodes", "2", "--instance", "inf2.48xlarge"], {}, "single-instance"),
     (["--nnodes", "1:2", "--rdzv-backend", "static", "--master-port", "1"], {}, "fixed --nnodes"),
     (["--nnodes", "2", "--node-rank", "2"], {}, r"outside 0\.\.1"),
@@ -94,6 +98,16 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
 def test_mistakes_are_clear_errors(argv, env, message):
     with pytest.raises(ConfigError, match=message):
         cfg(*argv, "t.py", **env)
+
+
+def test_torchrun_values_redirects_alone_and_nproc_cpu():
+    """-r alone writes files only (torchrun's meaning; --tee defaults to 3 otherwise), -r with
+    an explicit --tee keeps it; --nproc-per-node cpu is one rank per CPU this process may use."""
+    assert (cfg("-r", "3", "t.py").tee, cfg("-r", "3", "t.py").redirects) == ("0", "3")
+    assert cfg("-r", "3", "--tee", "1", "t.py").tee == "1"
+    assert cfg("t.py").tee == "3"
+    assert cfg("--nproc-per-node", "cpu", "--instance", "trn1.32xlarge", "t.py").nproc_per_node == \
+        len(os.sched_getaffinity(0))
 
 
 def test_user_set_neuron_values_are_respected():
