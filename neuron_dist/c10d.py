@@ -128,6 +128,17 @@ def _one(tensors, what: str, rank: int) -> torch.Tensor:
     return tensors[0]
 
 
+def _options(cls, **fields):
+    """An options object for torch's convenience overloads, which pass a reduce op, a root rank
+    or a timeout where the options go (`pg.allreduce(t, ReduceOp.MAX)`, `pg.broadcast(t, 1)`;
+    DDP's Join calls `pg.allreduce(tensor)`)."""
+    o = cls()
+    for k, v in fields.items():
+        if v is not None:
+            setattr(o, k, v)
+    return o
+
+
 def _factor_for(factor, dtype: torch.dtype):
     """PREMUL_SUM's factor in the tensor's dtype (a float64 factor tensor must not promote)."""
     return factor.to(dtype) if isinstance(factor, torch.Tensor) else factor
@@ -294,7 +305,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
 
     # -- all-reduce ----------------------------------------------------------------------------
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None, timeout=None):
+        if isinstance(tensors, torch.Tensor):  # allreduce(tensor, op)
+            tensors = [tensors]
+        if opts is not None and not hasattr(opts, "reduceOp"):  # allreduce(tensors, op)
+            opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
         t = _one(tensors, "allreduce", self._r)
         return self._allreduce_flat([t], opts, "allreduce")
 
@@ -330,7 +345,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 op_name, before, after, tensors, n * buf.element_size(), opts=opts)
 
     # -- broadcast -----------------------------------------------------------------------------
-    def broadcast(self, tensors, opts=None):
+    def broadcast(self, tensors, opts=None, timeout=None):
+        if isinstance(tensors, torch.Tensor):  # broadcast(tensor, root)
+            tensors, opts = [tensors], _options(dist.BroadcastOptions, rootRank=opts, timeout=timeout)
         t = _one(tensors, "broadcast", self._r)
         _check_tensor(t, "broadcast", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
@@ -347,6 +364,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- all-gather ----------------------------------------------------------------------------
     def allgather(self, output_tensors, input_tensors, opts=None):
+        if isinstance(input_tensors, torch.Tensor):  # allgather(output_tensors, input_tensor)
+            output_tensors, input_tensors, opts = [output_tensors], [input_tensors], None
         inp = _one(input_tensors, "allgather", self._r)
         outs = _one(output_tensors, "allgather", self._r)
         return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts)
@@ -455,7 +474,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     # -- reduce-scatter ------------------------------------------------------------------------
-    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(output, inputs, op)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            opts = _options(dist.ReduceScatterOptions, reduceOp=opts, timeout=timeout)
         out = _one(output_tensors, "reduce_scatter", self._r)
         ins = list(_one(input_tensors, "reduce_scatter", self._r))
         _check_tensor(out, "reduce_scatter", self._r, written=True)
@@ -511,7 +533,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 op_name, before, after, outputs, c * n * dtype.itemsize, opts=opts, name=what)
 
     # -- rooted collectives --------------------------------------------------------------------
-    def reduce(self, tensors, opts=None):
+    def reduce(self, tensors, opts=None, op=None, timeout=None):
+        if isinstance(tensors, torch.Tensor):  # reduce(tensor, root, op)
+            tensors, opts = [tensors], _options(dist.ReduceOptions, rootRank=opts, reduceOp=op, timeout=timeout)
         t = _one(tensors, "reduce", self._r)
         _check_tensor(t, "reduce", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
@@ -528,7 +552,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 op_name if is_root else ("sum" if op_name == "avg" else op_name),
                                 after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
-    def gather(self, output_tensors, input_tensors, opts=None):
+    def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(input_tensors, torch.Tensor):  # gather(output_tensors, input_tensor, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            opts = _options(dist.GatherOptions, rootRank=opts, timeout=timeout)
         inp = _one(input_tensors, "gather", self._r)
         _check_tensor(inp, "gather", self._r)
         n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "gather")
@@ -549,7 +576,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 inp.dtype, after=after, outputs=outs or [inp], nbytes=c * n * inp.element_size(),
                                 opts=opts)
 
-    def scatter(self, output_tensors, input_tensors, opts=None):
+    def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
+        if isinstance(output_tensors, torch.Tensor):  # scatter(output_tensor, input_tensors, root)
+            output_tensors, input_tensors = [output_tensors], [input_tensors]
+            opts = _options(dist.ScatterOptions, rootRank=opts, timeout=timeout)
         out_t = _one(output_tensors, "scatter", self._r)
         _check_tensor(out_t, "scatter", self._r, written=True)
         n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "scatter")
@@ -626,6 +656,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- barrier -------------------------------------------------------------------------------
     def barrier(self, opts=None):
+        if opts is not None and not hasattr(opts, "asyncOp"):  # barrier(timeout)
+            opts = _options(dist.BarrierOptions, timeout=opts)
         empty = torch.empty(0, dtype=torch.uint8)
         return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts)
 

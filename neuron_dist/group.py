@@ -34,7 +34,7 @@ from .config import env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
-from .op import Op, Record
+from .op import CallbackRunner, Op, Record
 from .transport.base import TransportContext
 from .transport.frame import MIN_FRAME_BYTES, Kind
 
@@ -195,6 +195,7 @@ class Group(HangDiagnosis):
         self._active: list[Op] = []          # ops the engine drives (only under self._drive)
         self._waiting: deque[Op] = deque()   # admitted from the queue, not yet started
         self._drive = threading.Lock()       # held by whoever drives the transport
+        self._callback_runner = CallbackRunner(f"neuron_dist-{name}")
         self._thread = threading.Thread(target=self._engine, name=f"neuron_dist-{name}", daemon=True)
         self._thread.start()
         self._start_failure_watch()
@@ -392,7 +393,7 @@ class Group(HangDiagnosis):
                     st = self.stats[key] = [0, 0.0]
                 st[0] += 1
                 st[1] += op.record.t_end - op.record.t_start
-        op.complete(error)
+        op.complete(error, self._callback_runner)  # callbacks never on the engine (nor under the drive lock)
 
     def _name(self, op: Op) -> str:
         return op.desc if op.is_p2p else f"{op.desc} (seq {op.seq})"
@@ -597,6 +598,7 @@ class Group(HangDiagnosis):
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
+        self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first
         LIVE.discard(self)
         self._deaths.close()
         if not abort:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,7 +88,8 @@ class Op:
                 return
         fn(self)
 
-    def complete(self, error: BaseException | None = None) -> None:
+    def complete(self, error: BaseException | None = None, runner: "CallbackRunner | None" = None) -> None:
+        """Finish the op; its callbacks run here, or on `runner`'s threads when given."""
         with self._lock:
             if self.finished:
                 return
@@ -96,10 +98,17 @@ class Op:
             if self._event is not None:
                 self._event.set()
             callbacks, self._callbacks = self._callbacks, None
-        for fn in callbacks or ():
+        if callbacks:
+            if runner is not None:
+                runner.submit(self._run_callbacks, callbacks)
+            else:
+                self._run_callbacks(callbacks)
+
+    def _run_callbacks(self, callbacks) -> None:
+        for fn in callbacks:
             try:
                 fn(self)
-            except Exception:  # a user's future callback must not kill the engine
+            except Exception:  # a user's future callback must not kill the thread that runs it
                 log.exception("completion callback failed")
 
     def wait(self, timeout: float | None = None) -> None:
@@ -107,3 +116,57 @@ class Op:
             raise GroupError(f"{self.desc}: wait() timed out after {timeout:.1f}s")
         if self.error is not None:
             raise self.error
+
+
+class CallbackRunner:
+    """Threads that run completion callbacks (futures' `then`, DDP's communication hooks) off
+    the engine thread.
+
+    A callback may issue another collective of the same group and wait for it: PowerSGD's hook
+    all-reduces inside its callback and waits on that future. On the engine thread, which must
+    drive that collective, this deadlocked. Here a thread busy in a callback is not idle, so the
+    next callback (the inner collective's) starts a new thread, as Gloo's several worker
+    threads allow: nested waits up to MAX_THREADS deep. Threads start on first use, idle ones
+    wait for more, and `close` drains the queue and joins them."""
+
+    MAX_THREADS = 8
+
+    def __init__(self, name: str):
+        self.name = name
+        self._cv = threading.Condition()
+        self._jobs: deque = deque()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0
+        self._stop = False
+
+    def submit(self, fn, arg) -> None:
+        with self._cv:
+            self._jobs.append((fn, arg))
+            if self._idle == 0 and len(self._threads) < self.MAX_THREADS:
+                t = threading.Thread(target=self._run, name=f"{self.name}-callbacks-{len(self._threads)}",
+                                     daemon=True)
+                self._threads.append(t)
+                t.start()
+            else:
+                self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                self._idle += 1
+                while not self._jobs and not self._stop:
+                    self._cv.wait()
+                self._idle -= 1
+                if not self._jobs:
+                    return
+                fn, arg = self._jobs.popleft()
+            fn(arg)
+
+    def close(self, timeout: float) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me:
+                t.join(timeout)

@@ -260,6 +260,35 @@ def autograd_tensors(rank, world):
     return checks
 
 
+def call_forms(rank, world):
+    """torch's convenience overloads of the group's methods (a bare tensor, a reduce op or a
+    root where the options go), as DDP's Join and user code call them, against Gloo's group."""
+    from torch.distributed.distributed_c10d import _get_default_group
+    pgs = {"neuron": _get_default_group(), "gloo": R.GLOO}
+    got = {}
+    for name, pg in pgs.items():
+        x = torch.arange(4.0) + rank
+        pg.allreduce(x).wait()
+        y = torch.arange(4.0) * (rank + 1)
+        pg.allreduce(y, dist.ReduceOp.MAX).wait()
+        z = torch.arange(4.0) - rank
+        pg.allreduce([z], dist.ReduceOp.MIN).wait()
+        s = torch.tensor(float(rank + 1))
+        pg.allreduce(s).wait()
+        b = torch.full((3,), float(rank))
+        pg.broadcast(b, world - 1).wait()
+        outs = [torch.empty(2) for _ in range(world)]
+        pg.allgather(outs, torch.full((2,), float(rank))).wait()
+        rd = torch.full((2,), float(rank + 1))
+        pg.reduce(rd, 0, dist.ReduceOp.SUM).wait()
+        rs = torch.empty(2)
+        pg.reduce_scatter(rs, [torch.full((2,), float(rank + r)) for r in range(world)], dist.ReduceOp.SUM).wait()
+        got[name] = [x, y, z, s, b, *outs, rd if rank == 0 else torch.zeros(0), rs]
+    for a, g in zip(got["neuron"], got["gloo"]):
+        same(a, g, "call form vs gloo")
+    return len(got["neuron"])
+
+
 def broadcast(rank, world):
     checks = 0
     for root in range(world):

@@ -93,6 +93,35 @@ def ddp(rank, world, bucket_view=False, no_sync=False, unused=False):
     return results["neuron"][1][-1]
 
 
+def ddp_hook_and_join(rank, world):
+    """Stock torch code that leans on the group's corners: PowerSGD's hook all-reduces inside
+    its future's callback and waits there (it deadlocked when callbacks ran on the engine
+    thread); Join with uneven inputs and unused parameters calls `pg.allreduce(tensor)` (the
+    bare-tensor overload). Parameters after training equal Gloo's."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    results = {}
+    for name, pg in (("neuron", None), ("gloo", R.GLOO)):
+        m = DDP(_model(), process_group=pg, bucket_cap_mb=0.0005)
+        m.register_comm_hook(psgd.PowerSGDState(process_group=pg, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                                min_compression_rate=0.1, random_seed=0), psgd.powerSGD_hook)
+        _train(m, rank, world, steps=6)
+        j = DDP(_model(unused=True), process_group=pg, find_unused_parameters=True)
+        opt = torch.optim.SGD(j.parameters(), lr=0.05)
+        with Join([j]):
+            for s in range(4 + rank):  # uneven: rank r runs 4 + r steps
+                x, y = _batch(s, rank)
+                nn.functional.mse_loss(j(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        results[name] = ({k: v.detach().clone() for k, v in m.module.state_dict().items()},
+                         {k: v.detach().clone() for k, v in j.module.state_dict().items()})
+    _close(results["neuron"][0], results["gloo"][0], "powerSGD neuron vs gloo")
+    _close(results["neuron"][1], results["gloo"][1], "join neuron vs gloo")
+    return True
+
+
 def fsdp1(rank, world):
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import FullStateDictConfig, StateDictType

@@ -19,3 +19,8 @@ def test_sharded(pools, world, case):
 
 def test_fsdp2_hsdp_2d_mesh(pools):
     assert all(pools(4).run("cases_training:fsdp2_hsdp"))
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_ddp_powersgd_hook_and_join(pools, world):
+    assert all(pools(world).run("cases_training:ddp_hook_and_join"))
