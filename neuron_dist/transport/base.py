@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import torch
 
-from .frame import Header
+from .frame import FrameError, Header
 
 
 @dataclass
@@ -93,6 +93,18 @@ class Transport(abc.ABC):
         """True if `peer` closed its side in an orderly way (destroy_process_group/shutdown)
         rather than dying: its absence is then no fault for the operations it completed."""
         return False
+
+
+def bye_seen(finished: set, peer: int, read_pending) -> bool:
+    """Whether `peer`'s BYE frame (an orderly close) is in `finished`, after `read_pending()` has
+    taken in what already arrived. A bad frame met there is the executor's to report, not this
+    query's."""
+    if peer not in finished:
+        try:
+            read_pending()
+        except FrameError:
+            pass
+    return peer in finished
 
 
 def process_dead(pid: int) -> bool:

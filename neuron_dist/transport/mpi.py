@@ -27,7 +27,7 @@ from collections import deque
 import torch
 
 from . import frame
-from .base import Transport, TransportContext, TransportError
+from .base import Transport, TransportContext, TransportError, bye_seen
 from .zmq_transport import memory_of
 
 log = logging.getLogger("neuron_dist.transport")
@@ -154,15 +154,10 @@ class MpiTransport(Transport):
             time.sleep(20e-6)
 
     def check_peer(self, peer):
-        if peer not in self.finished:
-            try:
-                self._poll()
-            except frame.FrameError:
-                pass  # a bad frame is the executor's to report, not this query's
-        return f"rank {peer} closed its MPI transport" if peer in self.finished else None
+        return f"rank {peer} closed its MPI transport" if self.peer_finished(peer) else None
 
     def peer_finished(self, peer):
-        return self.check_peer(peer) is not None
+        return bye_seen(self.finished, peer, self._poll)
 
     def close(self, abort: bool = False):
         if self.closed:

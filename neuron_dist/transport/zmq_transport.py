@@ -33,7 +33,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import frame
-from .base import PeerGone, Transport, TransportContext, TransportError
+from .base import PeerGone, Transport, TransportContext, TransportError, bye_seen
 
 log = logging.getLogger("neuron_dist.transport")
 
@@ -252,12 +252,7 @@ class ZmqTransport(Transport):
         return self.gone.get(peer)
 
     def peer_finished(self, peer):
-        if peer not in self.finished:
-            try:
-                self._drain()
-            except frame.FrameError:
-                pass  # a bad frame is the executor's to report, not this query's
-        return peer in self.finished
+        return bye_seen(self.finished, peer, self._drain)
 
     def close(self, abort: bool = False):
         if getattr(self, "_released", False):
