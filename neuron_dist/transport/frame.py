@@ -87,6 +87,11 @@ class Header(NamedTuple):
                 f"{self.nbytes} bytes, {dt})")
 
 
+def bye_header(token: int, src: int, dst: int) -> "Header":
+    """The header-only frame a transport sends each peer on an orderly close: nothing more follows."""
+    return Header(int(Kind.BYE), 0, token, 0, 0, src, dst, 0, 0, 0)
+
+
 # Header from a tuple of its 10 fields without NamedTuple's Python-level __new__ (~3x cheaper on
 # the per-frame path); callers pass exactly the fields, in order.
 make_header = tuple.__new__

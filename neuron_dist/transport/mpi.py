@@ -167,8 +167,7 @@ class MpiTransport(Transport):
         # per source and tag); an abort has already sent its peers an ABORT frame with the cause
         for p in ([] if abort else self.peers):
             if p not in self.finished:
-                bye = frame.Header(int(frame.Kind.BYE), 0, self.token, 0, 0, self.rank, p, 0, 0, 0)
-                self.send(p, bye, torch.empty(0, dtype=torch.uint8))
+                self.send(p, frame.bye_header(self.token, self.rank, p), torch.empty(0, dtype=torch.uint8))
         try:
             self.flush(1.0 if abort else 5.0)
         except TransportError:

@@ -261,7 +261,7 @@ class ZmqTransport(Transport):
         if not abort:  # tell every live peer this is an orderly close, after all our data
             for p, s in self.push.items():
                 if p not in self.gone:
-                    bye = frame.Header(int(frame.Kind.BYE), 0, self.token, 0, 0, self.rank, p, 0, 0, 0)
+                    bye = frame.bye_header(self.token, self.rank, p)
                     try:
                         s.send_multipart([bye.pack(), b""], flags=zmq.NOBLOCK)
                     except zmq.ZMQError:
