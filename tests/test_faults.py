@@ -90,3 +90,74 @@ def test_failure_names_the_member_that_went_first():
     finished.add(1)  # rank 1 left in order (destroy_process_group): rank 2 is the one to name
     msg = stalled_until_failure(op())
     assert "rank 2 is gone" in msg and "rank 1" not in msg, msg
+
+
+def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
+    """A broadcast's forwarding rank has every frame from the root, which then leaves in order
+    (destroy_process_group), while it still waits to send to a slow child. The stall check must
+    wait for the child, not fail the broadcast on the root's close: it used to read the peer
+    the executor had waited on in an earlier round (a 4-rank broadcast with tiny frames failed
+    "rank 3 is gone: rank 3 closed its shared-memory transport"). A root that leaves before its
+    data arrives is still reported."""
+    import time
+    from collections import deque
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch
+    from neuron_dist.collectives import direct
+    from neuron_dist.collectives.executor import Execution, Mailbox, Stamp
+    from neuron_dist.group import PEER_GRACE_S, Group
+    from neuron_dist.transport.frame import Kind
+
+    stamp = Stamp(Kind.BROADCAST, torch.float32, 7, 1, 0)
+    data = torch.arange(8, dtype=torch.float32)
+
+    class Transport:  # rank 1 of the chain 3 -> 1 -> 2: the root's one frame, a full ring to rank 2
+        def __init__(self, root_sends):
+            # nothing at the first look (rank 1 waits on the root), then the frame if it was sent
+            self.frames = [None] + ([(stamp.header(3, 1, 0, data.nbytes), data.clone())] if root_sends else [])
+
+        def recv(self, peer):
+            return self.frames.pop(0) if peer == 3 and self.frames else None
+
+        def send(self, peer, header, payload):
+            return peer == 3  # the confirmation to the root goes; rank 2 reads nothing yet
+
+        def release(self, peer):
+            pass
+
+        def flush(self, timeout):
+            pass
+
+        def check_peer(self, peer):
+            return "rank 3 closed its shared-memory transport" if peer == 3 else None
+
+        def peer_finished(self, peer):
+            return peer == 3
+
+    def stall(root_sends):
+        transport = Transport(root_sends)
+        out = torch.zeros(8)
+        exe = Execution(direct.broadcast(1, 4, 3, 8), [None, out, None], None, stamp, 1, Mailbox(transport, 1))
+        for _ in range(3):
+            exe.progress()
+        g = Group.__new__(Group)
+        g.rank, g.size, g.global_ranks, g.timeout = 1, 4, [0, 1, 2, 3], timedelta(seconds=60)
+        g.transport, g.mailbox = transport, SimpleNamespace(take=lambda p, key: None)
+        g._gone_seen, g._next_sweep = {}, 0.0
+        errors = []
+        g._fail = lambda op, e, active, waiting: errors.append(str(e))
+        op = SimpleNamespace(desc="broadcast(32 bytes, float32, root 3)", seq=0, is_p2p=False,
+                             t0=time.monotonic(), exe=exe)
+        deadline = time.monotonic() + PEER_GRACE_S + 0.5
+        while not errors and time.monotonic() < deadline:
+            g._check_stalled([op], deque())
+            time.sleep(0.02)
+        return exe, out, errors
+
+    exe, out, errors = stall(root_sends=True)
+    assert torch.equal(out, data) and not exe.done and exe.waiting_on is None, (out, exe.done, exe.waiting_on)
+    assert not errors, errors
+    exe, out, errors = stall(root_sends=False)
+    assert exe.waiting_on == 3 and errors and "rank 3 is gone" in errors[0], errors

@@ -214,6 +214,10 @@ class Execution:
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
+        # who this pass waits on, not who an earlier round waited on: a peer whose frames have
+        # all arrived may close in order while this rank still sends to others, and a stale
+        # mark would have the stall check blame it
+        self.waiting_on = None
         moved = False
         while not self.done:
             if self.sends:
