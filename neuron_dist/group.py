@@ -139,6 +139,12 @@ atexit.register(_close_at_exit)
 _GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that name this process created
 
 
+def _elastic_attempt() -> int:
+    """Which attempt of an elastic job this process belongs to (TORCHELASTIC_RESTART_COUNT, set
+    by torch's agent for every worker; 0 outside torchrun/neuronrun)."""
+    return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
+
+
 class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
@@ -160,9 +166,11 @@ class Group(HangDiagnosis):
         # a store can outlive the group (torchrun's agent store; one a caller passes again after
         # destroy_process_group), and torch reuses group names after a destroy: this process's
         # count of groups by this name keeps every key of a new group apart from an old one's
-        # (each member makes the same calls in the same order, so the counts agree)
+        # (each member makes the same calls in the same order, so the counts agree); and a job
+        # that torch's elastic agent restarts (--max-restarts) meets the failed attempt's keys in
+        # the agent's store, which lives on across attempts: the attempt number keeps them apart
         generation = _GENERATIONS[name] = _GENERATIONS.get(name, -1) + 1
-        store = dist.PrefixStore(f"gen-{generation}/", store)
+        store = dist.PrefixStore(f"gen-{_elastic_attempt()}.{generation}/", store)
         self._agree_on_members(store)
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys

@@ -62,3 +62,30 @@ def test_cpu_bind_core_places_each_rank_on_its_own_cpus(tmp_path):
     for local in (0, 1):
         share = rank_cpus(cpus, local, 2)  # OMP_NUM_THREADS unset: one intra-op thread per CPU of the share
         assert got[local] == f"{list(share)} {2 > len(union)} 16.0 {len(share)} {len(share)}", r.stdout
+
+
+RESTART_JOB = """
+import os, sys, torch, torch.distributed as dist, neuron_dist
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("neuron")
+t = torch.ones(4)
+dist.all_reduce(t)
+if attempt == 0 and dist.get_rank() == 1:
+    sys.exit(3)  # fails after the group is up: the store keeps this attempt's keys
+dist.all_reduce(t)
+print("attempt", attempt, "rank", dist.get_rank(), "sum", t.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_restarted_attempt_builds_a_fresh_group(tmp_path):
+    """--max-restarts: torch's agent keeps its store across attempts, so attempt 1's group must
+    not read attempt 0's keys (it used to map attempt 0's dead shared-memory segment and fail
+    with FileNotFoundError, or over TCP send to attempt 0's dead endpoints and time out)."""
+    script = tmp_path / "restart.py"
+    script.write_text(RESTART_JOB)
+    r = neuronrun(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
+                  timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = sorted(l.split("]: ", 1)[-1] for l in r.stdout.splitlines() if "attempt 1 rank" in l)
+    assert lines == ["attempt 1 rank 0 sum 16.0", "attempt 1 rank 1 sum 16.0"], r.stdout[-2000:]
