@@ -100,21 +100,30 @@ def _store_host(store) -> str | None:
 def _bind_addr(store=None) -> str:
     """The address this job's traffic uses, and the only one our listeners bind to: the
     interface that routes to the rendezvous host (NEURON_DIST_BIND_ADDR overrides). A job whose
-    rendezvous is on loopback stays on loopback; nothing ever binds to every interface."""
-    forced = os.environ.get("NEURON_DIST_BIND_ADDR")
+    rendezvous is on loopback stays on loopback; nothing ever binds to every interface. IPv4 or
+    IPv6, as the rendezvous host resolves."""
+    forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
     if forced:
-        return forced
+        addr = forced[1:-1] if forced.startswith("[") and forced.endswith("]") else forced
+        if addr in ("0.0.0.0", "::", "*"):
+            raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
+                             f"cannot reach an address of that form; give this host's address on the job's network")
+        return addr
     master = os.environ.get("MASTER_ADDR") or _store_host(store)
     if not master:  # file:// rendezvous: this host's own address
-        return socket.gethostbyname(socket.gethostname())
+        master = socket.gethostname()
+    master = master[1:-1] if master.startswith("[") and master.endswith("]") else master
     try:
-        ip = socket.gethostbyname(master)
+        family, _, _, _, sockaddr = socket.getaddrinfo(master, None, proto=socket.IPPROTO_TCP)[0]
     except OSError as e:
         raise GroupError(f"cannot resolve the rendezvous host {master!r} to choose the interface to bind "
                          f"({e}); set NEURON_DIST_BIND_ADDR") from None
+    ip = sockaddr[0]
     if ip.startswith("127."):
         return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    if ip == "::1":
+        return "::1"
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
         try:
             s.connect((ip, 9))  # no packet is sent: this only asks the kernel for the route
             return s.getsockname()[0]
@@ -189,7 +198,9 @@ class Group(HangDiagnosis):
         local_cpus = {c for p in self.peers_info if p["host"] == me["host"]
                       for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
-                               hostname=me["host"], bind_addr=_bind_addr(store), hosts=self.hosts,
+                               hostname=me["host"], hosts=self.hosts,
+                               # only a job that spans hosts listens on TCP (one host: shm or IPC)
+                               bind_addr=_bind_addr(store) if len(set(self.hosts)) > 1 else "127.0.0.1",
                                job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)

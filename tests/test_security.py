@@ -62,3 +62,10 @@ def test_bind_address_choice(monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
     with pytest.raises(GroupError, match="NEURON_DIST_BIND_ADDR"):
         _bind_addr()
+    for v6 in ("::1", "[::1]"):  # an IPv6 rendezvous (gethostbyname could not resolve it)
+        monkeypatch.setenv("MASTER_ADDR", v6)
+        assert _bind_addr() == "::1"
+    for every in ("0.0.0.0", "::", "[::]"):  # would listen everywhere, and peers cannot dial it
+        monkeypatch.setenv("NEURON_DIST_BIND_ADDR", every)
+        with pytest.raises(GroupError, match="every interface"):
+            _bind_addr()

@@ -14,14 +14,18 @@ from neuron_dist.transport.zmq_transport import ZmqTransport
 TOKEN = 0x1234_5678_9ABC
 
 
-def make_pair(job: str = "sec"):
+def make_pair(job: str = "sec", bind_addrs=("127.0.0.1", "127.0.0.1")):
+    """Both transports, or for a rank whose set-up raised, the exception."""
     store = dist.HashStore()
     out = [None, None]
 
     def make(r):
         ctx = TransportContext(rank=r, size=2, store=store, token=TOKEN, timeout=timedelta(seconds=10),
-                               hostname=f"host{r}", bind_addr="127.0.0.1", hosts=["host0", "host1"], job_id=job)
-        out[r] = ZmqTransport(ctx)
+                               hostname=f"host{r}", bind_addr=bind_addrs[r], hosts=["host0", "host1"], job_id=job)
+        try:
+            out[r] = ZmqTransport(ctx)
+        except Exception as e:  # noqa: BLE001 - the caller checks which rank failed, and how
+            out[r] = e
 
     ts = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in ts:
@@ -29,6 +33,17 @@ def make_pair(job: str = "sec"):
     for t in ts:
         t.join(30)
     return out
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1 (a container may have IPv6 off)."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
 
 
 def p2p_header(src=1, dst=0, token=TOKEN, nbytes=8, chunk=0):

@@ -122,6 +122,10 @@ class ZmqTransport(Transport):
         self.closed = True  # until set-up completes, close() only releases the context
         self.push: dict[int, zmq.Socket] = {}
         self.monitors: dict[int, zmq.Socket] = {}
+        self.gone: dict[int, str] = {}
+        self.finished: set[int] = set()  # peers that sent BYE (closed in order)
+        self.queues: dict[int, deque] = {p: deque() for p in self.peers}
+        self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
         try:
             self._setup(ctx, zctx, key)
         except BaseException:
@@ -144,12 +148,21 @@ class ZmqTransport(Transport):
             self.pull.bind(ep)
             endpoints["ipc"] = ep
         if remote:
-            port = self.pull.bind_to_random_port(f"tcp://{ctx.bind_addr}")
-            endpoints["tcp"] = f"tcp://{ctx.bind_addr}:{port}"
+            host = f"[{ctx.bind_addr}]" if ":" in ctx.bind_addr else ctx.bind_addr  # IPv6 in brackets
+            self.pull.ipv6 = ":" in ctx.bind_addr
+            try:
+                port = self.pull.bind_to_random_port(f"tcp://{host}")
+            except zmq.ZMQError as e:
+                why = (f"rank {self.rank} cannot listen on {ctx.bind_addr} ({e.strerror}): it is not an address of "
+                       f"this host ({ctx.hostname}); set NEURON_DIST_BIND_ADDR to one, on the job's network")
+                ctx.store.set(f"{key}/{self.rank}", json.dumps({"error": why}))  # peers fail at once
+                raise TransportError(why) from None
+            endpoints["tcp"] = f"tcp://{host}:{port}"
         ctx.store.set(f"{key}/{self.rank}", json.dumps(endpoints))
-        self.gone: dict[int, str] = {}
         for p in self.peers:
             theirs = json.loads(ctx.store.get(f"{key}/{p}"))
+            if "error" in theirs:
+                raise TransportError(f"rank {self.rank}: no connection with rank {p}: {theirs['error']}")
             ep = theirs["ipc"] if ctx.hosts[p] == ctx.hostname and "ipc" in theirs else theirs.get("tcp")
             if ep is None:
                 raise TransportError(f"rank {self.rank}: no reachable endpoint for rank {p}: {theirs}")
@@ -159,14 +172,12 @@ class ZmqTransport(Transport):
             s.setsockopt(zmq.IMMEDIATE, 0)
             s.plain_username = USER
             s.plain_password = str(self.token).encode()
+            s.ipv6 = ep.startswith("tcp://[")
             self.monitors[p] = s.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
             s.connect(ep)
             self.push[p] = s
             log.debug("rank %d -> rank %d over %s", self.rank, p, ep)
-        self.finished: set[int] = set()  # peers that sent BYE (closed in order)
-        self.queues: dict[int, deque] = {p: deque() for p in self.peers}
-        self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
         self.closed = False
