@@ -316,6 +316,8 @@ class Group(HangDiagnosis):
                     self.transport.wait(min(0.001, budget))
         except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
             self._fail(op, e, self._active, self._waiting)
+            if not isinstance(e, Exception):  # Ctrl-C (KeyboardInterrupt), SystemExit: the caller's
+                raise                          # own, as with Gloo; the group is failed all the same
             return
         with self._cv:  # hand over: the engine finishes it (time-outs and peer checks live there)
             self._active.append(op)
@@ -449,7 +451,10 @@ class Group(HangDiagnosis):
         if isinstance(e, PeerGone):
             e = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
         if not isinstance(e, dist.DistBackendError):
-            err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {e}")
+            why = str(e) or type(e).__name__  # str(KeyboardInterrupt()) is empty
+            if isinstance(e, KeyboardInterrupt):
+                why = "interrupted (KeyboardInterrupt) in the middle of the operation"
+            err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {why}")
             err.__cause__ = e
         else:
             err = e

@@ -34,3 +34,24 @@ def test_exit_with_the_group_open_and_work_in_flight():
         for r, (p, out) in enumerate(zip(procs, outs)):
             assert p.returncode == 0 and f"rank {r}: leaving" in out, f"run {run}, rank {r}: status {p.returncode}\n{out[-2000:]}"
             assert "terminate called" not in out, out[-2000:]
+
+
+def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
+    """SIGINT while a rank is inside a collective (a 16 MiB all-reduce in a loop: nearly all the
+    time is spent inside one) reaches the caller as KeyboardInterrupt; it used to come out as a
+    backend error whose cause read empty ("... failed: "). The peer fails naming the rank."""
+    import signal
+    import time
+    from pool import free_port
+    script = os.path.join(os.path.dirname(SCRIPT), "interrupt.py")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    first = procs[0].stdout.readline()
+    assert "rank 0: looping" in first, first + procs[0].communicate(timeout=60)[0][-2000:]
+    time.sleep(0.2)
+    procs[0].send_signal(signal.SIGINT)
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert "rank 0: KeyboardInterrupt" in outs[0], outs[0][-2000:]
+    assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1], outs[1][-2000:]
+    assert "failed: \n" not in outs[1] and not outs[1].rstrip().endswith("failed:"), outs[1][-2000:]
