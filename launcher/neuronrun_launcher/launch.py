@@ -72,9 +72,11 @@ def _logs_specs_class():
 
         last_dest = None
         groups_dir = None
+        node_rank = None  # this node's GROUP_RANK in the current attempt (the rendezvous assigns it)
 
         def reify(self, envs):  # called as each attempt starts: the previous ranks are stopped
             sweep_groups(self.groups_dir)
+            self.node_rank = next((e.get("GROUP_RANK") for e in envs.values()), None)
             self.last_dest = super().reify(envs)
             return self.last_dest
 
@@ -140,10 +142,11 @@ def root_cause(failures: dict) -> int:
     return min(failures, key=key)
 
 
-def describe_failure(rank: int, failure, nproc_per_node: int, host: str, logs: dict | None = None) -> str:
+def describe_failure(rank: int, failure, node, host: str, logs: dict | None = None) -> str:
     """The root-cause paragraph for one failed rank (``failure``: torch's ProcessFailure;
-    ``logs``: stream name -> log file of that rank, when its output was captured)."""
-    node = rank // nproc_per_node
+    ``node``: this node's GROUP_RANK, as the rendezvous assigned it: nodes may run different
+    numbers of ranks, so it is not rank // nproc_per_node; ``logs``: stream name -> log file of
+    that rank, when its output was captured)."""
     how = _how(failure)
     lines = [f"neuronrun: rank {rank} (local rank {failure.local_rank}, node {node}, host {host}, "
              f"pid {failure.pid}) {how}"]
@@ -208,7 +211,8 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         logs = {}
         if dest is not None:
             logs = {"stderr": dest.stderrs.get(first.local_rank), "stdout": dest.stdouts.get(first.local_rank)}
-        report = [describe_failure(rank, first, cfg.nproc_per_node, socket.gethostname(), logs)]
+        node = config.logs_specs.node_rank
+        report = [describe_failure(rank, first, "?" if node is None else node, socket.gethostname(), logs)]
         others = [f"{r} ({_how(f)})" for r, f in sorted(err.failures.items()) if r != rank]
         if others:
             report.append(f"neuronrun: then stopped: rank {', rank '.join(others)}")

@@ -34,7 +34,9 @@ RANK_SCRIPT = textwrap.dedent('''
     assert "NEURONRUN_PLAN" not in os.environ
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
     print("env", sorted(env.items()), flush=True)
-    if mode in ("fail", "kill", "flaky") and rank == 1 and restart == 0:  # fail only once every rank is up and recorded
+    last = rank == int(os.environ["WORLD_SIZE"]) - 1
+    if (mode in ("fail", "kill", "flaky") and rank == 1 or mode == "fail_last" and last) and restart == 0:
+        # fail only once every rank is up and recorded
         while len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.05)
     if mode == "allreduce":
@@ -48,11 +50,13 @@ RANK_SCRIPT = textwrap.dedent('''
         print("rank 1 is about to fail", flush=True)
         print("ValueError: the root cause", file=sys.stderr, flush=True)
         sys.exit(7)
+    elif mode == "fail_last" and last:
+        sys.exit(7)
     elif mode == "kill" and rank == 1:
         os.kill(os.getpid(), 9)
     elif mode == "flaky" and rank == 1 and restart == 0:
         sys.exit(3)
-    elif mode in ("fail", "kill", "hang"):
+    elif mode in ("fail", "kill", "hang", "fail_last"):
         time.sleep(120)
     child.kill()
     print(f"done restart={restart}", flush=True)
@@ -175,3 +179,23 @@ def test_max_restarts_restarts_the_group(job):
     assert "[rank0]: done restart=1" in r.stdout and "[rank1]: done restart=1" in r.stdout
     assert {f.name for f in piddir.glob("*.pid")} == {"0.0.pid", "1.0.pid", "0.1.pid", "1.1.pid"}
     assert_all_gone(piddir, 4)
+
+
+def test_failure_report_names_the_node_when_nodes_differ_in_size(job):
+    """Node 0 runs 2 ranks, node 1 runs 1 (torch's agent allows it): the failing rank 2 is on
+    node 1, which the report used to give as rank // nproc_per_node = node 2."""
+    script, piddir = job
+    port = free_port()
+    common = ["--nnodes", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--shutdown-timeout", "5"]
+    procs = []
+    for node, nproc in ((0, 2), (1, 1)):
+        cmd = [sys.executable, "-m", "neuronrun_launcher.run", *common, "--node-rank", str(node),
+               "--nproc-per-node", str(nproc), str(script), str(piddir), "fail_last"]
+        procs.append(subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    out, err = procs[1].communicate(timeout=120)
+    procs[0].terminate()  # its ranks sleep; nothing tells node 0 that node 1 has ended
+    procs[0].communicate(timeout=60)
+    assert procs[1].returncode == 7, err[-3000:]
+    assert "neuronrun: rank 2 (local rank 0, node 1, host " in err, err[-3000:]
+    assert_all_gone(piddir, 3)
