@@ -19,7 +19,7 @@ from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
-from .group import Group
+from .group import Group, coll_log
 from .op import Op
 from .transport.frame import DTYPE_CODE, Kind
 
@@ -272,6 +272,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 self._plans.clear()
             plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
                                             dtype.itemsize, debug.call_tag(kind, desc))
+            coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", self.group.rank,
+                           self._name, desc, algo)
         return plan
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,

@@ -4,9 +4,9 @@ NEURON_DIST_ALGO       force algorithms per collective: "allreduce:ring;allgathe
 NEURON_DIST_TUNING     model (default): every group runs the topology cost model's choice; host:
                        groups whose peers all share this host's memory pick by measured host speed
 NEURON_DIST_TRANSPORT  force a transport for every peer pair: zmq | shm | mpi
-NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT,COLL (or ALL)
+NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT,COLL (or ALL / 1; 0: none)
 NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host time, modelled
-                       device time) when a group is destroyed: 1, or a file path
+                       device time) when a group is destroyed: 1, or a file path (0: off)
 NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface that reaches
                        MASTER_ADDR, loopback for a single-host job)
 NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288); with shared memory
@@ -17,9 +17,9 @@ NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory door
                        sleeps on a futex (default 50; 20, with sched_yield, when local ranks
                        outnumber cores)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
-NEURON_DIST_CHECK      1: check a fingerprint of every collective across ranks before running it
+NEURON_DIST_CHECK      1 (or true/on/yes; 0/false/off/no: off): check a fingerprint of every collective across ranks before running it
                        (also on with TORCH_DISTRIBUTED_DEBUG=DETAIL)
-NEURON_DIST_DUMP       1/stderr or a file: write a group's record of recent collectives on failure
+NEURON_DIST_DUMP       1/stderr or a file (0: off): write a group's record of recent collectives on failure
 NEURON_DIST_DUMP_SIGNAL  a signal name (USR1, ...) that dumps every group's record on demand
 """
 from __future__ import annotations
@@ -56,10 +56,35 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
     return value
 
 
+_OFF = ("", "0", "false", "off", "no")
+_ON = ("1", "true", "on", "yes")
+
+
+def env_flag(name: str) -> bool:
+    """A switch: 1/true/on/yes or 0/false/off/no (unset: off); anything else is an error."""
+    raw = (env(name) or "").strip().lower()
+    if raw in _OFF:
+        return False
+    if raw in _ON:
+        return True
+    raise ValueError(f"{name}={raw!r}: expected 1/true/on/yes or 0/false/off/no")
+
+
+def env_target(name: str) -> str | None:
+    """Where a diagnostic goes: None when unset or off (0/false/off/no), "stderr" for
+    1/true/on/yes/stderr, else the file path given."""
+    raw = (env(name) or "").strip()
+    if raw.lower() in _OFF:
+        return None
+    if raw.lower() in _ON or raw.lower() == "stderr":
+        return "stderr"
+    return raw
+
+
 def emit(text: str, where: str) -> None:
     """Write a diagnostic text where an env variable says: "1"/"stderr", or append to a file."""
     try:
-        if where in ("1", "stderr"):
+        if where == "stderr":
             sys.stderr.write(text)
             sys.stderr.flush()
         else:
@@ -71,10 +96,11 @@ def emit(text: str, where: str) -> None:
 
 def setup_logging() -> None:
     """Turn on debug logging for the subsystems named in NEURON_DIST_DEBUG."""
-    raw = os.environ.get("NEURON_DIST_DEBUG", "")
-    if not raw:
+    raw = os.environ.get("NEURON_DIST_DEBUG", "").strip()
+    if raw.lower() in _OFF:
         return
-    names = SUBSYSTEMS if raw.strip().upper() in ("1", "ALL") else [s.strip().upper() for s in raw.split(",")]
+    names = SUBSYSTEMS if raw.upper() in ("1", "ALL", "TRUE", "ON", "YES") else \
+        [s.strip().upper() for s in raw.split(",") if s.strip()]
     unknown = [n for n in names if n not in _LOGGERS]
     if unknown:
         raise ValueError(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}; known: {', '.join(SUBSYSTEMS)}")

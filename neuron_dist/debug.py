@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import torch
 
-from .config import env
+from .config import env, env_flag
 from .transport.frame import DTYPE_CODE, CODE_DTYPE, Kind
 
 _FIELDS = struct.Struct("<qqqqq")   # kind, dtype code, nbytes (-1: not compared), desc crc, group size
@@ -33,8 +33,7 @@ _ENABLED: bool | None = None
 def enabled() -> bool:
     global _ENABLED
     if _ENABLED is None:
-        _ENABLED = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or \
-            (env("NEURON_DIST_CHECK") or "") not in ("", "0")
+        _ENABLED = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or env_flag("NEURON_DIST_CHECK")
     return _ENABLED
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 
-from .config import emit, env
+from .config import emit, env, env_target
 from .op import Op
 
 log = logging.getLogger("neuron_dist.init")
@@ -97,7 +97,7 @@ class HangDiagnosis:
         return "\n".join(lines)
 
     def _dump_if_asked(self, why: str) -> None:
-        where = env("NEURON_DIST_DUMP")
+        where = env_target("NEURON_DIST_DUMP")
         if where:
             emit(f"[{why}]\n{self.dump()}\n", where)
 
@@ -118,8 +118,11 @@ def install_dump_signal() -> None:
     if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
     signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
-    if signum is None:
+    if not isinstance(signum, signal.Signals):
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
-    where = env("NEURON_DIST_DUMP") or "stderr"
-    signal.signal(signum, lambda *_: emit(dump_all() + "\n", where))
+    where = env_target("NEURON_DIST_DUMP") or "stderr"
+    try:
+        signal.signal(signum, lambda *_: emit(dump_all() + "\n", where))
+    except (OSError, ValueError, RuntimeError) as e:  # SIGKILL and SIGSTOP cannot be caught
+        raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r}: cannot handle that signal ({e}); try USR1") from None
     _SIGNAL_INSTALLED = True

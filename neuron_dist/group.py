@@ -40,6 +40,7 @@ from .transport.frame import MIN_FRAME_BYTES, Kind
 
 log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
+topo_log = logging.getLogger("neuron_dist.topology")
 
 RECORD_LEN = 64  # recent collectives kept per group for hang diagnosis
 INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the caller's thread
@@ -171,6 +172,16 @@ class Group(HangDiagnosis):
         self._abort = False
         self._seq = 0
         t0 = time.perf_counter()
+        # -- what this rank can check alone, before any store traffic ------------------------
+        install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
+        from . import debug
+        debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
+        # read once: the shared-memory slots are sized from the same value
+        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES)
+        try:  # a bad placement setting is published to the peers below, so they fail with it at once
+            placement, placement_error = self._placement_info(), None
+        except (ValueError, KeyError, OSError) as e:
+            placement, placement_error = None, e
         # -- meet the peers through the store ------------------------------------------------
         # a store can outlive the group (torchrun's agent store; one a caller passes again after
         # destroy_process_group), and torch reuses group names after a destroy: this process's
@@ -189,9 +200,21 @@ class Group(HangDiagnosis):
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
         me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
-        me.update(self._placement_info())
+        me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
+        if placement_error is not None:
+            if rank == 0:  # this process may host the store: stay until every peer has read the error
+                try:
+                    store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
+                except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
+                    pass
+            raise placement_error
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
+        store.set(f"peer_read/{rank}", "1")
+        bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
+        if bad:
+            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
+                f"{self._who(r)} could not place itself: {why}" for r, why in bad))
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
@@ -205,8 +228,6 @@ class Group(HangDiagnosis):
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, me["host"])
-        # read once: the shared-memory slots were sized from the same value
-        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES)
         # -- the engine ------------------------------------------------------------------------
         self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
         self._cv = threading.Condition(self._mu)
@@ -241,7 +262,8 @@ class Group(HangDiagnosis):
         topo = topology.GroupTopology(topology.get_instance(slots[0].instance), slots)
         topo.validate()
         order = list(topology.ring_order(topo))
-        log.debug("group %s placement %s ring %s", self.name, [s.to_dict() for s in slots], order)
+        topo_log.debug("rank %d group %s: instance %s, placement %s, ring %s", self.rank, self.name,
+                       topo.instance.name, [s.to_dict() for s in slots], order)
         return topo, order
 
     def choose(self, collective: str, nbytes: int) -> str:
@@ -545,7 +567,6 @@ class Group(HangDiagnosis):
         self._hb_stop = threading.Event()
         self._hb_interval = max(0.05, min(1.0, self.timeout.total_seconds() / 20))
         LIVE.add(self)
-        install_dump_signal()
 
         def beat(ref=weakref.ref(self), stop=self._hb_stop, interval=self._hb_interval):
             while not stop.wait(interval):
@@ -568,8 +589,12 @@ class Group(HangDiagnosis):
         store.set(f"members/{mine[self.rank]}", json.dumps(mine))
         try:
             store.wait([f"members/{g}" for g in mine], self.timeout)
-        except Exception:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
-            missing = [g for g in mine if not store.check([f"members/{g}"])]
+        except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
+            try:
+                missing = [g for g in mine if not store.check([f"members/{g}"])]
+            except Exception:  # noqa: BLE001 - the store itself is gone (its host, rank 0, left)
+                raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): the store was "
+                                 f"lost while the members met: {e}") from None
             raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): global ranks {missing} "
                              f"did not join within {self.timeout.total_seconds():.0f}s; every process must call "
                              f"new_group with the same ranks") from None

@@ -7,7 +7,7 @@ model's device time for the same calls on the modelled instance.
 """
 from __future__ import annotations
 
-from .config import emit, env
+from .config import emit, env_target
 
 
 def report(group=None) -> list[dict]:
@@ -34,8 +34,8 @@ def format_rows(rows: list[dict], title: str) -> str:
 
 def at_shutdown(group) -> None:
     """Print or append the group's table if NEURON_DIST_REPORT asks for it."""
-    where = env("NEURON_DIST_REPORT")
-    if not where or where == "0" or not group.stats:
+    where = env_target("NEURON_DIST_REPORT")
+    if not where or not group.stats:
         return
     inst = group.topology.instance.name if group.topology is not None else "no placement"
     text = format_rows(group.report(), f"# neuron_dist report: group {group.name!r} rank {group.rank}/"

@@ -85,3 +85,19 @@ def test_debug_logs_the_transport_choice(forced):
         if not forced:
             assert f"rank {rank}: shm rings with ranks [{peer}]: 4 slots x 512 KiB per pair" in out, out[-3000:]
             assert "; spin 7 us" in out, out[-3000:]
+
+
+def test_debug_topo_and_coll_log_their_subsystems():
+    """NEURON_DIST_DEBUG=TOPO,COLL: the placement and ring under TOPO, each new form of a
+    collective and the algorithm it runs under COLL (both logged nothing before: the placement
+    went to INIT, and COLL only had failure lines); 'INIT,,' style empty entries are ignored."""
+    os.environ["NEURON_DIST_DEBUG"] = "TOPO,,COLL"
+    try:
+        outs = _run_ranks(f"tcp://127.0.0.1:{free_port()}")
+    finally:
+        del os.environ["NEURON_DIST_DEBUG"]
+    for rank, out in enumerate(outs):
+        assert f"neuron_dist.topology DEBUG: rank {rank} group 0: instance trn2.48xlarge, placement" in out, out[-3000:]
+        assert f"neuron_dist.coll DEBUG: rank {rank} group 0: allreduce(12 bytes, float32, sum) runs as" in out, \
+            out[-3000:]
+        assert "neuron_dist.transport DEBUG" not in out and "neuron_dist.init DEBUG" not in out, out[-3000:]

@@ -209,3 +209,17 @@ def test_broadcast_forms(n, algo):
                     if r != root:
                         recvs = [s for rnd in build(r, n, root, count).rounds for s in rnd if isinstance(s, Recv)]
                         assert [s.peer for s in recvs] == [root], (n, root, r)
+
+
+def test_an_unreadable_instance_file_is_a_clear_error(tmp_path):
+    """NEURON_DIST_INSTANCE pointing at a file that is not JSON gave a bare JSONDecodeError
+    naming neither the file nor the variable."""
+    import pytest
+    from neuron_dist.topology.instances import load_instance
+    bad = tmp_path / "bad.json"
+    bad.write_text("not json")
+    with pytest.raises(ValueError, match=r"instance description '.*bad\.json' cannot be read"):
+        load_instance(bad, register=False)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a table of fields"):
+        load_instance(bad, register=False)

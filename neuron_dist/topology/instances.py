@@ -349,15 +349,20 @@ def _parse_value(v):
 def load_instance(path: "str | Path", *, register: bool = True) -> InstanceModel:
     """Read an instance description (JSON or TOML, the field names of InstanceModel; figures as
     numbers in SI units or strings like "256 GB/s", "1.5 us") and register it."""
+    import tomllib
     p = Path(path)
-    text = p.read_text()
-    if p.suffix == ".toml":
-        import tomllib
-        data = tomllib.loads(text)
-    else:
-        data = json.loads(text)
-    data = {k: _parse_value(v) for k, v in data.items()}
-    model = InstanceModel.from_dict(data)
+    try:
+        text = p.read_text()
+        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise ValueError(f"instance description {str(path)!r} cannot be read: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"instance description {str(path)!r} is not a table of fields")
+    try:
+        data = {k: _parse_value(v) for k, v in data.items()}
+        model = InstanceModel.from_dict(data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"instance description {str(path)!r}: {e}") from None
     if register:
         register_instance(model, replace=True)
     return model

@@ -1,0 +1,78 @@
+"""The diagnostic switches read one way: 0/false/off/no is off for every one of them (it was a
+file named "0" for NEURON_DIST_DUMP, an error for NEURON_DIST_DEBUG and "on" for
+NEURON_DIST_CHECK=false), and a bad value is an error naming the variable."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from neuron_dist import config
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("YES", True), ("on", True), ("", False),
+                                       ("0", False), ("false", False), ("Off", False), ("no", False)])
+def test_env_flag(monkeypatch, value, on):
+    monkeypatch.setenv("ND_TEST_FLAG", value)
+    assert config.env_flag("ND_TEST_FLAG") is on
+
+
+def test_env_flag_rejects_other_values(monkeypatch):
+    monkeypatch.setenv("ND_TEST_FLAG", "maybe")
+    with pytest.raises(ValueError, match="ND_TEST_FLAG='maybe'"):
+        config.env_flag("ND_TEST_FLAG")
+
+
+@pytest.mark.parametrize("value, where", [("0", None), ("false", None), ("", None), ("1", "stderr"),
+                                          ("stderr", "stderr"), ("true", "stderr"), ("/tmp/x.txt", "/tmp/x.txt")])
+def test_env_target(monkeypatch, value, where):
+    monkeypatch.setenv("ND_TEST_TARGET", value)
+    assert config.env_target("ND_TEST_TARGET") == where
+
+
+def test_check_switch_reads_false_as_off(monkeypatch):
+    from neuron_dist import debug
+    monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
+    monkeypatch.setenv("NEURON_DIST_CHECK", "false")
+    debug.set_enabled(None)
+    try:
+        assert debug.enabled() is False
+    finally:
+        debug.set_enabled(None)
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_debug_off_values_import_cleanly(value):
+    env = dict(os.environ, NEURON_DIST_DEBUG=value)
+    p = subprocess.run([sys.executable, "-c", "import neuron_dist"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", ["KILL", "STOP", "FOO"])
+def test_a_dump_signal_that_cannot_be_used_is_a_clear_error(value, tmp_path):
+    """NEURON_DIST_DUMP_SIGNAL=KILL gave a bare 'OSError: [Errno 22] Invalid argument' and then,
+    at exit, an AttributeError from the half-built group left among the open groups."""
+    from pool import free_port
+    code = ("import torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    env = dict(os.environ, NEURON_DIST_DUMP_SIGNAL=value)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 1 and f"NEURON_DIST_DUMP_SIGNAL={value!r}" in p.stderr, p.stderr[-2000:]
+    assert "Exception ignored" not in p.stderr and "AttributeError" not in p.stderr, p.stderr[-2000:]
+
+
+def test_dump_zero_writes_no_file(tmp_path):
+    """NEURON_DIST_DUMP=0 means off: a failing group writes no file named '0'."""
+    from pool import free_port
+    code = ("import torch, torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+            "g = dist.distributed_c10d._get_default_group().group\n"
+            "g._dump_if_asked('test')\n"
+            "dist.destroy_process_group()\n")
+    env = dict(os.environ, NEURON_DIST_DUMP="0")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert not (tmp_path / "0").exists()
