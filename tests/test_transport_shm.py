@@ -208,6 +208,29 @@ def test_no_segment_survives_a_killed_process(tmp_path):
                 p.kill()
 
 
+def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):
+    """A rank whose segment waits for a peer that never maps it gets SIGTERM (what torch's agent
+    sends when another rank fails during start-up). Python's default SIGTERM skips atexit, so
+    the segment stayed in /dev/shm; it must be gone, and the process must still die of SIGTERM."""
+    import time
+    p = subprocess.Popen([sys.executable, "-c", CHILD.replace('job_id="crash"', 'job_id="sigterm"'), "0",
+                          str(tmp_path / "store")], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not leftovers("sigterm"):  # rank 0's segment exists; rank 1 never comes
+            assert p.poll() is None and time.monotonic() < deadline, "the segment never appeared"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == -signal.SIGTERM
+        assert leftovers("sigterm") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("sigterm"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
 def test_plan_per_pair(monkeypatch):
     for k in select.MPI_ENV:
         monkeypatch.delenv(k, raising=False)

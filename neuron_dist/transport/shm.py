@@ -29,10 +29,13 @@ segment whose peers never came.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import logging
 import mmap
 import os
+import signal
+import threading
 import time
 import warnings
 
@@ -103,6 +106,44 @@ def _unlink_leftovers() -> None:
         except OSError:
             pass
     _OWNED.clear()
+
+
+@contextlib.contextmanager
+def _unlink_on_sigterm():
+    """While a new segment waits for its peers to map it, a SIGTERM (what torch's agent sends
+    every rank when one fails, often while the others still set up) would end the process
+    without atexit hooks and leave the segment in /dev/shm. In the main thread, with SIGTERM at
+    its default, a handler unlinks this process's segments and then dies of SIGTERM as before."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def on_term(signum, frame):
+        _unlink_leftovers()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _wait_for(store, key: str, timeout: float) -> None:
+    """Wait for `key` by polling (store.check, then a short sleep growing to 10 ms): a Python
+    signal handler (above) runs only between calls, never inside one long blocking store.wait,
+    and a TCPStore's sliced waits would each print a time-out warning from C++."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise TransportError(f"the store key {key!r} did not appear within {timeout:.0f}s: "
+                                 f"a local peer never set up its shared memory")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
 
 
 class _Segment:
@@ -225,15 +266,18 @@ class ShmTransport(Transport):
         self.mine.pid.value = os.getpid()
         ctx.store.set(f"{key}/{self.rank}", path)
         self.theirs: dict[int, _Segment] = {}
+        wait = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
         try:
-            for p in self.peers:
-                where = ctx.store.get(f"{key}/{p}").decode()
-                if where.startswith("error: "):
-                    raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {where[7:]}")
-                self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
-            ctx.store.set(f"{key}/{self.rank}/mapped", "1")
-            for p in self.peers:
-                ctx.store.get(f"{key}/{p}/mapped")
+            with _unlink_on_sigterm():  # until the peers have mapped it, only a name holds the segment
+                for p in self.peers:
+                    _wait_for(ctx.store, f"{key}/{p}", wait)
+                    where = ctx.store.get(f"{key}/{p}").decode()
+                    if where.startswith("error: "):
+                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {where[7:]}")
+                    self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
+                ctx.store.set(f"{key}/{self.rank}/mapped", "1")
+                for p in self.peers:
+                    _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
         finally:
             self._unlink()
         self.peer_pid = {p: self.theirs[p].pid.value for p in self.peers}
