@@ -388,17 +388,21 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         raise ValueError(case)
 
 
-def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0):
-    """A mismatched call on a fresh subgroup: returns (error type, message, seconds, usable after)."""
+def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0, members=None):
+    """A mismatched call on a fresh subgroup (of `members`, default every rank; the case's roles
+    go by group rank): returns (error type, message, seconds, usable after); None off the group."""
     import torch
     import torch.distributed as dist
     from neuron_dist import debug
-    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s))
+    members = list(range(world)) if members is None else list(members)
+    sub = dist.new_group(members, timeout=timedelta(seconds=timeout_s))
+    if rank not in members:
+        return None
     debug.set_enabled(check)
     try:
         t0 = time.monotonic()
         try:
-            _mismatched_call(case, rank, sub)
+            _mismatched_call(case, dist.get_rank(sub), sub)
             err = ("ok", "")
         except Exception as e:  # noqa: BLE001
             err = (type(e).__name__, str(e))
@@ -407,7 +411,7 @@ def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0):
         if check:  # the check skipped the call on every rank: the group must still work
             t = torch.ones(4)
             dist.all_reduce(t, group=sub)
-            usable = bool((t == world).all())
+            usable = bool((t == len(members)).all())
         isdist = err[0] != "ok" and issubclass(getattr(dist, err[0], RuntimeError) if hasattr(dist, err[0])
                                                 else RuntimeError, RuntimeError)
     finally:

@@ -47,6 +47,17 @@ def test_fingerprint_check_three_ranks(pools):
     assert all("Detected mismatch" in x["msg"] and x["usable"] for x in res), res
 
 
+def test_fingerprint_check_names_global_ranks_in_a_subgroup(pools):
+    """In a subgroup of global ranks [1, 2] the check's message gave group ranks 0 and 1 with
+    nothing to say so; it now gives each with its global rank."""
+    res = pools(3).run("cases_faults:misuse_mismatch", case="op", check=True, members=[1, 2], timeout_s=TIMEOUT)
+    assert res[0] is None, res
+    for g, x in ((1, res[1]), (2, res[2])):
+        assert "Detected mismatch" in x["msg"] and x["usable"], x
+        assert f"[rank {g - 1} (global rank {g})]" in x["msg"], x["msg"]
+        assert "rank 0 (global rank 1) called" in x["msg"] and "rank 1 (global rank 2) called" in x["msg"], x["msg"]
+
+
 def test_invalid_arguments_rejected_before_any_byte_moves(pools):
     res = pools(2).run("cases_faults:misuse_invalid")
     assert all(len(x) == 15 for x in res), res
