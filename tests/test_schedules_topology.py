@@ -223,3 +223,14 @@ def test_an_unreadable_instance_file_is_a_clear_error(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a table of fields"):
         load_instance(bad, register=False)
+
+
+def test_forced_algorithm_errors_list_what_the_backend_runs():
+    """NEURON_DIST_ALGO=broadcast:bogus listed the cost model's names ('tree, ring, direct'),
+    and 'ring', taken from that list, was then refused: the list is now the backend's own."""
+    import pytest
+    from neuron_dist.collectives import select
+    for spec in ("broadcast:bogus", "broadcast:ring"):
+        with pytest.raises(ValueError, match=r"for broadcast; valid: tree, direct$"):
+            select.parse_forced(spec)
+    assert select.parse_forced("all_reduce:RING") == {"allreduce": "ring"}

@@ -40,12 +40,7 @@ def parse_forced(spec: str) -> dict[str, str]:
     """NEURON_DIST_ALGO syntax ("allreduce:ring;allgather:direct"), checked against the
     algorithms that have builders here: an unknown or unbuilt name is a ValueError."""
     from ..topology import parse_forced as topo_parse
-    out = topo_parse(spec)
-    for coll, algo in out.items():
-        if algo not in algorithms_for(coll):
-            raise ValueError(f"NEURON_DIST_ALGO={spec!r}: the backend has no {algo!r} schedule for {coll}; "
-                             f"available: {', '.join(algorithms_for(coll))}")
-    return out
+    return topo_parse(spec, runnable=algorithms_for)  # errors list what this backend runs
 
 
 TUNINGS = ("host", "model")

@@ -9,10 +9,11 @@ from .placement import GroupTopology
 ENV_ALGO = "NEURON_DIST_ALGO"
 
 
-def parse_forced(spec: str | None) -> dict[str, str]:
+def parse_forced(spec: str | None, runnable=None) -> dict[str, str]:
     """"allreduce:ring;allgather:torus" -> {"allreduce": "ring", "allgather": "torus"}.
     Entries are separated by ';' or ','; collective names may be spelt all_reduce etc.;
-    an unknown collective or algorithm is a ValueError naming the valid ones."""
+    an unknown collective or algorithm is a ValueError naming the valid ones: those the cost
+    model knows, or `runnable(collective)`'s (a backend's own list) when given."""
     out: dict[str, str] = {}
     if not spec or not spec.strip():
         return out
@@ -26,6 +27,8 @@ def parse_forced(spec: str | None) -> dict[str, str]:
         coll, algo = (x.strip() for x in entry.split(":", 1))
         try:
             coll = normalise_collective(coll)
+            if runnable is not None and algo.strip().lower() not in runnable(coll):
+                raise ValueError(f"unknown algorithm {algo!r} for {coll}; valid: {', '.join(runnable(coll))}")
             out[coll] = check_algorithm(coll, algo)
         except ValueError as e:
             raise ValueError(f"{ENV_ALGO}={spec!r}: {e}") from None
