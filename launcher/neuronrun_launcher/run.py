@@ -3,7 +3,7 @@
 Usage
 -----
     neuronrun [options] train.py [script args]
-    neuronrun --nproc-per-node auto train.py                   # one rank per logical core
+    neuronrun --nproc-per-node auto train.py                   # one rank per modelled logical NeuronCore
     neuronrun --instance trn1.32xlarge --nproc-per-node 32 train.py
     neuronrun --lnc 1 --cores-per-rank 2 --nproc-per-node auto -m my.module
     neuronrun --dry-run --nproc-per-node 4 train.py            # print the plan, start nothing
