@@ -5,9 +5,12 @@
     python -m neuron_dist.bench --ops allreduce -d bfloat16 --json out.json
     python -m neuron_dist.bench --instance trn2.48xlarge     # modelled busbw for that instance
 
-Spawns `-g` CPU ranks on this host (or joins a launcher's RANK/WORLD_SIZE job). Columns follow
-nccl-tests: size (bytes of the largest buffer: all-gather's output, reduce-scatter's input),
-count (elements), type, time (median over iterations of the slowest rank's time; each iteration
+Spawns `-g` CPU ranks on this host (or joins a launcher's RANK/WORLD_SIZE job). Sizes run from
+`-b` to `-e`, times `-f` each row (one row when -b equals -e). Columns follow nccl-tests: size
+(bytes of the largest buffer: all-gather's output, reduce-scatter's input), count (elements of
+one rank's call, nccl-tests' paramcount: all-gather's input, reduce-scatter's output,
+all-to-all's block for each peer; the whole buffer for the others; the JSON's `count` is the
+same), type, time (median over iterations of the slowest rank's time; each iteration
 preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
 collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
 broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call.
@@ -15,7 +18,8 @@ With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved siz
 see the same machine, and `ratio` is neuron's busbw over Gloo's. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for the algorithm `choose` picks on the modelled
 instance (`--instance`, ranks placed one per core): the device the backend is tuned for, not
-this host. GB = 1e9 bytes. The exit status is 1 if any element was wrong.
+this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The exit status is 1
+if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
 `--loop` times as nccl-tests does: one barrier, then `-n` back-to-back calls, time = the slowest
 rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
@@ -52,6 +56,26 @@ def parse_size(s: str) -> int:
     return int(float(s[:-1] if mult > 1 else s) * mult)
 
 
+def sweep(lo: int, hi: int, factor: int) -> list[int]:
+    """The sizes -b lo -e hi -f factor times: lo, lo x factor, ... up to hi. With lo == hi there
+    is one size whatever the factor (as in nccl-tests); check() rejects the arguments (lo < 1,
+    factor < 2 otherwise) for which the multiplication would never pass hi."""
+    sizes = [lo]
+    while lo < hi and sizes[-1] * factor <= hi:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def expand_ops(ops: list[str]) -> list[str]:
+    """`all` wherever it appears stands for every collective; each op once, in the order given."""
+    out = []
+    for o in ops:
+        for x in (OPS if o == "all" else (o,)):
+            if x not in out:
+                out.append(x)
+    return out
+
+
 def human(n: int) -> str:
     for unit, s in (("G", 30), ("M", 20), ("K", 10)):
         if n >= 1 << s and n % (1 << s) == 0:
@@ -68,10 +92,9 @@ class Case:
         self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in ("allgather", "reduce_scatter", "alltoall")
-        self.c = max(1, nbytes // (es * n)) if per else max(1, nbytes // es)   # per-rank block / count
-        self.count = self.c * n if per else self.c
-        self.size = self.count * es
-        C, c = self.count, self.c
+        c = max(1, nbytes // (es * n)) if per else max(1, nbytes // es)   # per-rank block / count
+        C = c * n if per else c                                           # the largest buffer
+        self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda start, cnt, r: ((torch.arange(start, start + cnt) % 5) + r + 1).to(dtype)
         if op == "allreduce":
             self.x = pat(0, C, rank)
@@ -127,16 +150,18 @@ class Case:
 
 
 def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
-    """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled."""
+    """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
+    predicted to take no time (one rank moves nothing: no bandwidth to divide by)."""
     if op == "sendrecv":
         return None
     try:
         from .topology import choose, estimate, place
         topo = place(instance, 1, n)
         algo = choose(op, nbytes, topo)
-        return algo, nbytes / estimate(op, algo, nbytes, topo) / 1e9 * BUS[op](n)
+        t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
         return None
+    return (algo, nbytes / t / 1e9 * BUS[op](n)) if t > 0 else None
 
 
 def _num(v: float | None, width: int, digits: int) -> str:
@@ -202,12 +227,8 @@ def worker(a) -> int:
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
-    rows, sizes = [], []
-    s = a.min_bytes
-    while s <= a.max_bytes:
-        sizes.append(s)
-        s *= a.factor
-    ops = list(OPS) if a.ops == ["all"] else a.ops
+    rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
+    ops = expand_ops(a.ops)
     total, done, t_start, t_said = len(ops) * len(sizes), 0, time.time(), time.time()
     for op in ops:
         head = f"#{'size':>11} {'count':>11} {'type':>8} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
@@ -256,8 +277,10 @@ def worker(a) -> int:
                 el, t_said = time.time() - t_start, time.time()
                 print(f"[bench] {done}/{total} rows, {el:.0f}s elapsed, ~{el / done * (total - done):.0f}s left",
                       file=sys.stderr, flush=True)
-    nwrong = sum(r["neuron"]["wrong"] + r.get("gloo", {}).get("wrong", 0) for r in rows)
+    nwrong, gwrong = count_wrong(rows)
     say(f"# Out of bounds values : {nwrong} {'OK' if nwrong == 0 else 'FAILED'}")
+    if gwrong:  # the table's #wrong is neuron's, so the reference's gets a line of its own
+        say(f"# Gloo reference values wrong : {gwrong} FAILED (the --vs gloo rows; not counted above)")
     timed = [r["neuron"]["busbw"] for r in rows if r["neuron"]["busbw"] is not None]
     if timed:
         say(f"# Avg bus bandwidth    : {statistics.mean(timed):.4f}")
@@ -270,7 +293,14 @@ def worker(a) -> int:
             json.dump({"config": meta_info, "rows": rows}, f, indent=1)
     dist.barrier(group=meta)
     dist.destroy_process_group()
-    return 1 if nwrong else 0
+    return 1 if nwrong or gwrong else 0
+
+
+def count_wrong(rows: list[dict]) -> tuple[int, int]:
+    """Wrong elements of the backend under test (the table's #wrong column, summed) and of the
+    Gloo reference (`--vs gloo`), apart: the summary line counts what the table shows."""
+    return (sum(r["neuron"]["wrong"] for r in rows),
+            sum(r.get("gloo", {}).get("wrong", 0) for r in rows))
 
 
 def _spawned(rank: int, a, port: int, q) -> None:
@@ -325,15 +355,45 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+def check(p: argparse.ArgumentParser, a) -> None:
+    """Reject, before any rank starts, what the sweep would spin on (a size that never passes -e),
+    fail on late (a --json directory that does not exist, written after the whole sweep) or turn
+    into a silent '-' column (an --instance the cost model does not know, or too small for the
+    ranks). p.error exits 2 with the usage, as argparse's own errors do."""
     bad = [o for o in a.ops if o not in OPS + ("all",)]
     if bad:
-        parser().error(f"unknown ops {bad}; known: {', '.join(OPS)}, all")
-    if a.factor < 2:
-        parser().error("--factor must be at least 2")
+        p.error(f"unknown ops {bad}; known: {', '.join(OPS)}, all")
+    if a.min_bytes < 1:
+        p.error("-b/--min-bytes must be at least 1 byte")
+    if a.max_bytes < a.min_bytes:
+        p.error("-e/--max-bytes must be at least -b/--min-bytes")
+    if a.factor < 2 and a.max_bytes != a.min_bytes:
+        p.error("-f/--factor must be at least 2 (unless -b equals -e: one size)")
+    for flag, value, least in (("-g/--world", a.world, 1), ("-n/--iters", a.iters, 1),
+                               ("-w/--warmup", a.warmup, 0), ("--threads", a.threads, 1)):
+        if value < least:
+            p.error(f"{flag} must be at least {least}, not {value}")
     if a.loop and a.added:
-        parser().error("--loop and --added are two ways of timing: choose one")
+        p.error("--loop and --added are two ways of timing: choose one")
+    if a.json:
+        d = os.path.dirname(os.path.abspath(a.json))
+        if not os.path.isdir(d):
+            p.error(f"--json {a.json}: directory {d} does not exist")
+        if os.path.isdir(a.json):
+            p.error(f"--json {a.json} is a directory")
+    if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
+        from .topology import place
+        launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+        try:
+            place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world)
+        except ValueError as e:
+            p.error(f"--instance: {e} ('' omits the model column)")
+
+
+def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    check(p, a)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return worker(a)
     return launch(a)

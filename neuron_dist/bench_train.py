@@ -23,12 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import socket
 import statistics
 import sys
 import time
 
-
+BACKENDS = ("neuron", "gloo", "none")
 
 
 def _model(a):
@@ -105,19 +106,39 @@ def run(a, backend: str, wrap: str) -> tuple[float, bool]:
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
     for p in ps:
         p.start()
-    results = [q.get(timeout=900) for _ in ps]
-    for p in ps:
-        p.join()
+    # a rank that dies (a failed init, an exception in a step) never puts its result and leaves
+    # the others waiting for it: poll, so its exit code is noticed within a second, not at 900 s
+    results, deadline = [], time.monotonic() + 900
+    try:
+        while len(results) < len(ps):
+            try:
+                results.append(q.get(timeout=1))
+            except queue.Empty:
+                dead = [(r, p.exitcode) for r, p in enumerate(ps) if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"{wrap} {backend}: rank {dead[0][0]} exited with code "
+                                       f"{dead[0][1]} (its error is above)") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{wrap} {backend}: no result from {len(ps) - len(results)} "
+                                       f"rank(s) in 900 s") from None
+    finally:
+        for p in ps:
+            if len(results) < len(ps) and p.is_alive():  # failed: the others would wait forever
+                p.terminate()
+            p.join()
     return max(t for t, _ in results), len({d for _, d in results}) == 1
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The arguments, checked before the reference step runs or any rank is spawned: an unknown
+    backend used to kill every rank at init and leave the parent waiting, --steps 0 to fail
+    only after the whole run, in statistics.median."""
     p = argparse.ArgumentParser(prog="python -m neuron_dist.bench_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--wrap", choices=("ddp", "fsdp2", "both"), default="both")
     p.add_argument("--backends", default="neuron,gloo",
-                   help="comma-separated; 'none' adds the no-communication floor (see above)")
+                   help="comma-separated among neuron, gloo, none; 'none' is the no-communication floor (see above)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--width", type=int, default=2500)
     p.add_argument("--batch", type=int, default=32)
@@ -128,6 +149,18 @@ def main(argv=None) -> int:
                    help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
+    bad = [b for b in a.backends.split(",") if b not in BACKENDS]
+    if bad:
+        p.error(f"unknown backends {bad}; known: {', '.join(BACKENDS)}")
+    for flag, least in (("world", 1), ("layers", 1), ("width", 1), ("batch", 1), ("steps", 1),
+                        ("warmup", 0), ("threads", 1)):
+        if getattr(a, flag) < least:
+            p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
     import torch
     torch.set_num_threads(a.threads)
     nparams = sum(x.numel() for x in _model(a).parameters())
@@ -144,7 +177,11 @@ def main(argv=None) -> int:
     print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'compute':>8} {'ratio':>6} {'agree':>6}")
     rows = []
     for wrap, backend in configs:
-        t, agree = run(a, backend, wrap)
+        try:
+            t, agree = run(a, backend, wrap)
+        except RuntimeError as e:
+            print(f"bench_train: {e}", file=sys.stderr)
+            return 1
         refs.append(reference())
         compute = (refs[-2] + refs[-1]) / 2
         rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, compute_ms=compute * 1e3,

@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 
+from ..bench import parse_size  # one size syntax (4K, 4KiB, 64MB) for bench and this tool
 from .cost import bus_factor, estimate, normalise_collective
 from .draw import svg
 from .graph import hamiltonian_cycles
@@ -23,14 +24,16 @@ from .instances import get_instance, list_instances
 from .placement import place
 from .select import ENV_ALGO, choose, parse_forced
 
-_SUFFIX = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().rstrip("B")
-    if s and s[-1] in _SUFFIX:
-        return int(float(s[:-1]) * _SUFFIX[s[-1]])
-    return int(s)
+def parse_sizes(s: str) -> list[int]:
+    """--sizes: a comma-separated list of positive sizes, parsed before any table row prints."""
+    try:
+        sizes = [parse_size(x) for x in s.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected sizes like 8K,4KiB,1M (each at least 1 byte), got {s!r}")
+    return sizes
 
 
 def _fmt_bw(v: float) -> str:
@@ -40,6 +43,10 @@ def _fmt_bw(v: float) -> str:
 def cmd_show(args) -> int:
     inst = get_instance(args.instance)
     lnc = inst.check_lnc(args.lnc)
+    path = args.svg or f"{inst.name}-rings.svg"
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):  # before the description prints, not after it as a traceback
+        raise ValueError(f"--svg {path}: directory {d} does not exist")
     p = print
     p(f"{inst.name}: {inst.chips} chips x {inst.physical_cores_per_chip} physical cores; "
       f"LNC={lnc}: {inst.cores_per_chip(lnc)} logical cores per chip, {inst.cores(lnc)} per node "
@@ -66,7 +73,6 @@ def cmd_show(args) -> int:
     rings = hamiltonian_cycles(inst)
     for i, r in enumerate(rings):
         p(f"  ring {i}: {' '.join(map(str, r))}")
-    path = args.svg or f"{inst.name}-rings.svg"
     with open(path, "w") as f:
         f.write(svg(inst, rings, lnc, f"{inst.name} (LNC={lnc}): chips, links, "
                                       f"{len(rings)} link-disjoint ring(s)"))
@@ -78,21 +84,24 @@ def cmd_predict(args) -> int:
     coll = normalise_collective(args.collective)
     inst = get_instance(args.instance)
     lnc = inst.check_lnc(args.lnc)
-    ppn = args.ppn or inst.cores(lnc)
+    if args.ppn is not None and args.ppn < 1:  # 0 is not "every core": that is --ppn left out
+        raise ValueError(f"--ppn must be at least 1, not {args.ppn} (leave it out for every logical core)")
+    ppn = inst.cores(lnc) if args.ppn is None else args.ppn
     topo = place(inst, args.nodes, ppn, lnc)
     forced = parse_forced(os.environ.get(ENV_ALGO))
     if args.algo:
         forced[coll] = args.algo
     n = topo.size
+    rows = []  # every row computed before the header prints, so an error comes alone
+    for nbytes in args.sizes:
+        algo = choose(coll, nbytes, topo, forced)
+        rows.append((nbytes, algo, estimate(coll, algo, nbytes, topo)))
     print(f"# {coll} on {args.nodes} x {inst.name} ({ppn} ranks per node, LNC={lnc}, {n} ranks); "
           f"modelled device time")
     print(f"# {'size(B)':>12} {'count':>12} {'type':>6} {'time(us)':>10} {'algbw(GB/s)':>12} "
           f"{'busbw(GB/s)':>12}  algorithm")
     busbws = []
-    for s in args.sizes.split(","):
-        nbytes = parse_size(s)
-        algo = choose(coll, nbytes, topo, forced)
-        t = estimate(coll, algo, nbytes, topo)
+    for nbytes, algo, t in rows:
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
         busbw = algbw * bus_factor(coll, n)
         busbws.append(busbw)
@@ -116,7 +125,7 @@ def main(argv=None) -> int:
     pr.add_argument("--nodes", type=int, default=1)
     pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
     pr.add_argument("--lnc", type=int)
-    pr.add_argument("--sizes", default="8K,64K,1M,16M,64M,512M")
+    pr.add_argument("--sizes", type=parse_sizes, default="8K,64K,1M,16M,64M,512M")
     pr.add_argument("--algo")
     sub.add_parser("list")
     args = ap.parse_args(argv)
@@ -128,7 +137,7 @@ def main(argv=None) -> int:
         for name in list_instances():
             print(name)
         return 0
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # OSError: the --svg file could not be written
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,180 @@
+"""The command-line tools' inputs: bench, bench_train and `python -m neuron_dist.topology` reject
+what they would hang, crash or silently misreport on, before any rank starts or any row prints.
+Most tests call the argument checks directly; two run a child process with one rank, no more."""
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from neuron_dist import bench, bench_train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check(argv):
+    p = bench.parser()
+    bench.check(p, p.parse_args(argv))
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["-b", "0", "-e", "4K", "-n", "1", "-w", "0"], "-b/--min-bytes must be at least 1"),  # spun forever
+    (["-b=-4K"], "-b/--min-bytes must be at least 1"),
+    (["-b", "8K", "-e", "4K"], "-e/--max-bytes must be at least"),
+    (["-f", "1"], "-f/--factor must be at least 2"),
+    (["-g", "0"], "-g/--world must be at least 1"),
+    (["-n", "0"], "-n/--iters must be at least 1"),
+    (["-w", "-1"], "-w/--warmup must be at least 0"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--json", "/nonexistent-dir/out.json"], "does not exist"),  # was found after the sweep
+    (["--instance", "trn9.bogus"], "unknown instance 'trn9.bogus'"),  # was a silent '-' column
+    (["--instance", "trn1.2xlarge", "-g", "4"], "need 4 cores"),
+    (["--ops", "allreduce,bogus"], "unknown ops ['bogus']"),
+])
+def test_bench_rejects_bad_sweeps(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        _check(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_bench_sweep_sizes():
+    """-b == -e is one size whatever -f (nccl-tests); otherwise lo, lo x f, ... up to -e."""
+    _check(["-b", "4K", "-e", "4K", "-f", "1"])
+    _check(["--instance", "", "-g", "1", "--ops", "allreduce,all"])
+    assert bench.sweep(4096, 4096, 1) == [4096]
+    assert bench.sweep(1024, 65536, 64) == [1024, 65536]
+    assert bench.sweep(4096, 100_000, 4) == [4096, 16384, 65536]
+
+
+def test_bench_ops_all_anywhere():
+    """`all` expands wherever it appears (it used to only as the sole entry: KeyError 'all'),
+    each op once, in the order given."""
+    assert bench.expand_ops(["allreduce", "all"]) == list(bench.OPS)
+    assert bench.expand_ops(["sendrecv", "all", "sendrecv"]) == ["sendrecv"] + [o for o in bench.OPS
+                                                                               if o != "sendrecv"]
+    assert bench.expand_ops(["broadcast", "allreduce"]) == ["broadcast", "allreduce"]
+
+
+def test_bench_model_of_one_rank_is_no_prediction():
+    """One rank moves nothing: the model's 0 s gave ZeroDivisionError; it is no prediction ('-')."""
+    assert bench.model_busbw("allreduce", 4096, 1, "trn2.48xlarge") is None
+    algo, bw = bench.model_busbw("allreduce", 4096, 2, "trn2.48xlarge")
+    assert bw > 0
+
+
+@pytest.mark.parametrize("op,count", [("allreduce", 1024), ("broadcast", 1024), ("sendrecv", 1024),
+                                      ("allgather", 512), ("reduce_scatter", 512), ("alltoall", 512)])
+def test_bench_count_is_per_rank_like_nccl_tests(op, count):
+    """nccl-tests' count column is its paramcount: one rank's elements (all-gather's input,
+    reduce-scatter's output, all-to-all's block per peer); size stays the largest buffer."""
+    import torch
+    c = bench.Case(op, 4096, torch.float32, 0, 2, None)
+    assert (c.size, c.count) == (4096, count)
+
+
+def test_bench_wrong_counts_split():
+    """'Out of bounds values' counts the table's rows (the backend under test), not Gloo's too."""
+    rows = [{"neuron": {"wrong": 0}, "gloo": {"wrong": 5}}, {"neuron": {"wrong": 2}, "gloo": {"wrong": 1}}]
+    assert bench.count_wrong(rows) == (2, 6)
+    assert bench.count_wrong([{"neuron": {"wrong": 3}}]) == (3, 0)
+
+
+def test_bench_one_rank_and_wrong_gloo_reference(tmp_path):
+    """One rank, joined as a launcher would start it (no spawn): the model column is '-' (it
+    crashed with ZeroDivisionError), and Gloo rows made to report wrong values are kept out of
+    'Out of bounds values' (which matches the table's #wrong), on a line of their own, exit 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    code = textwrap.dedent("""
+        import sys
+        from neuron_dist import bench
+        right = bench.Case.wrong
+        bench.Case.wrong = lambda self: 3 if self.g is not None else right(self)  # Gloo's rows only
+        sys.exit(bench.main(["--ops", "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                             "--vs", "gloo", "--no-progress"]))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout + p.stderr
+    row = [l for l in p.stdout.splitlines() if l.strip().startswith("4096")]
+    assert len(row) == 1 and row[0].split()[-2:] == ["-", "-"], p.stdout  # model, algo
+    assert "# Out of bounds values : 0 OK" in p.stdout
+    assert "# Gloo reference values wrong : 3 FAILED" in p.stdout
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--backends", "neuron,foo"], "unknown backends ['foo']"),  # hung 15 minutes
+    (["--steps", "0"], "--steps must be at least 1"),  # StatisticsError after the whole run
+    (["--steps", "-2"], "--steps must be at least 1"),
+    (["--warmup", "-1"], "--warmup must be at least 0"),
+])
+def test_bench_train_rejects_bad_arguments(argv, msg, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse_args(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert bench_train.parse_args(["--backends", "neuron,gloo,none"]).backends == "neuron,gloo,none"
+
+
+def test_bench_train_notices_a_dead_rank():
+    """A rank that dies before it reports (here: at init, an unknown backend past the check)
+    is noticed by its exit code, not after the parent's 900 s wait. In a child process with a
+    timeout, so a regression fails in two minutes rather than fifteen."""
+    code = textwrap.dedent("""
+        import argparse, time
+        from neuron_dist import bench_train
+        a = argparse.Namespace(world=1, layers=1, width=16, batch=4, steps=1, warmup=0, threads=1,
+                               cpu_bind="none")
+        t = time.monotonic()
+        try:
+            bench_train.run(a, "foo", "ddp")
+        except RuntimeError as e:
+            print("ERROR", e, "AFTER", round(time.monotonic() - t, 1))
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ERROR ddp foo: rank 0 exited with code 1" in p.stdout, p.stdout + p.stderr
+
+
+def _topology(argv, capsys):
+    from neuron_dist.topology.__main__ import main
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_topology_show_svg_in_missing_directory(tmp_path, capsys):
+    """A clean error (exit 2, like the others) before the description, not a FileNotFoundError."""
+    rc, out, err = _topology(["show", "trn2.48xlarge", "--svg", str(tmp_path / "no" / "x.svg")], capsys)
+    assert rc == 2 and out == "" and "does not exist" in err
+
+
+def test_topology_predict_sizes_and_ppn(capsys):
+    """--sizes takes bench's syntax (4KiB failed here), is parsed before the table; --ppn 0 is
+    an error like -1, not every core."""
+    rc, out, _ = _topology(["predict", "all_reduce", "--sizes", "4KiB,1MiB"], capsys)
+    assert rc == 0 and [l.split()[0] for l in out.splitlines() if not l.startswith("#")] == ["4096", "1048576"]
+    for ppn in ("0", "-1"):
+        rc, out, err = _topology(["predict", "all_reduce", "--ppn", ppn], capsys)
+        assert rc == 2 and out == "" and "--ppn must be at least 1" in err
+    with pytest.raises(SystemExit) as e:
+        _topology(["predict", "all_reduce", "--sizes", "8K,4X"], capsys)
+    assert e.value.code == 2 and "4X" in capsys.readouterr().err
+
+
+def test_results_commands_match_run_all():
+    """RESULTS.md's Commands section lists every neuron_dist run of run_all.sh as it runs it
+    (less --json and the redirections), and the same duration."""
+    script = (ROOT / "benchmarks" / "run_all.sh").read_text()
+    doc = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    commands = doc.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    runs = [re.sub(r" --json .*", "", l) for l in script.splitlines() if "python -m neuron_dist." in l]
+    assert len(runs) == 7
+    for r in runs:
+        assert r in commands.splitlines(), r
+    minutes = re.search(r"about (\d+) minutes", script).group(1)
+    assert f"about {minutes} minutes" in commands
