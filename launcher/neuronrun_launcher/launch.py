@@ -195,6 +195,7 @@ def launch(cfg: RunConfig) -> int:
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.elastic.multiprocessing import tail_log
     from torch.distributed.launcher.api import elastic_launch
 
@@ -219,6 +220,11 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         report.append("neuronrun: job failed; every rank on this node is stopped")
         print("\n".join(report), file=sys.stderr, flush=True)
         return exit_code_of(first)
+    except RendezvousError as err:  # the node holding the rendezvous store went away, or it timed out
+        print(f"neuronrun: the rendezvous failed ({type(err).__name__}: {err}); the node that holds its "
+              f"store (--rdzv-endpoint) may be gone; every rank on this node is stopped", file=sys.stderr,
+              flush=True)
+        return 1
     except SignalException as sig:
         print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank", file=sys.stderr,
               flush=True)

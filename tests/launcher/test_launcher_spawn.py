@@ -165,3 +165,25 @@ def test_module_and_no_python_argv(recorder):
     recorder.calls.clear()
     _launch_nodes(lambda n: ["--nproc-per-node", "1", "--no-python", "/bin/echo", "hi"], 1)
     assert recorder.ranks()[0][0] == ["/bin/echo", "hi"]
+
+
+def test_a_lost_rendezvous_is_a_report_not_a_traceback(monkeypatch, scrubbed_environ, capsys):
+    """When the node that holds the c10d rendezvous store dies, torch's agent on the other node
+    raises RendezvousConnectionError; neuronrun printed torch's traceback. It now says what
+    failed and exits 1."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+    import torch.distributed.launcher.api as launcher_api
+
+    def lost(config, entrypoint):
+        def run(*args):
+            raise RendezvousConnectionError("The connection to the C10d store has failed.")
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", lost)
+    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    code = launch.launch(config_from_argv(["--nproc-per-node", "2", "train.py"], dict(os.environ)))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "neuronrun: the rendezvous failed (RendezvousConnectionError: The connection to the C10d store" in err, err
