@@ -94,7 +94,8 @@ def local_slot(
             f"{nproc_per_node} ranks x {m} core(s) per rank = {nproc_per_node * m} cores, "
             f"but only {pool} logical NeuronCores are available on this node "
             f"({chips} chips x {cores_per_chip} cores{'' if pool == total else f', restricted to {pool}'}); "
-            f"use --nproc-per-node {pool // m} (or auto), fewer cores per rank, or more nodes"
+            + (f"use --nproc-per-node {pool // m} (or auto), fewer cores per rank, or more nodes" if pool >= m
+               else f"--cores-per-rank {m} is more than the node has: use at most {pool}")
         )
     first = base_core + local_rank * m
     chip_ids = tuple(range(first // cores_per_chip, (first + m - 1) // cores_per_chip + 1))

@@ -55,6 +55,9 @@ def test_too_many_ranks_is_a_clear_error():
         assign_slots(1, 33, cores_per_chip=2, chips=16)
     with pytest.raises(PlacementError, match="use --nproc-per-node 16"):
         assign_slots(1, 17, cores_per_chip=2, chips=16, cores_per_rank=2)
+    # more cores per rank than the node has: no '--nproc-per-node 0' advice (it was given)
+    with pytest.raises(PlacementError, match=r"--cores-per-rank 8 is more than the node has: use at most 2$"):
+        assign_slots(1, 3, cores_per_chip=2, chips=1, cores_per_rank=8)
 
 
 def test_pool_from_visible_cores():
