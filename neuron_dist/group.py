@@ -202,17 +202,17 @@ class Group(HangDiagnosis):
         me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
-        if placement_error is not None:
-            if rank == 0:  # this process may host the store: stay until every peer has read the error
-                try:
-                    store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
-                except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
-                    pass
-            raise placement_error
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
         if bad:
+            if rank == 0:  # this process may host the store: stay until every peer has read the records
+                try:
+                    store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
+                except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
+                    pass
+            if placement_error is not None:
+                raise placement_error
             raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
                 f"{self._who(r)} could not place itself: {why}" for r, why in bad))
         self.hosts = [p["host"] for p in self.peers_info]
