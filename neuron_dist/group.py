@@ -103,9 +103,12 @@ def _bind_addr(store=None) -> str:
     interface that routes to the rendezvous host (NEURON_DIST_BIND_ADDR overrides). A job whose
     rendezvous is on loopback stays on loopback; nothing ever binds to every interface. IPv4 or
     IPv6, as the rendezvous host resolves."""
+    def unbracket(a: str) -> str:  # "[::1]", as IPv6 addresses are written in URLs
+        return a[1:-1] if a.startswith("[") and a.endswith("]") else a
+
     forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
     if forced:
-        addr = forced[1:-1] if forced.startswith("[") and forced.endswith("]") else forced
+        addr = unbracket(forced)
         if addr in ("0.0.0.0", "::", "*"):
             raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
                              f"cannot reach an address of that form; give this host's address on the job's network")
@@ -113,7 +116,7 @@ def _bind_addr(store=None) -> str:
     master = os.environ.get("MASTER_ADDR") or _store_host(store)
     if not master:  # file:// rendezvous: this host's own address
         master = socket.gethostname()
-    master = master[1:-1] if master.startswith("[") and master.endswith("]") else master
+    master = unbracket(master)
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(master, None, proto=socket.IPPROTO_TCP)[0]
     except OSError as e:
