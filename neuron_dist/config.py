@@ -82,7 +82,7 @@ def env_target(name: str) -> str | None:
 
 
 def emit(text: str, where: str) -> None:
-    """Write a diagnostic text where an env variable says: "1"/"stderr", or append to a file."""
+    """Write a diagnostic text where `env_target` says: "stderr", or append to the file named."""
     try:
         if where == "stderr":
             sys.stderr.write(text)
@@ -99,8 +99,7 @@ def setup_logging() -> None:
     raw = os.environ.get("NEURON_DIST_DEBUG", "").strip()
     if raw.lower() in _OFF:
         return
-    names = SUBSYSTEMS if raw.upper() in ("1", "ALL", "TRUE", "ON", "YES") else \
-        [s.strip().upper() for s in raw.split(",") if s.strip()]
+    names = SUBSYSTEMS if raw.lower() in _ON + ("all",) else [s.strip().upper() for s in raw.split(",") if s.strip()]
     unknown = [n for n in names if n not in _LOGGERS]
     if unknown:
         raise ValueError(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}; known: {', '.join(SUBSYSTEMS)}")
