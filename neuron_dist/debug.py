@@ -30,12 +30,6 @@ _state = threading.local()
 _ENABLED: bool | None = None
 
 
-def _who(g, r: int) -> str:
-    """Group rank `r`, with its global rank when they differ (a subgroup's ranks are not the job's)."""
-    glob = g.global_ranks[r] if r < len(g.global_ranks) else r
-    return str(r) if glob == r else f"{r} (global rank {glob})"
-
-
 def enabled() -> bool:
     global _ENABLED
     if _ENABLED is None:
@@ -101,9 +95,9 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None)
     groups: dict[bytes, list[int]] = {}
     for r, k in enumerate(keys):
         groups.setdefault(k, []).append(r)
-    detail = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(_who(g, r) for r in rs)} called "
-                       f"{describe(fps[rs[0]])}" for rs in groups.values())
-    raise GroupError(f"[rank {_who(g, g.rank)}] Detected mismatch between collectives on ranks (group {g.name!r}, "
+    # each rank as the group names it everywhere: "rank 0 (global rank 1)" in a subgroup
+    detail = "; ".join(f"{', '.join(g._who(r) for r in rs)} called {describe(fps[rs[0]])}" for rs in groups.values())
+    raise GroupError(f"[{g._who(g.rank)}] Detected mismatch between collectives on ranks (group {g.name!r}, "
                      f"seq {g._seq - 1}): {detail}. Every rank of a group must call the same collective "
                      f"with the same sizes, dtype, reduce op and root, in the same order; the collective "
                      f"was not run on any rank.")
