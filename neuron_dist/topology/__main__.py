@@ -101,11 +101,14 @@ def cmd_predict(args) -> int:
     print(f"# {'size(B)':>12} {'count':>12} {'type':>6} {'time(us)':>10} {'algbw(GB/s)':>12} "
           f"{'busbw(GB/s)':>12}  algorithm")
     busbws = []
+    # nccl-tests' count (bench's column too): one rank's block where the buffer holds one per rank
+    per_rank = coll in ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
     for nbytes, algo, t in rows:
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
         busbw = algbw * bus_factor(coll, n)
         busbws.append(busbw)
-        print(f"  {nbytes:>12} {nbytes // 4:>12} {'float':>6} {t * 1e6:>10.2f} {algbw:>12.2f} "
+        count = max(1, nbytes // (4 * n)) if per_rank else nbytes // 4
+        print(f"  {nbytes:>12} {count:>12} {'float':>6} {t * 1e6:>10.2f} {algbw:>12.2f} "
               f"{busbw:>12.2f}  {algo}")
     print(f"# Avg bus bandwidth (modelled): {sum(busbws) / len(busbws):.2f} GB/s")
     return 0

@@ -192,6 +192,11 @@ def test_cli_show_and_predict(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if not l.startswith("#")]
     assert len(lines) == 4 and "busbw" in out
+    assert [int(l.split()[1]) for l in lines] == [2048, 262144, 16 << 20, 128 << 20]  # float32 elements
+    # all-gather's count is one rank's block (nccl-tests, and bench's column): 2 x 64 ranks
+    assert main(["predict", "allgather", "--nodes", "2", "--sizes", "1M"]) == 0
+    row = [l for l in capsys.readouterr().out.splitlines() if not l.startswith("#")][0]
+    assert int(row.split()[1]) == (1 << 20) // (4 * 128)
     monkeypatch.setenv("NEURON_DIST_ALGO", "allreduce:bogus")
     assert main(["predict", "allreduce"]) == 2
     assert "valid: ring" in capsys.readouterr().err
