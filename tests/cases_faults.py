@@ -374,6 +374,12 @@ def _mismatched_call(case: str, rank: int, group) -> None:
     elif case == "scatter_root":  # both ranks believe they are the root
         world = dist.get_world_size(group)
         dist.scatter(torch.empty(4), [torch.full((4,), float(r)) for r in range(world)], src=rank, group=group)
+    elif case == "reduce_root":  # both ranks believe they are the reduce's destination
+        dist.reduce(torch.ones(64), dst=rank, group=group)
+    elif case == "crossed_reduce_root":  # each of ranks 0 and 1 takes the other for the destination
+        dist.reduce(torch.ones(64), dst=1 - rank, group=group)
+    elif case == "reduce_root_third":  # ranks 0 and 1 reduce to 0, rank 2 to 1
+        dist.reduce(torch.ones(64), dst=0 if rank < 2 else 1, group=group)
     elif case == "alltoall_splits":
         world = dist.get_world_size(group)
         ins = [1] * world if rank == 0 else [2] * world

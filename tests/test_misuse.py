@@ -14,9 +14,10 @@ TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
 # argument checksum; two ranks that both believe they are a broadcast's root meet each other's
 # data where they expect the confirmation receivers send on entry; two ranks that each take the
-# other for the root meet each other's confirmation where they expect data).
+# other for the root meet each other's confirmation where they expect data; a reduce's parents
+# send their children an empty frame on entry, with the same effect).
 PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root", "crossed_root",
-         "scatter_root"]
+         "scatter_root", "reduce_root", "crossed_reduce_root"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 
@@ -30,6 +31,20 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
         assert "seq" in x["msg"], x["msg"]
         if case == "alltoall_self_splits":
             assert "sends itself 2 elements but expects 1 from itself" in x["msg"], x["msg"]
+
+
+def test_reduce_roots_disagreeing_at_three_ranks_fail_fast(pools):
+    """Ranks 0 and 1 reduce to rank 0, rank 2 to rank 1: every rank waited for the time-out
+    before each rank's first frame to the next carried its root. Now ranks 2 and 0 (whose
+    predecessors hold another root) fail at once; rank 1 has sent its part to the root it
+    believes in and may return before the abort reaches it, as a broadcast receiver whose root
+    did send to it does (README, Known limits)."""
+    res = pools(3).run("cases_faults:misuse_mismatch", case="reduce_root_third", check=False, timeout_s=TIMEOUT)
+    for r, x in enumerate(res):
+        assert x["elapsed"] < TIMEOUT / 2, f"rank {r}: took {x['elapsed']:.1f}s (the time-out, not detection)"
+        if r != 1:
+            assert x["kind"] != "ok" and x["runtime_error"], (r, x)
+            assert "reduce" in x["msg"] and "seq" in x["msg"], x["msg"]
 
 
 @pytest.mark.parametrize("case", CHECKED)

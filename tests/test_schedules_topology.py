@@ -211,6 +211,33 @@ def test_broadcast_forms(n, algo):
                         assert [s.peer for s in recvs] == [root], (n, root, r)
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9])
+def test_reduce_forms(n):
+    """Reduce to every root: the root gets the sum, IN is untouched. Whatever root a rank holds,
+    its first round sends an empty frame to the next rank and waits only for the previous rank's,
+    and that is its first frame to the next rank: going round the ranks, a rank whose predecessor
+    holds another root meets that root's argument checksum at once (the real frames carry it;
+    tests/test_misuse.py runs it), where ranks that both took themselves for the root used to
+    wait for the time-out."""
+    from neuron_dist.collectives.direct import reduce
+    for root in range(n):
+        for count in (0, 1, 7):
+            X = [np.arange(count, dtype=float) * (r + 1) for r in range(n)]
+            res = simulate([reduce(r, n, root, count) for r in range(n)], X, [np.full(count, -1.0) for _ in range(n)])
+            assert np.array_equal(res.outs[root], np.arange(count) * n * (n + 1) / 2), (n, root, count)
+            assert all(np.array_equal(x, np.arange(count, dtype=float) * (r + 1)) for r, x in enumerate(X))
+    for r in range(n):
+        for root in range(n):
+            rounds = reduce(r, n, root, 7).rounds
+            first_recvs = [s for s in rounds[0] if isinstance(s, Recv)]
+            sends_next = [s for rnd in rounds for s in rnd if isinstance(s, Send) and s.peer == (r + 1) % n]
+            if n == 1:
+                assert not first_recvs and not sends_next
+                continue
+            assert [(s.peer, s.dst.count) for s in first_recvs] == [((r - 1) % n, 0)], (n, r, root)
+            assert sends_next[0].src.count == 0 and sends_next[0] in rounds[0], (n, r, root)
+
+
 def test_an_unreadable_instance_file_is_a_clear_error(tmp_path):
     """NEURON_DIST_INSTANCE pointing at a file that is not JSON gave a bare JSONDecodeError
     naming neither the file nor the variable."""

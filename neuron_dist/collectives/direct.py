@@ -69,11 +69,20 @@ def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
 
 def reduce(rank: int, n: int, root: int, count: int) -> Schedule:
     """IN is each rank's contribution (never written); OUT (the root's tensor) gets the result.
-    Partial results accumulate in TMP along a binomial tree."""
+    Partial results accumulate in TMP along a binomial tree.
+
+    As it enters, every rank also sends an empty frame to the next rank in rank order and takes
+    one from the previous: its first frame to that peer, the only one it waits for in its first
+    round. Ranks that disagree on the root would otherwise wait on children that never send
+    (two ranks that each take themselves for the root) or return with their data read by no
+    one (two that each take the other). Going round the ranks, some rank's predecessor
+    holds another root, and its frame carries that root in its argument checksum, so that rank
+    fails at once, naming both, and its abort reaches the others."""
     parent, children = _binomial(rank, root, n)
     s = Schedule("tree", tmp_count=count)
-    acc = Chunk(TMP, 0, count)
-    s.add(Copy(Chunk(IN, 0, count), acc))
+    acc, empty = Chunk(TMP, 0, count), Chunk(TMP, 0, 0)
+    s.add(Copy(Chunk(IN, 0, count), acc),
+          *([Send((rank + 1) % n, empty), Recv((rank - 1) % n, empty)] if n > 1 else []))
     for c in reversed(children):  # deepest subtree last: it finishes last
         s.add(Recv(c, acc, reduce=True))
     if parent is not None:
