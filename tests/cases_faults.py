@@ -380,6 +380,13 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         dist.reduce(torch.ones(64), dst=1 - rank, group=group)
     elif case == "reduce_root_third":  # ranks 0 and 1 reduce to 0, rank 2 to 1
         dist.reduce(torch.ones(64), dst=0 if rank < 2 else 1, group=group)
+    elif case == "gather_root":  # both ranks believe they are the gather's destination
+        world = dist.get_world_size(group)
+        dist.gather(torch.ones(4), [torch.empty(4) for _ in range(world)], dst=rank, group=group)
+    elif case == "crossed_gather_root":  # each of ranks 0 and 1 takes the other for the destination
+        dist.gather(torch.ones(4), None, dst=1 - rank, group=group)
+    elif case == "crossed_scatter_root":  # each of ranks 0 and 1 takes the other for the source
+        dist.scatter(torch.empty(4), None, src=1 - rank, group=group)
     elif case == "alltoall_splits":
         world = dist.get_world_size(group)
         ins = [1] * world if rank == 0 else [2] * world

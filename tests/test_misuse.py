@@ -14,10 +14,11 @@ TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
 # argument checksum; two ranks that both believe they are a broadcast's root meet each other's
 # data where they expect the confirmation receivers send on entry; two ranks that each take the
-# other for the root meet each other's confirmation where they expect data; a reduce's parents
-# send their children an empty frame on entry, with the same effect).
+# other for the root meet each other's confirmation where they expect data; in a reduce or a
+# gather each rank's first frame to the next rank carries its root).
 PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root", "crossed_root",
-         "scatter_root", "reduce_root", "crossed_reduce_root"]
+         "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
+         "crossed_gather_root"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 

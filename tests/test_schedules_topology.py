@@ -212,30 +212,35 @@ def test_broadcast_forms(n, algo):
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9])
-def test_reduce_forms(n):
-    """Reduce to every root: the root gets the sum, IN is untouched. Whatever root a rank holds,
-    its first round sends an empty frame to the next rank and waits only for the previous rank's,
-    and that is its first frame to the next rank: going round the ranks, a rank whose predecessor
-    holds another root meets that root's argument checksum at once (the real frames carry it;
-    tests/test_misuse.py runs it), where ranks that both took themselves for the root used to
-    wait for the time-out."""
-    from neuron_dist.collectives.direct import reduce
+def test_reduce_and_gather_forms(n):
+    """Reduce and gather to every root: the root gets the sum / every block in rank order, IN is
+    untouched. Whatever root a rank holds, its first round sends an empty frame to the next rank
+    and waits only for the previous rank's, and that is its first frame to the next rank: going
+    round the ranks, a rank whose predecessor holds another root meets that root's argument
+    checksum at once (the real frames carry it; tests/test_misuse.py runs it), where ranks that
+    both took themselves for the root used to wait for the time-out."""
+    from neuron_dist.collectives.direct import gather, reduce
     for root in range(n):
         for count in (0, 1, 7):
             X = [np.arange(count, dtype=float) * (r + 1) for r in range(n)]
             res = simulate([reduce(r, n, root, count) for r in range(n)], X, [np.full(count, -1.0) for _ in range(n)])
             assert np.array_equal(res.outs[root], np.arange(count) * n * (n + 1) / 2), (n, root, count)
             assert all(np.array_equal(x, np.arange(count, dtype=float) * (r + 1)) for r, x in enumerate(X))
-    for r in range(n):
-        for root in range(n):
-            rounds = reduce(r, n, root, 7).rounds
-            first_recvs = [s for s in rounds[0] if isinstance(s, Recv)]
-            sends_next = [s for rnd in rounds for s in rnd if isinstance(s, Send) and s.peer == (r + 1) % n]
-            if n == 1:
-                assert not first_recvs and not sends_next
-                continue
-            assert [(s.peer, s.dst.count) for s in first_recvs] == [((r - 1) % n, 0)], (n, r, root)
-            assert sends_next[0].src.count == 0 and sends_next[0] in rounds[0], (n, r, root)
+            counts = [count + r % 2 for r in range(n)]  # uneven blocks
+            X = [np.full(c, float(r)) for r, c in enumerate(counts)]
+            res = simulate([gather(r, n, root, counts) for r in range(n)], X, [np.full(sum(counts), -1.0) for _ in range(n)])
+            assert np.array_equal(res.outs[root], np.concatenate(X)), (n, root, count)
+    for build, args in ((reduce, (7,)), (gather, ([7] * n,))):
+        for r in range(n):
+            for root in range(n):
+                rounds = build(r, n, root, *args).rounds
+                first_recvs = [s for s in rounds[0] if isinstance(s, Recv)]
+                sends_next = [s for rnd in rounds for s in rnd if isinstance(s, Send) and s.peer == (r + 1) % n]
+                if n == 1:
+                    assert not first_recvs and not sends_next
+                    continue
+                assert [(s.peer, s.dst.count) for s in first_recvs] == [((r - 1) % n, 0)], (build, n, r, root)
+                assert sends_next[0].src.count == 0 and sends_next[0] in rounds[0], (build, n, r, root)
 
 
 def test_an_unreadable_instance_file_is_a_clear_error(tmp_path):

@@ -67,22 +67,26 @@ def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
     return s.add(*[Recv((root + k) % n, empty) for k in range(1, n)])
 
 
+def _roll_call(rank: int, n: int) -> list:
+    """An empty frame to the next rank in rank order and one taken from the previous: put in a
+    rooted collective's first round (where the rank waits for nothing else) and sent before any
+    other frame to that peer. Ranks that disagree on the root of a reduce or gather would
+    otherwise wait on peers that never send (two ranks that both take themselves for the root)
+    or return with their data read by no one (two that each take the other). Going round the
+    ranks, some rank's predecessor holds another root, and its frame carries that root in its
+    argument checksum, so that rank fails at once, naming both, and its abort reaches the others."""
+    if n == 1:
+        return []
+    return [Send((rank + 1) % n, Chunk(IN, 0, 0)), Recv((rank - 1) % n, Chunk(OUT, 0, 0))]
+
+
 def reduce(rank: int, n: int, root: int, count: int) -> Schedule:
     """IN is each rank's contribution (never written); OUT (the root's tensor) gets the result.
-    Partial results accumulate in TMP along a binomial tree.
-
-    As it enters, every rank also sends an empty frame to the next rank in rank order and takes
-    one from the previous: its first frame to that peer, the only one it waits for in its first
-    round. Ranks that disagree on the root would otherwise wait on children that never send
-    (two ranks that each take themselves for the root) or return with their data read by no
-    one (two that each take the other). Going round the ranks, some rank's predecessor
-    holds another root, and its frame carries that root in its argument checksum, so that rank
-    fails at once, naming both, and its abort reaches the others."""
+    Partial results accumulate in TMP along a binomial tree, after the roll call (`_roll_call`)."""
     parent, children = _binomial(rank, root, n)
     s = Schedule("tree", tmp_count=count)
-    acc, empty = Chunk(TMP, 0, count), Chunk(TMP, 0, 0)
-    s.add(Copy(Chunk(IN, 0, count), acc),
-          *([Send((rank + 1) % n, empty), Recv((rank - 1) % n, empty)] if n > 1 else []))
+    acc = Chunk(TMP, 0, count)
+    s.add(Copy(Chunk(IN, 0, count), acc), *_roll_call(rank, n))
     for c in reversed(children):  # deepest subtree last: it finishes last
         s.add(Recv(c, acc, reduce=True))
     if parent is not None:
@@ -93,8 +97,9 @@ def reduce(rank: int, n: int, root: int, count: int) -> Schedule:
 
 
 def gather(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
-    """IN: counts[rank] elements; on the root OUT gets every rank's block in rank order."""
-    s = Schedule("direct")
+    """IN: counts[rank] elements; on the root OUT gets every rank's block in rank order, sent
+    after the roll call (`_roll_call`)."""
+    s = Schedule("direct").add(*_roll_call(rank, n))
     if rank != root:
         return s.add(Send(root, Chunk(IN, 0, counts[rank])))
     off = _offsets(counts)
