@@ -434,6 +434,75 @@ def p2p(rank, world):
     return 5
 
 
+def move_only_dtypes(rank, world):
+    """float8 and uint16/32/64 are moved bit for bit (broadcast, all-gather in both forms,
+    all-to-all, gather, scatter, send/recv, Gloo's send/recv beside ours) and never reduced: every
+    reduction raises ValueError on the calling rank before a byte moves, and the group goes on."""
+    from neuron_dist.transport.frame import MOVE_ONLY
+    assert torch.float8_e4m3fn in MOVE_ONLY and torch.uint64 in MOVE_ONLY
+
+    def bits(r, count, dtype, seed):  # arbitrary bit patterns (NaN encodings included)
+        g = torch.Generator().manual_seed(seed * 7919 + r * 104729 + count)
+        return torch.randint(0, 256, (count * dtype.itemsize,), dtype=torch.uint8, generator=g).view(dtype)
+
+    def same_bits(got, want, what):
+        assert got.dtype == want.dtype and got.shape == want.shape, (what, got.dtype, got.shape, want.shape)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), f"rank {rank}: {what}: bytes differ"
+
+    checks = 0
+    for dtype in MOVE_ONLY:
+        for count in (0, 5, 70_001):
+            ins = [bits(r, count, dtype, 1) for r in range(world)]
+            for root in range(world):
+                t = ins[rank].clone()
+                dist.broadcast(t, src=root)
+                same_bits(t, ins[root], f"broadcast {dtype} root {root}")
+            out = torch.empty(count * world, dtype=dtype)
+            dist.all_gather_into_tensor(out, ins[rank])
+            same_bits(out, torch.cat(ins), f"all_gather_into_tensor {dtype}")
+            outs = [torch.empty(count, dtype=dtype) for _ in range(world)]
+            dist.all_gather(outs, ins[rank])
+            for r in range(world):
+                same_bits(outs[r], ins[r], f"all_gather {dtype} block {r}")
+            blocks = [bits(r, count * world, dtype, 2) for r in range(world)]
+            got = torch.empty(count * world, dtype=dtype)
+            dist.all_to_all_single(got, blocks[rank])
+            same_bits(got, torch.cat([b[rank * count:(rank + 1) * count] for b in blocks]), f"all_to_all {dtype}")
+            root = count % world
+            gl = [torch.empty(count, dtype=dtype) for _ in range(world)] if rank == root else None
+            dist.gather(ins[rank], gather_list=gl, dst=root)
+            if rank == root:
+                for r in range(world):
+                    same_bits(gl[r], ins[r], f"gather {dtype} block {r}")
+            sc = torch.empty(count, dtype=dtype)
+            dist.scatter(sc, scatter_list=[blocks[root][r * count:(r + 1) * count].clone() for r in range(world)]
+                         if rank == root else None, src=root)
+            same_bits(sc, blocks[root][rank * count:(rank + 1) * count], f"scatter {dtype}")
+            if world > 1:
+                nxt, prv = (rank + 1) % world, (rank - 1) % world
+                for group in (None, R.GLOO):
+                    r_ = torch.empty(count, dtype=dtype)
+                    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, ins[rank], nxt, group=group),
+                                                   dist.P2POp(dist.irecv, r_, prv, group=group)])
+                    for q in reqs:
+                        q.wait()
+                    same_bits(r_, ins[prv], f"send/recv {dtype} on {'gloo' if group else 'neuron'}")
+            checks += 1
+        for call in (lambda t: dist.all_reduce(t), lambda t: dist.reduce(t, dst=0),
+                     lambda t: dist.reduce_scatter_tensor(t[:1], t.repeat(world)[:world])):
+            try:
+                call(bits(rank, 4, dtype, 3))
+            except ValueError as e:
+                assert "never reduced" in str(e) and str(dtype) in str(e), e
+                checks += 1
+            else:
+                raise AssertionError(f"rank {rank}: a reduction of {dtype} did not raise")
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    same(t, torch.full((3,), float(world)), "all_reduce after the refused reductions")
+    return checks
+
+
 def object_collectives(rank, world):
     objs = [None] * world
     dist.all_gather_object(objs, {"rank": rank, "s": "x" * rank})

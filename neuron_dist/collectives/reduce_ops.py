@@ -10,6 +10,8 @@ from typing import Callable
 
 import torch
 
+from ..transport.frame import MOVE_ONLY
+
 Reducer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]  # (out, a, b): out = a op b
 
 OPS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "premul_sum")
@@ -51,6 +53,9 @@ def _check(op: str, dtype: torch.dtype) -> None:
         raise ValueError(f"ReduceOp.{op.upper()} is not defined for torch.bool tensors")
     if op == "premul_sum" and not (dtype.is_floating_point or dtype in _COMPLEX):
         raise ValueError(f"ReduceOp.PREMUL_SUM needs a floating-point tensor, got {dtype}")
+    if dtype in MOVE_ONLY:
+        raise ValueError(f"ReduceOp.{op.upper()} is not supported for {dtype} tensors: they are moved "
+                         f"(broadcast, all-gather, all-to-all, gather, scatter, send/recv), never reduced")
     if _fn(op, dtype) is None:
         raise ValueError(f"ReduceOp.{op.upper()} is not supported for {dtype} tensors")
 
@@ -59,6 +64,10 @@ def reducer(op: str, dtype: torch.dtype) -> Reducer:
     r = _REDUCERS.get((op, dtype))
     if r is not None:
         return r
+    if dtype in MOVE_ONLY:  # a collective that only moves such a dtype still gets a reducer it never calls
+        def refuse(out, a, b):
+            check(op, dtype)
+        return refuse
     check(op, dtype)
     fn = _fn(op, dtype)
 

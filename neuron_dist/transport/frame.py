@@ -38,11 +38,16 @@ class Kind(enum.IntEnum):
     BYE = 13       # orderly close (destroy/shutdown): everything this rank had to send was sent
 
 
-# dtype codes on the wire; one table both ways
+# dtype codes on the wire; one table both ways. The dtypes after the first twelve are moved,
+# never reduced (torch has no CPU arithmetic for them): float8 for FSDP2's float8 all-gathers,
+# unsigned 16-64 bit integers as Gloo's send/recv moves them. Appended, so codes never change.
+MOVE_ONLY: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in (
+    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "float8_e8m0fnu") if hasattr(torch, name))
 DTYPES: tuple[torch.dtype, ...] = (
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
     torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-)
+) + MOVE_ONLY
 DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
 CODE_DTYPE = {i + 1: d for i, d in enumerate(DTYPES)}
 _ITEMSIZE = {i + 1: torch.empty(0, dtype=d).element_size() for i, d in enumerate(DTYPES)}
