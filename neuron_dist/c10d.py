@@ -79,13 +79,21 @@ class NeuronWork(dist.Work):
         return self._op.error
 
     def result(self):
-        return self._op.outputs
+        op = self._op
+        if not op.finished:  # the outputs still hold what the caller passed in (Gloo raises too)
+            raise RuntimeError(f"{op.desc}: Work needs to be completed before calling result() "
+                               f"(call wait() first)")
+        return op.outputs
 
     def synchronize(self) -> None:
         self._op.wait()
 
     def _source_rank(self) -> int:
-        return self._op.source_rank
+        op = self._op
+        if op.direction not in ("recv", "recv-any"):  # a send's peer is no source (Gloo raises too)
+            raise RuntimeError(f"{op.desc}: sourceRank() may only be called on work objects that "
+                               f"correspond to a recv or recv-from-any call")
+        return op.source_rank
 
     def get_future(self) -> torch.futures.Future:
         op = self._op
@@ -316,7 +324,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._allreduce_flat([t], opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self._allreduce_flat(list(tensors), opts, "allreduce_coalesced")
+        tensors = list(tensors)
+        if not tensors:  # nothing to reduce, as the other coalesced forms: still ordered after earlier ops
+            return self._empty_work([])
+        return self._allreduce_flat(tensors, opts, "allreduce_coalesced")
 
     def _allreduce_flat(self, tensors, opts, what):
         for t in tensors:

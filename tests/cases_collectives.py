@@ -96,6 +96,39 @@ def async_ops(rank, world):
     assert getattr(w._op, "sync", None) is True and w.get_future().wait()[0] is y
     same(y, reference([values(r, 33, torch.float32, "sum", 9) for r in range(world)], "sum", torch.float32),
          "synchronous all_reduce")
+    assert works[1].result()[0] is xs[1]
+    # an empty all_reduce_coalesced completes (was IndexError), as the other coalesced forms do
+    dist.all_reduce_coalesced([])
+    if world > 1:  # result() of an unfinished op raises, as Gloo's does (it returned the input);
+        # sourceRank() only on receives (an isend's gave its destination)
+        t = torch.zeros(3)
+        if rank == 0:
+            w = dist.irecv(t, src=1)
+            for call, text in ((w.result, "needs to be completed"), (w._source_rank, None)):
+                if text is None:
+                    assert call() in (-1, 1)  # a recv from a named source: that rank (Gloo's -1 before)
+                    continue
+                try:
+                    call()
+                except RuntimeError as e:
+                    assert text in str(e) and "recv" in str(e), e
+                else:
+                    raise AssertionError("result() of an unfinished irecv did not raise")
+            dist.barrier(group=R.GLOO)  # rank 1 sends only after this
+            w.wait()
+            assert w.result()[0] is t and w._source_rank() == 1 and t.tolist() == [1.0, 2.0, 3.0]
+        elif rank == 1:
+            dist.barrier(group=R.GLOO)
+            w = dist.isend(torch.tensor([1.0, 2.0, 3.0]), dst=0)
+            w.wait()
+            try:
+                w._source_rank()
+            except RuntimeError as e:
+                assert "only be called on work objects that correspond to a recv" in str(e), e
+            else:
+                raise AssertionError("sourceRank() of an isend did not raise")
+        else:
+            dist.barrier(group=R.GLOO)
     return len(xs)
 
 
