@@ -8,6 +8,8 @@ is imported in this module alone.
 """
 from __future__ import annotations
 
+import functools
+import sys
 from datetime import timedelta
 
 import torch
@@ -50,6 +52,40 @@ def _reduce_op(op) -> tuple[str, object]:
     return name, factor
 
 
+_C10D_PRIVATE = {"_allgather_base", "_reduce_scatter_base", "_source_rank"}  # c10d's own names
+
+
+def _eager_under_compile(cls):
+    """Run the methods torch calls on `cls` (public ones and c10d's underscore names) eagerly
+    under torch.compile. Gloo's methods are C++, so a compiled region that calls one (DDP's
+    bucket broadcast, `dist.barrier()` in a compiled function) breaks its graph and calls it;
+    ours are Python, and Dynamo would trace into them and fail on the ProcessGroup object
+    ("UnsafeScriptObjectError"). Each method goes through torch._dynamo.disable, made on first
+    need: a process that never imported Dynamo (importing it costs seconds) is not compiling and
+    calls the method directly, for the price of one dict lookup."""
+    for name, fn in list(vars(cls).items()):
+        if not callable(fn) or isinstance(fn, type) or name.startswith("__") or \
+                (name.startswith("_") and name not in _C10D_PRIVATE):
+            continue
+
+        def wrap(fn):
+            eager = None
+
+            @functools.wraps(fn)
+            def call(*args, **kwargs):
+                nonlocal eager
+                if "torch._dynamo" not in sys.modules:
+                    return fn(*args, **kwargs)
+                if eager is None:
+                    eager = torch._dynamo.disable(fn, recursive=True)
+                return eager(*args, **kwargs)
+            return call
+
+        setattr(cls, name, wrap(fn))
+    return cls
+
+
+@_eager_under_compile
 class NeuronWork(dist.Work):
     """A handle on one Op: wait() blocks and raises the op's error; get_future() completes with
     the output tensors, or fails through a `.then` callback (a future's stored exception would
@@ -211,6 +247,7 @@ class _Plan:
         return sched
 
 
+@_eager_under_compile
 class NeuronProcessGroup(dist.ProcessGroup):
     """torch.distributed ProcessGroup for the "neuron" backend (CPU tensors)."""
 

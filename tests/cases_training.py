@@ -93,6 +93,36 @@ def ddp(rank, world, bucket_view=False, no_sync=False, unused=False):
     return results["neuron"][1][-1]
 
 
+def compiled(rank, world):
+    """torch.compile over the group's calls: a compiled function that broadcasts and waits at a
+    barrier, and a compiled DDP model (its reducer broadcasts while the compiled forward runs).
+    Dynamo traced into the backend's Python methods and failed ("UnsafeScriptObjectError") where
+    Gloo's C++ methods break the graph; results equal Gloo's and the reference."""
+    import torch._dynamo
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch._dynamo.reset()
+
+    @torch.compile
+    def f(x, group):
+        y = x * 2
+        dist.broadcast(y, src=0, group=group)
+        dist.barrier(group=group)
+        return y + 1
+
+    for group in (None, R.GLOO):
+        got = f(torch.arange(4.0) + rank, group)
+        same(got, torch.arange(4.0) * 2 + 1, f"compiled broadcast + barrier on {'gloo' if group else 'neuron'}")
+    results = {}
+    for name, pg in (("neuron", None), ("gloo", R.GLOO)):
+        m = DDP(_model(), process_group=pg)
+        _train(torch.compile(m), rank, world, steps=3)
+        results[name] = {k: v.detach().clone() for k, v in m.module.state_dict().items()}
+    _close(results["neuron"], results["gloo"], "compiled ddp neuron vs gloo")
+    _close(results["neuron"], _reference(world, steps=3), "compiled ddp neuron vs single-process reference")
+    torch._dynamo.reset()
+    return True
+
+
 def ddp_hook_and_join(rank, world):
     """Stock torch code that leans on the group's corners: PowerSGD's hook all-reduces inside
     its future's callback and waits there (it deadlocked when callbacks ran on the engine

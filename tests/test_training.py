@@ -24,3 +24,7 @@ def test_fsdp2_hsdp_2d_mesh(pools):
 @pytest.mark.parametrize("world", (2, 3))
 def test_ddp_powersgd_hook_and_join(pools, world):
     assert all(pools(world).run("cases_training:ddp_hook_and_join"))
+
+
+def test_torch_compile_over_the_group(pools):
+    assert all(pools(2).run("cases_training:compiled"))
