@@ -407,10 +407,17 @@ class Group(HangDiagnosis):
                         self._fail(op, e, active, waiting)
                         moved = True
                 if not moved and active:
-                    self._check_stalled(active, waiting)
-                    # wait with the drive lock held: nobody else may drive meanwhile, and the
-                    # transport's wait releases the GIL (spin with yields, then futex/poll)
-                    self.transport.wait(0.005)
+                    try:
+                        self._check_stalled(active, waiting)
+                        # wait with the drive lock held: nobody else may drive meanwhile, and the
+                        # transport's wait releases the GIL (spin with yields, then futex/poll)
+                        self.transport.wait(0.005)
+                    except BaseException as e:  # noqa: BLE001 - a broken transport (a malformed frame,
+                        # an MPI error on a dead peer): fail what runs, never let it kill the engine
+                        for op in list(active):
+                            if op in active:
+                                active.remove(op)
+                                self._fail(op, e, active, waiting)
 
     def _admit(self, active: list[Op], waiting: deque[Op]) -> None:
         busy_coll = any(not o.is_p2p for o in active)
@@ -648,6 +655,11 @@ class Group(HangDiagnosis):
             op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
+            if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
+                self._abort = True
+                with self._cv:
+                    self._cv.notify_all()
+                self._thread.join(timeout=1.0)
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first

@@ -433,6 +433,34 @@ def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0, members=None
     return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=usable, runtime_error=isdist)
 
 
+def transport_error_in_wait(rank, world):
+    """An exception from the transport's wait (an MPI error on a dead peer, a malformed frame)
+    raised in the engine thread's loop, outside any op: it killed the engine, and every pending
+    op then waited for ever. The op in flight must fail with it, and the group with it."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    try:
+        g = dist.distributed_c10d._get_default_group() if sub is None else sub
+        group = getattr(g, "group", None) or g._get_backend(torch.device("cpu")).group
+        if rank == 0:
+            def broken(timeout):
+                raise RuntimeError("injected transport failure")
+            group.transport.wait = broken
+            t0 = time.monotonic()
+            w = dist.all_reduce(torch.ones(1 << 20), group=sub, async_op=True)  # rank 1 never comes
+            try:
+                w.wait()
+                return dict(outcome="completed")
+            except Exception as e:  # noqa: BLE001
+                return dict(outcome=type(e).__name__, msg=str(e), elapsed=time.monotonic() - t0,
+                            engine_alive=group._thread.is_alive())
+        return dict(outcome="idle")
+    finally:
+        dist.barrier(group=dist.new_group(backend="gloo"))  # rank 1 leaves only once rank 0 has its answer
+        dist.destroy_process_group(sub)
+
+
 def misuse_invalid(rank, world):
     """Invalid arguments are rejected before a byte moves: torch's error types, the group intact."""
     import torch

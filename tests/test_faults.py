@@ -130,6 +130,9 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
         def flush(self, timeout):
             pass
 
+        def unflushed(self):
+            return None
+
         def check_peer(self, peer):
             return "rank 3 closed its shared-memory transport" if peer == 3 else None
 
@@ -161,3 +164,14 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
     assert not errors, errors
     exe, out, errors = stall(root_sends=False)
     assert exe.waiting_on == 3 and errors and "rank 3 is gone" in errors[0], errors
+
+
+def test_an_error_from_the_transport_wait_fails_the_op_not_the_engine(pools):
+    """The engine thread called transport.wait outside its per-op error handling: an exception
+    there (MPI_ERR_PROC_FAILED under Open MPI's fault-tolerant mode, a malformed frame from an
+    MPI peer) ended the thread, and the pending all_reduce never returned."""
+    res = pools(2).run("cases_faults:transport_error_in_wait", timeout=120)
+    x = res[0]
+    assert x["outcome"] == "GroupError", x
+    assert "injected transport failure" in x["msg"] and "allreduce" in x["msg"], x["msg"]
+    assert x["elapsed"] < 30, x

@@ -118,3 +118,66 @@ def test_neuronrun_under_mpirun_ranks_are_no_mpi_processes():
     assert p.returncode == 0, out[-4000:]
     for r in (0, 1):
         assert f"rank {r}: sum=3 under_mpirun=False leaked=[] launcher_mpi=False" in out, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_send_to_a_late_peer_times_out_at_the_group_timeout(tmp_path):
+    """A 4 MiB send over MPI completes only once the peer posts its receive. The executor waited
+    for it in a blocking 60 s flush that ignored the group's time-out (a 2 s group: the send
+    returned once the peer woke 8 s later; a long one: a spurious failure at 60 s naming no
+    peer), and a send still open at close was cancelled and its buffer freed: Open MPI cannot
+    cancel a send, read the freed buffer when the peer matched it, and segfaulted in
+    MPI_Finalize (exit 139)."""
+    script = tmp_path / "late.py"
+    script.write_text(r"""
+import time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import neuron_dist
+dist.init_process_group("neuron", timeout=timedelta(seconds=2))
+r = dist.get_rank()
+dist.barrier()
+t0 = time.monotonic()
+try:
+    if r == 0:
+        dist.send(torch.ones(1 << 20), 1)
+    else:
+        time.sleep(8)
+        dist.recv(torch.empty(1 << 20), 0)
+    print(f"rank {r} returned after {time.monotonic() - t0:.1f}s", flush=True)
+except Exception as e:
+    print(f"rank {r} failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+""")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
+           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    line = next((x for x in out.splitlines() if x.startswith("rank 0 ")), None)
+    assert line is not None and "failed after" in line and "waiting for rank 1" in line, out[-4000:]
+    assert float(line.split("after ")[1].split("s")[0]) < 6, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_forced_mpi_outside_mpirun_fails_before_mpi_starts(tmp_path):
+    """NEURON_DIST_TRANSPORT=mpi in ranks no mpirun started: the error was clear, but importing
+    mpi4py first made each rank a singleton MPI job that left a 16 MiB sm_segment in /dev/shm."""
+    code = r"""
+import sys
+import torch.distributed as dist
+import neuron_dist
+try:
+    dist.init_process_group("neuron", init_method="file://" + sys.argv[2], rank=int(sys.argv[1]), world_size=2)
+except Exception as e:
+    print("error:", e, "| mpi4py imported:", "mpi4py.MPI" in sys.modules)
+"""
+    before = set(os.listdir("/dev/shm"))
+    env = dict({k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))},
+               NEURON_DIST_TRANSPORT="mpi")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for out in outs:
+        assert "error:" in out and "not started by mpirun" in out and "mpi4py imported: False" in out, out
+    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("sm_segment")]

@@ -186,16 +186,21 @@ class Execution:
             return v
         return b[c.start:c.start + c.count]
 
-    def _next_round(self) -> None:
+    def _next_round(self) -> bool:
+        """Start the next round with work in it; False while a send of the last round still reads
+        its buffers (the transport names the peer: the stall check then watches it)."""
         view = self._view
         while True:
             if self.round_had_sends:
-                self.transport.flush(60.0)
+                peer = self.transport.unflushed()
+                if peer is not None:
+                    self.waiting_on = peer
+                    return False
                 self.round_had_sends = False
             self.round += 1
             if self.round >= len(self.rounds):
                 self.done = True
-                return
+                return True
             local, sends, recvs = self.rounds[self.round]
             for is_copy, src, dst in local:
                 d = view(dst)
@@ -210,7 +215,7 @@ class Execution:
             if sends:
                 self.round_had_sends = True
             if sends or recvs:
-                return
+                return True
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -224,9 +229,8 @@ class Execution:
                 moved |= self._progress_sends()
             if self.recvs:
                 moved |= self._progress_recvs()
-            if self.sends or self.recvs:
+            if self.sends or self.recvs or not self._next_round():
                 return moved
-            self._next_round()
         return moved
 
     def _progress_sends(self) -> bool:

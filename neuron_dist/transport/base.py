@@ -81,6 +81,13 @@ class Transport(abc.ABC):
     def flush(self, timeout: float) -> None:
         """Block until no accepted send still refers to caller memory."""
 
+    def unflushed(self) -> int | None:
+        """Without blocking (beyond a brief look): the peer of the oldest accepted send that still
+        refers to caller memory, or None when none does. The executor asks before each round
+        that may overwrite what the last one sent, and waits on the peer it names with the
+        group's time-out and peer checks, never in one long flush."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release every socket, segment and thread. Idempotent."""

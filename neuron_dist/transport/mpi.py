@@ -31,6 +31,10 @@ from .base import Transport, TransportContext, TransportError, bye_seen
 from .zmq_transport import memory_of
 
 log = logging.getLogger("neuron_dist.transport")
+# Requests still live at close, with the buffers they read or write: Open MPI cannot cancel a
+# send, and a send (or a receive) whose buffer was freed would make MPI touch freed memory when
+# the peer matches it or at MPI_Finalize (a segfault at exit). Kept for the process's life.
+_LIVE_AT_CLOSE: list = []
 
 
 def _mpi():
@@ -66,7 +70,7 @@ class MpiTransport(Transport):
         ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self.tag = zlib.crc32(ctx.job_id.encode()) % min(ub, 1 << 20)
         self.inbox: dict[int, deque] = {p: deque()for p in self.peers}  # [header, buf, req]
-        self.sends: list = []  # (request, keep-alive objects)
+        self.sends: list = []  # (request, keep-alive objects, peer)
         self.status = MPI.Status()
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
         self.closed = False
@@ -78,7 +82,7 @@ class MpiTransport(Transport):
         """Complete what can be completed; post receives for newly arrived headers."""
         MPI, moved = self.MPI, False
         if self.sends:
-            still = [(r, k) for r, k in self.sends if not r.Test()]
+            still = [s for s in self.sends if not s[0].Test()]
             moved = len(still) != len(self.sends)
             self.sends = still
         for p in self.peers:
@@ -106,9 +110,9 @@ class MpiTransport(Transport):
     def send(self, peer, header, payload):
         MPI, dst = self.MPI, self.world[peer]
         hb = header.pack()
-        reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb)]
+        reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb, peer)]
         if payload.nbytes:
-            reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload))
+            reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload, peer))
         self.sends.extend(reqs)
         return True
 
@@ -153,6 +157,13 @@ class MpiTransport(Transport):
                 raise TransportError(f"rank {self.rank}: MPI sends not complete after {timeout:.0f}s")
             time.sleep(20e-6)
 
+    def unflushed(self):
+        """A send larger than MPI's eager limit completes only once the peer posts its receive:
+        the peer of the oldest one still open, or None."""
+        if self.sends:
+            self._poll()
+        return self.sends[0][2] if self.sends else None
+
     def check_peer(self, peer):
         return f"rank {peer} closed its MPI transport" if self.peer_finished(peer) else None
 
@@ -172,9 +183,17 @@ class MpiTransport(Transport):
             self.flush(1.0 if abort else 5.0)
         except TransportError:
             pass
-        for r, _ in self.sends:
-            try:
-                r.Cancel()
-            except Exception:  # noqa: BLE001 - best effort at shutdown
-                pass
+        live = list(self.sends)  # sends a peer never received: MPI may read their buffers until then
+        for q in self.inbox.values():
+            for item in q:
+                req = item[2]
+                if req is not None and not req.Test():
+                    try:
+                        req.Cancel()  # receives can be cancelled; the buffer stays alive regardless
+                    except Exception:  # noqa: BLE001 - best effort at shutdown
+                        pass
+                    live.append((req, item[1], None))
+        if live:
+            _LIVE_AT_CLOSE.extend(live)
+            log.debug("rank %d: %d MPI requests still open at close; their buffers are kept", self.rank, len(live))
         self.sends, self.inbox = [], {}

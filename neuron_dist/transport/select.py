@@ -29,6 +29,9 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
     """{peer: transport name} for every peer of this rank (pure: no connection is made)."""
     from . import shm
     shm_ok = shm.available() is None
+    if forced == "mpi" and ctx.size > 1 and not under_mpirun():  # before mpi4py starts a singleton MPI
+        raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} was not started by mpirun or srun "
+                             f"(none of {', '.join(MPI_ENV)} is set); launch the job with mpirun, or use shm/zmq")
     out = {}
     for p in range(ctx.size):
         if p == ctx.rank:
@@ -114,6 +117,13 @@ class Composite(Transport):
     def flush(self, timeout):
         for t in self.parts.values():
             t.flush(timeout)
+
+    def unflushed(self):
+        for t in self.parts.values():
+            peer = t.unflushed()
+            if peer is not None:
+                return peer
+        return None
 
     def check_peer(self, peer):
         return self.route[peer].check_peer(peer)

@@ -248,6 +248,19 @@ class ZmqTransport(Transport):
                 continue
             self.trackers.pop(0)
 
+    def unflushed(self):
+        """The oldest zero-copy frame zmq still reads, after a brief wait for it (its I/O thread
+        usually hands a frame to the kernel within microseconds): its peer, or None."""
+        while self.trackers:
+            tracker, _, peer = self.trackers[0]
+            if not tracker.done:
+                try:
+                    tracker.wait(0.002)
+                except zmq.NotDone:
+                    return peer
+            self.trackers.pop(0)
+        return None
+
     def check_peer(self, peer):
         mon = self.monitors.get(peer)
         while mon is not None and peer not in self.gone:
