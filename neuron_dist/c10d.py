@@ -219,11 +219,13 @@ _KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their 
 
 class _Plan:
     """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
-    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "tag", "_sched", "_tmp")
+    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "tag", "_sched", "_tmp",
+                 "tmp_views")
 
     def __init__(self, desc, reduce, collective, algo, spec_args, itemsize, tag):
         self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
         self.spec_args, self.itemsize, self._sched, self._tmp = spec_args, itemsize, None, None
+        self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
         self.tag = tag  # the frames' argument checksum (debug.call_tag of kind and desc)
 
     def scratch(self, sched: Schedule, dtype: torch.dtype) -> torch.Tensor | None:
@@ -235,7 +237,7 @@ class _Plan:
         if tmp is None:
             tmp = torch.empty(sched.tmp_count, dtype=dtype)
             if sched.tmp_count * tmp.element_size() <= _KEEP_SCRATCH:
-                self._tmp = tmp
+                self._tmp, self.tmp_views = tmp, {}
         return tmp
 
     def schedule(self, g: Group) -> Schedule:
@@ -339,7 +341,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 if replaced is not None:
                     src = replaced
             sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            return g.execution(op, sched, [src, out, plan.scratch(sched, dtype)], plan.reduce, dtype, plan.tag)
+            tmp = plan.scratch(sched, dtype)
+            return g.execution(op, sched, [src, out, tmp], plan.reduce, dtype, plan.tag,
+                               plan.tmp_views if tmp is not None and tmp is plan._tmp else None)
 
         finish = None
         if (op_name == "avg" and out is not None) or after:

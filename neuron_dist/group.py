@@ -352,13 +352,14 @@ class Group(HangDiagnosis):
         seq = op.nbytes if op.kind == _P2P else op.seq
         return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
 
-    def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int) -> Execution:
+    def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
+                  tmp_views: dict | None = None) -> Execution:
         """The op's Execution. `tag`: a send/recv's user tag; a collective's checksum of its
         arguments (`debug.call_tag`, kept with the adapter's plan), so a receiver whose peer
         called it differently (reduce op, root, sizes) fails its frame check instead of mixing data."""
         self._deaths.check(self, op)
         return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
-                         self.frame_bytes)
+                         self.frame_bytes, tmp_views)
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:

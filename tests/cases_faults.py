@@ -461,6 +461,29 @@ def transport_error_in_wait(rank, world):
         dist.destroy_process_group(sub)
 
 
+def scratch_freed(rank, world):
+    """A plan's small scratch buffer (kept across calls) is freed with its group: the executor
+    kept the views it cut from it in a module-level dict whose entry was to go with the buffer,
+    but the views themselves held the buffer alive, so every such buffer (and each one made
+    again after the plan cache filled) stayed for the life of the process."""
+    import weakref
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)))
+    for count in (1000, 1001, 3000):  # direct all-reduce at 3+ ranks: a scratch slot per rank
+        t = torch.ones(count)
+        dist.all_reduce(t, group=sub)
+        assert t[0].item() == world
+    refs = [weakref.ref(p._tmp) for p in sub._plans.values() if p._tmp is not None]
+    assert refs, "no scratch buffer was kept: the case tests nothing"
+    dist.destroy_process_group(sub)
+    del sub
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    assert alive == 0, f"rank {rank}: {alive} of {len(refs)} scratch buffers outlived their group"
+    return len(refs)
+
+
 def misuse_invalid(rank, world):
     """Invalid arguments are rejected before a byte moves: torch's error types, the group intact."""
     import torch

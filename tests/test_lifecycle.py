@@ -55,3 +55,7 @@ def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
     assert "rank 0: KeyboardInterrupt" in outs[0], outs[0][-2000:]
     assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1], outs[1][-2000:]
     assert "failed: \n" not in outs[1] and not outs[1].rstrip().endswith("failed:"), outs[1][-2000:]
+
+
+def test_kept_scratch_buffers_go_with_their_group(pools):
+    assert all(n > 0 for n in pools(3).run("cases_faults:scratch_freed"))

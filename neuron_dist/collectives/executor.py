@@ -10,7 +10,6 @@ per-peer frame counter, and `frame.check` rejects anything else with an error na
 """
 from __future__ import annotations
 
-import weakref
 from collections import deque
 import torch
 
@@ -122,11 +121,6 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
 
 
 _P2P = int(Kind.P2P)
-# Views into small scratch buffers, per buffer: the c10d adapter keeps a plan's scratch (up to
-# 64 KiB) across calls, so its slot views are cut once, not per call (a slice costs ~1 us).
-# Keyed by the buffer's id; an entry goes when its buffer does (weakref.finalize).
-KEEP_VIEWS_BYTES = 64 << 10
-_TMP_VIEWS: dict[int, dict] = {}
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
 
@@ -138,7 +132,11 @@ class Execution:
                  "waiting_on", "_key", "_cur")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
-                 stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES):
+                 stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
+                 tmp_views: dict | None = None):
+        """`tmp_views`: where to keep the views cut from TMP, when the caller keeps TMP itself
+        across calls (the c10d adapter keeps a plan's small scratch buffer, and its views with
+        it: slicing costs ~1 us a view)."""
         dtype = stamp.dtype
         if bufs[0] is None or bufs[1] is None or bufs[2] is None:  # (not `None in bufs`: that calls Tensor.__eq__)
             empty = _EMPTIES.get(dtype)
@@ -151,14 +149,7 @@ class Execution:
         self.itemsize = itemsize = dtype.itemsize
         self.frame_elems = max(1, frame_bytes // itemsize)
         self.rounds = frame_plan(schedule, itemsize, self.frame_elems)
-        tmp = bufs[TMP]
-        self._tviews = None
-        if 0 < tmp.numel() * itemsize <= KEEP_VIEWS_BYTES:
-            key = id(tmp)
-            self._tviews = _TMP_VIEWS.get(key)
-            if self._tviews is None:
-                self._tviews = _TMP_VIEWS[key] = {}
-                weakref.finalize(tmp, _TMP_VIEWS.pop, key, None)  # runs before the id can be reused
+        self._tviews = tmp_views
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
         self.round = -1
