@@ -149,6 +149,18 @@ def _close_at_exit() -> None:
 
 atexit.register(_close_at_exit)
 
+
+def _forget_groups_in_child() -> None:
+    """A forked child (a DataLoader worker, a subprocess helper) inherits the parent's groups but
+    none of their threads: at its exit, closing them would mark the parent's shared-memory
+    transport closed and send its peers ABORT frames, failing the parent's group (torch's groups
+    are not for use in a forked child). The child forgets them instead."""
+    for g in list(LIVE):
+        LIVE.discard(g)
+
+
+os.register_at_fork(after_in_child=_forget_groups_in_child)
+
 _GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that name this process created
 
 

@@ -59,3 +59,14 @@ def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
 
 def test_kept_scratch_buffers_go_with_their_group(pools):
     assert all(n > 0 for n in pools(3).run("cases_faults:scratch_freed"))
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tmp_path):
+    script = os.path.join(os.path.dirname(SCRIPT), "fork_child.py")
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(tmp_path / "store")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"rank {r}: fork ok" in out and "did not exit" not in out, out[-3000:]

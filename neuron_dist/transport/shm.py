@@ -108,6 +108,9 @@ def _unlink_leftovers() -> None:
     _OWNED.clear()
 
 
+os.register_at_fork(after_in_child=_OWNED.clear)  # a forked child owns none of its parent's segments
+
+
 @contextlib.contextmanager
 def _unlink_on_sigterm():
     """While a new segment waits for its peers to map it, a SIGTERM (what torch's agent sends

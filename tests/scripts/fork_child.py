@@ -1,0 +1,39 @@
+"""One rank of the fork check: rank 0 forks a child that exits normally (atexit hooks run, as a
+subprocess helper's do) while the group is up; then every rank runs a collective. The child's
+exit closed the parent's groups: rank 1 failed with "rank 0 closed its shared-memory
+transport" (over zmq the child also spun at exit)."""
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import neuron_dist  # noqa: F401
+
+rank, world, store = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.environ.update(MASTER_ADDR="127.0.0.1")
+dist.init_process_group("neuron", init_method=f"file://{store}", rank=rank, world_size=world,
+                        timeout=timedelta(seconds=30))
+sub = dist.new_group(list(range(world)))
+t = torch.ones(1000)
+dist.all_reduce(t, group=sub)
+if rank == 0:
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # a normal exit: atexit hooks run in the child
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
+        time.sleep(0.05)
+    else:
+        if time.monotonic() >= deadline:
+            os.kill(pid, 9)
+            print("rank 0: the child did not exit within 20 s", flush=True)
+dist.barrier(group=dist.new_group(backend="gloo"))  # the child is gone before anyone goes on
+for group in (None, sub):
+    t = torch.ones(1000)
+    dist.all_reduce(t, group=group)
+    assert t[0].item() == world, t[:3]
+dist.destroy_process_group()
+print(f"rank {rank}: fork ok", flush=True)
