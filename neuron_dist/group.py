@@ -533,9 +533,14 @@ class Group(HangDiagnosis):
             h = Header(int(Kind.ABORT), 0, self.token, self.group_id, max(self._seq - 1, 0), self.rank, p, 0, 0,
                        payload.numel())
             try:
-                self.transport.send(p, h, payload)
+                if not self.transport.send(p, h, payload):  # a full ring: the peer reads nothing yet
+                    coll_log.debug("rank %d: abort notice to rank %d did not fit; flagged instead", self.rank, p)
             except Exception as e:  # noqa: BLE001 - the peer may be the one that died
                 coll_log.debug("rank %d: abort notice to rank %d not sent: %s", self.rank, p, e)
+        try:
+            self.transport.mark_failed()  # for a peer whose ring had no room for the frame
+        except Exception as e:  # noqa: BLE001 - best effort, like the frames
+            coll_log.debug("rank %d: failure flag not set: %s", self.rank, e)
 
     def _peer_gone(self, p: int, now: float | None = None, grace: float = PEER_GRACE_S) -> str | None:
         """The transport's reason for `p` being gone, once it has held for `grace` seconds."""

@@ -484,6 +484,31 @@ def scratch_freed(rank, world):
     return len(refs)
 
 
+def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
+    """The last rank enters a large all-reduce after the others timed out on it. Their ABORT
+    frames did not fit the full rings to it (it was not reading), so it waited out its own whole
+    time-out and blamed a peer that had long failed; it must fail at once, naming that peer."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s))
+    late = world - 1
+    try:
+        dist.all_reduce(torch.ones(2), group=sub)
+        if rank == late:
+            time.sleep(timeout_s + 1.5)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(size // 4), group=sub)
+            out = dict(outcome="ok")
+        except Exception as e:  # noqa: BLE001
+            out = dict(outcome=type(e).__name__, msg=str(e))
+        out["elapsed"] = time.monotonic() - t0
+        return out
+    finally:
+        dist.barrier(group=dist.new_group(backend="gloo"))  # nobody closes before the late rank is done
+        dist.destroy_process_group(sub)
+
+
 def misuse_invalid(rank, world):
     """Invalid arguments are rejected before a byte moves: torch's error types, the group intact."""
     import torch

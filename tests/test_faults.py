@@ -175,3 +175,12 @@ def test_an_error_from_the_transport_wait_fails_the_op_not_the_engine(pools):
     assert x["outcome"] == "GroupError", x
     assert "injected transport failure" in x["msg"] and "allreduce" in x["msg"], x["msg"]
     assert x["elapsed"] < 30, x
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_late_rank_learns_at_once_that_its_peers_failed(pools, world):
+    res = pools(world).run("cases_faults:late_rank_learns_failure", timeout=120)
+    late = res[-1]
+    assert late["outcome"] == "GroupError", late
+    assert late["elapsed"] < 3.0, f"the late rank waited {late['elapsed']:.1f}s (its time-out is 4 s): {late['msg']}"
+    assert "group failed" in late["msg"] or "aborted the group" in late["msg"], late["msg"]

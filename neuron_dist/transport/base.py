@@ -92,6 +92,12 @@ class Transport(abc.ABC):
     def close(self) -> None:
         """Release every socket, segment and thread. Idempotent."""
 
+    def mark_failed(self) -> None:
+        """Tell every peer, through whatever side channel the transport has, that this rank's
+        group has failed: the ABORT frames that carry the cause may not fit (a full shared-memory
+        ring to a peer that is not reading yet), and a peer that arrives later must still learn
+        it (its `check_peer` for this rank then says so)."""
+
     def check_peer(self, peer: int) -> str | None:
         """A reason if `peer` is known to be gone (closed connection, dead process), else None."""
         return None

@@ -125,6 +125,10 @@ class Composite(Transport):
                 return peer
         return None
 
+    def mark_failed(self):
+        for t in self.parts.values():
+            t.mark_failed()
+
     def check_peer(self, peer):
         return self.route[peer].check_peer(peer)
 

@@ -1,7 +1,7 @@
 """Shared-memory transport for ranks on one host: bounded slot rings in /dev/shm, futex wake-ups.
 
 Layout. Every rank owns one segment holding its *inbound* rings, one per local peer, plus a
-control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid):
+control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid, a "group failed" flag):
 
     [control 64 B][ring from peer a: head 64 B | tail 64 B | slot 0 .. slot S-1][ring from peer b ...]
     slot = [frame header 64 B][payload slot_bytes]
@@ -61,7 +61,7 @@ _U8 = torch.uint8
 _CODE_DTYPE = frame.CODE_DTYPE  # a received slot is handed out viewed as its frame's dtype
 
 # control block offsets
-_DOORBELL, _SLEEPING, _CLOSED, _PID = 0, 4, 8, 16
+_DOORBELL, _SLEEPING, _CLOSED, _PID, _FAILED = 0, 4, 8, 16, 24
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
@@ -185,6 +185,7 @@ class _Segment:
         self.sleeping = ctypes.c_int32.from_buffer(self.mm, _SLEEPING)
         self.closed = ctypes.c_int32.from_buffer(self.mm, _CLOSED)
         self.pid = ctypes.c_int64.from_buffer(self.mm, _PID)
+        self.failed = ctypes.c_int32.from_buffer(self.mm, _FAILED)
         self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
         self.rings = []
         for i in range(npeers):
@@ -206,7 +207,7 @@ class _Segment:
 
     def close(self) -> None:
         self.rings, self.bytes = [], None
-        self.doorbell = self.sleeping = self.closed = self.pid = None
+        self.doorbell = self.sleeping = self.closed = self.pid = self.failed = None
         try:
             self.mm.close()
         except BufferError:  # a payload view is still alive somewhere; the GC unmaps it later
@@ -406,10 +407,22 @@ class ShmTransport(Transport):
     def flush(self, timeout):
         """Sends copy into the ring at once: nothing ever refers to caller memory."""
 
+    def mark_failed(self):
+        """Set this rank's "failed" word and ring every peer: an ABORT frame does not fit a ring
+        the peer has not drained (a late peer), and only a peer that reads it learns the cause."""
+        if self.closed or self.mine.failed is None:
+            return
+        self.mine.failed.value = 1
+        for seg in self.theirs.values():
+            seg.ring()
+
     def check_peer(self, peer):
         seg = self.theirs.get(peer)
         if seg is None or seg.closed is None:
             return None
+        if seg.failed.value:
+            return (f"rank {peer}'s group failed (its ABORT frame with the cause did not fit the ring; "
+                    f"rank {peer}'s own error says why)")
         if seg.closed.value:
             return f"rank {peer} closed its shared-memory transport"
         if process_dead(self.peer_pid[peer]):
