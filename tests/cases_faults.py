@@ -509,6 +509,25 @@ def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
         dist.destroy_process_group(sub)
 
 
+def stats_bounded(rank, world, sizes=1500):
+    """The per-size call counts behind NEURON_DIST_REPORT stay bounded (one row per distinct
+    size grew without end: 4,508 rows after a cache probe) and the report's totals stay exact."""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist.group import STATS_SIZES
+    sub = dist.new_group(list(range(world)))
+    for i in range(1, sizes + 1):
+        t = torch.ones(i)
+        dist.all_reduce(t, group=sub)
+    rows = [r for r in sub.report() if r["collective"] == "allreduce"]
+    n_stats = len(sub.group.stats)
+    dist.destroy_process_group(sub)
+    assert n_stats <= STATS_SIZES + 64, n_stats
+    assert sum(r["calls"] for r in rows) == sizes, rows
+    assert sum(r["bytes"] for r in rows) == 4 * sizes * (sizes + 1) // 2, rows
+    return n_stats
+
+
 def misuse_invalid(rank, world):
     """Invalid arguments are rejected before a byte moves: torch's error types, the group intact."""
     import torch

@@ -70,3 +70,32 @@ def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tm
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"rank {r}: fork ok" in out and "did not exit" not in out, out[-3000:]
+
+
+def test_waiting_ops_start_in_order_per_kind():
+    """The engine's waiting room: collectives one at a time in sequence order, point-to-point ops
+    one per (direction, peer) at a time in issue order, beside the collectives; held per kind so
+    an engine pass does not scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
+    from types import SimpleNamespace as Op
+    from neuron_dist.group import _Waiting
+    ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None) for i in range(3)]
+    ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1) for i in range(2)]
+    ops += [Op(name="r1", is_p2p=True, direction="recv", peer=1), Op(name="s2", is_p2p=True, direction="send", peer=2),
+            Op(name="any", is_p2p=True, direction="recv-any", peer=None)]
+    w = _Waiting()
+    w.extend(ops)
+    assert len(w) == 8 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "s2", "any"]
+    active = []
+    w.admit(active)
+    assert [o.name for o in active] == ["c0", "s1.0", "r1", "s2", "any"] and len(w) == 3
+    w.admit(active)  # nothing of a running kind starts
+    assert len(active) == 5
+    active = [o for o in active if o.name not in ("c0", "s1.0")]
+    w.admit(active)
+    assert [o.name for o in active][-2:] == ["c1", "s1.1"] and len(w) == 1
+    w.clear()
+    assert not w and list(w) == []
+
+
+def test_report_counts_stay_bounded_and_exact(pools):
+    assert all(n > 0 for n in pools(2).run("cases_faults:stats_bounded"))
