@@ -210,10 +210,18 @@ class _Waiting:
 def _forget_groups_in_child() -> None:
     """A forked child (a DataLoader worker, a subprocess helper) inherits the parent's groups but
     none of their threads: at its exit, closing them would mark the parent's shared-memory
-    transport closed and send its peers ABORT frames, failing the parent's group (torch's groups
-    are not for use in a forked child). The child forgets them instead."""
+    transport closed and send its peers ABORT frames, failing the parent's group; a collective
+    on them would write into the parent's rings or hang (torch's groups are not for use in a
+    forked child). The child forgets them, and a call on one fails at once saying why (with
+    fresh locks: a thread of the parent may have held one at the fork)."""
     for g in list(LIVE):
         LIVE.discard(g)
+        g._mu = threading.RLock()
+        g._cv = threading.Condition(g._mu)
+        g._drive = threading.Lock()
+        g.broken = GroupError(f"[rank {g.rank}] group {g.name!r} belongs to the process that created it; this "
+                              f"is a forked child (pid {os.getpid()}), which cannot use it: create groups in "
+                              f"the child, or start it with the spawn method")
 
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)

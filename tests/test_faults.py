@@ -183,4 +183,4 @@ def test_a_late_rank_learns_at_once_that_its_peers_failed(pools, world):
     late = res[-1]
     assert late["outcome"] == "GroupError", late
     assert late["elapsed"] < 3.0, f"the late rank waited {late['elapsed']:.1f}s (its time-out is 4 s): {late['msg']}"
-    assert "group failed" in late["msg"] or "aborted the group" in late["msg"], late["msg"]
+    assert "group failed or was aborted" in late["msg"] or "aborted the group" in late["msg"], late["msg"]

@@ -421,8 +421,7 @@ class ShmTransport(Transport):
         if seg is None or seg.closed is None:
             return None
         if seg.failed.value:
-            return (f"rank {peer}'s group failed (its ABORT frame with the cause did not fit the ring; "
-                    f"rank {peer}'s own error says why)")
+            return f"rank {peer}'s copy of the group failed or was aborted (rank {peer}'s own error says why)"
         if seg.closed.value:
             return f"rank {peer} closed its shared-memory transport"
         if process_dead(self.peer_pid[peer]):

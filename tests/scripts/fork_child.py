@@ -1,4 +1,5 @@
-"""One rank of the fork check: rank 0 forks a child that exits normally (atexit hooks run, as a
+"""One rank of the fork check: rank 0 forks a child that tries a collective on the inherited group
+(it must fail at once) and exits normally (atexit hooks run, as a
 subprocess helper's do) while the group is up; then every rank runs a collective. The child's
 exit closed the parent's groups: rank 1 failed with "rank 0 closed its shared-memory
 transport" (over zmq the child also spun at exit)."""
@@ -21,8 +22,14 @@ t = torch.ones(1000)
 dist.all_reduce(t, group=sub)
 if rank == 0:
     pid = os.fork()
-    if pid == 0:
-        sys.exit(0)  # a normal exit: atexit hooks run in the child
+    if pid == 0:  # the child: a call on an inherited group fails at once; then a normal exit
+        try:
+            dist.all_reduce(torch.ones(4), group=sub)
+            print("rank 0's child: a collective on the parent's group did not raise", flush=True)
+        except Exception as e:  # noqa: BLE001
+            if "forked child" not in str(e):
+                print(f"rank 0's child: unexpected error {e}", flush=True)
+        sys.exit(0)  # atexit hooks run in the child
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
         time.sleep(0.05)
