@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -56,6 +57,12 @@ def adopt() -> None:
     found = launcher_vars()
     if not found:
         return
+    for k in ("RANK", "WORLD_SIZE"):  # one set and the other not: most likely left over from elsewhere
+        if k in os.environ and os.environ[k] != found[k]:
+            warnings.warn(f"neuron_dist: {k}={os.environ[k]} is set in the environment, but this process is "
+                          f"{'rank ' + found['RANK'] if k == 'RANK' else found['WORLD_SIZE'] + ' processes'} of "
+                          f"its MPI job; the environment's value is kept (ranks that share one rank number then "
+                          f"fail to meet): unset {k}, or set both RANK and WORLD_SIZE", stacklevel=2)
     for k, v in found.items():
         os.environ.setdefault(k, v)
     if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
