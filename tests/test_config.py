@@ -82,26 +82,28 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
     """Under mpirun, a RANK exported without WORLD_SIZE (left over from another launcher) won over
     the MPI rank silently: every process took rank 0 and the job failed with EADDRINUSE or a
     store time-out. It still wins (variables the user set win), but with a warning naming both."""
+    import os
     import warnings
     from neuron_dist import mpi_env
-    for k in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-              "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # no MPI exchange of the address here
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mpi_env.adopt()
-    msgs = [str(w.message) for w in caught]
-    assert any("RANK=0" in m and "rank 1" in m for m in msgs), msgs
-    import os
-    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "2"
-    monkeypatch.setenv("RANK", "1")  # agreeing: no warning
-    monkeypatch.delenv("WORLD_SIZE")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mpi_env.adopt()
-    assert not [w for w in caught if "neuron_dist" in str(w.message)]
+    saved = dict(os.environ)  # adopt() writes os.environ itself: put every variable back after
+    try:
+        for k in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+                  "SLURM_NTASKS"):
+            os.environ.pop(k, None)
+        os.environ.update(RANK="0", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # no MPI exchange of the address here
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mpi_env.adopt()
+        msgs = [str(w.message) for w in caught]
+        assert any("RANK=0" in m and "rank 1" in m for m in msgs), msgs
+        assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "2"
+        os.environ["RANK"] = "1"  # agreeing: no warning
+        del os.environ["WORLD_SIZE"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mpi_env.adopt()
+        assert not [w for w in caught if "neuron_dist" in str(w.message)]
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
