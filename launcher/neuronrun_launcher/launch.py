@@ -129,17 +129,17 @@ def _how(failure) -> str:
 
 
 def root_cause(failures: dict) -> int:
-    """The global rank whose failure started it all.
+    """The global rank whose failure started it all: the earliest timestamp, and among equal
+    ones the failure the agent saw first.
 
-    torch's ``get_first_failure`` orders by a timestamp in whole seconds, so a rank
-    the agent SIGTERMed while stopping the group often ties with, and wins over, the
-    rank that really failed. Ranks that died of the agent's own SIGTERM therefore
-    come last; then earliest timestamp; then lowest rank."""
-    def key(rank):
-        f = failures[rank]
-        return (f.exitcode == -int(signal.SIGTERM), f.timestamp, rank)
-
-    return min(failures, key=key)
+    torch's timestamps are whole seconds, so the rank that failed and the ranks the agent then
+    stopped usually tie. The agent records the failures it finds before stopping the others
+    first (``failures`` keeps that order), so the tie goes to the first entry, as torch's own
+    report does. Neither the lowest rank nor the exit status may break it: a rank stopped by
+    the agent can exit non-zero from its own SIGTERM handler, and a rank that a scheduler or a
+    person SIGTERMed is the root cause although it died of that signal."""
+    order = {rank: i for i, rank in enumerate(failures)}
+    return min(failures, key=lambda rank: (failures[rank].timestamp, order[rank]))
 
 
 def describe_failure(rank: int, failure, node, host: str, logs: dict | None = None) -> str:

@@ -35,7 +35,11 @@ RANK_SCRIPT = textwrap.dedent('''
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
     print("env", sorted(env.items()), flush=True)
     last = rank == int(os.environ["WORLD_SIZE"]) - 1
-    if (mode in ("fail", "kill", "flaky") and rank == 1 or mode == "fail_last" and last) and restart == 0:
+    if mode == "graceful" and rank != 1:  # a checkpoint-and-exit SIGTERM handler: stopped ranks exit 1
+        import signal
+        signal.signal(signal.SIGTERM, lambda *_: (child.kill(), os._exit(1)))
+    if (mode in ("fail", "kill", "flaky", "graceful", "term") and rank == 1 or mode == "fail_last" and last) \
+            and restart == 0:
         # fail only once every rank is up and recorded
         while len([f for f in os.listdir(piddir) if f.endswith(".pid")]) < int(os.environ["WORLD_SIZE"]):
             time.sleep(0.05)
@@ -52,11 +56,17 @@ RANK_SCRIPT = textwrap.dedent('''
         sys.exit(7)
     elif mode == "fail_last" and last:
         sys.exit(7)
+    elif mode == "graceful" and rank == 1:
+        child.kill()
+        sys.exit(3)
     elif mode == "kill" and rank == 1:
         os.kill(os.getpid(), 9)
+    elif mode == "term" and rank == 1:  # stopped from outside (a scheduler, a person), not by the agent
+        child.kill()
+        os.kill(os.getpid(), 15)
     elif mode == "flaky" and rank == 1 and restart == 0:
         sys.exit(3)
-    elif mode in ("fail", "kill", "hang", "fail_last"):
+    elif mode in ("fail", "kill", "hang", "fail_last", "graceful", "term"):
         time.sleep(120)
     child.kill()
     print(f"done restart={restart}", flush=True)
@@ -143,6 +153,22 @@ def test_failing_rank_brings_the_job_down(job, mode, code, how):
     if mode == "fail":
         assert "    ValueError: the root cause" in r.stderr and "    rank 1 is about to fail" in r.stderr
     assert_all_gone(piddir, 2)
+
+
+@pytest.mark.parametrize("mode, code, how, others", [
+    ("graceful", 3, "exited with code 3", "rank 0 (exited with code 1), rank 2 (exited with code 1)"),
+    ("term", 128 + 15, "was killed by signal SIGTERM", "rank 0 (was killed by signal SIGTERM (15)), rank 2 ("),
+])
+def test_the_rank_that_failed_first_is_the_root_cause(job, mode, code, how, others):
+    """The stopped ranks' failures land in the same whole second as the real one: neither a
+    stopped rank's own exit code (graceful) nor rank 1's dying of SIGTERM itself (term) may hand
+    the blame to rank 0."""
+    script, piddir = job
+    r = neuronrun(["--nproc-per-node", "3", "--shutdown-timeout", "5", str(script), str(piddir), mode])
+    assert r.returncode == code, r.stderr
+    assert "neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr, r.stderr
+    assert "then stopped: " + others in r.stderr, r.stderr
+    assert_all_gone(piddir, 3)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
