@@ -67,8 +67,9 @@ FLAGS: tuple[Flag, ...] = (
     # --- torchrun: workers, restarts, logs ---------------------------------------------------
     Flag(_spellings("--max-restarts"), "restarts of the whole worker group before failing", 0, int),
     Flag(_spellings("--monitor-interval"), "seconds between worker health checks", 0.1, float),
-    Flag(_spellings("--shutdown-timeout"), "grace period in seconds between SIGTERM and SIGKILL when stopping "
-         "ranks (default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30)", None, int),
+    Flag(_spellings("--shutdown-timeout"), "grace period in seconds between SIGTERM and SIGKILL when neuronrun "
+         "is stopped by a signal (default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30; after a rank fails, "
+         "torch's agent waits 30 s)", None, int),
     Flag(_spellings("--role"), "worker role name", "default"),
     Flag(_spellings("--log-dir"), "directory for per-rank stdout/stderr/error files (default: a temp dir)", None),
     Flag(("-r", *_spellings("--redirects")), "redirect std streams of ranks to files only: 0 none, 1 out, "

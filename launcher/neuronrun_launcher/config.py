@@ -125,7 +125,8 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
     model, spec = _instance(args, env)
     if max_nodes > 1 and not model.multi_node:
         raise ConfigError(f"{model.name} is a single-instance type; it cannot run a {max_nodes}-node job")
-    lnc = _pick(args, "lnc", env, "NEURON_LOGICAL_NC_CONFIG", int) or model.default_lnc
+    lnc = _pick(args, "lnc", env, "NEURON_LOGICAL_NC_CONFIG", int)
+    lnc = model.default_lnc if lnc is None else lnc  # 0 is an error below, not the default
     if lnc not in tuple(model.supported_lnc):
         raise ConfigError(f"{model.name} supports LNC {', '.join(map(str, model.supported_lnc))}, not {lnc}")
     cores_per_chip = model.cores_per_chip(lnc)
@@ -235,6 +236,11 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
             raise ConfigError("static rendezvous needs a fixed --nnodes; use --rdzv-backend c10d for MIN:MAX")
         if not 0 <= values["node_rank"] < max_nodes:
             raise ConfigError(f"--node-rank {values['node_rank']} outside 0..{max_nodes - 1}")
+        if endpoint:  # torch's static rendezvous needs the port (c10d's defaults to 29400)
+            try:
+                check_host_port(endpoint, "--rdzv-endpoint")
+            except ValueError as exc:
+                raise ConfigError(f"{exc} (static rendezvous: give the port, e.g. node0:29500)") from None
         endpoint = endpoint or f"{values['master_addr']}:{master_port}"
 
     plan = _neuron_plan(args, env, max_nodes)

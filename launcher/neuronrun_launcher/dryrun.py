@@ -13,7 +13,7 @@ import socket
 
 from .config import RunConfig
 from .launch import worker_command
-from .plan import format_cpus, neuron_env
+from .plan import format_cpus, neuron_env, split_host_port
 from .slots import assign_slots
 
 AT_RENDEZVOUS = "<chosen at rendezvous>"
@@ -53,7 +53,7 @@ def rank_table(cfg: RunConfig) -> list[tuple[dict[str, str], dict[str, str]]]:
     static = cfg.rdzv_backend == "static"
     nnodes = cfg.max_nodes
     if static:
-        master_addr, master_port = cfg.rdzv_endpoint.rsplit(":", 1)
+        master_addr, master_port = split_host_port(cfg.rdzv_endpoint)
     else:
         master_addr, master_port = AT_RENDEZVOUS, AT_RENDEZVOUS
     plan = cfg.plan

@@ -174,6 +174,11 @@ def exit_code_of(failure) -> int:
     return 128 - code if code < 0 else (code or 1)
 
 
+def _only_in_files(cfg: RunConfig) -> bool:
+    """Whether some rank's output was redirected to files and not teed to the terminal."""
+    return cfg.redirects.strip() not in ("", "0") and cfg.tee.strip() != "3"
+
+
 def launch(cfg: RunConfig) -> int:
     """Run the job on this node; returns neuronrun's exit code."""
     os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
@@ -226,8 +231,13 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
               flush=True)
         return 1
     except SignalException as sig:
-        print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank", file=sys.stderr,
-              flush=True)
+        kept = ""
+        if own_log_dir and _only_in_files(cfg):
+            kept = f"; the output that went only to files is in {own_log_dir}"
+        elif own_log_dir:  # every line was also on the terminal: nothing the report points at
+            shutil.rmtree(own_log_dir, ignore_errors=True)
+        print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank{kept}",
+              file=sys.stderr, flush=True)
         return 128 + int(sig.sigval)
     if own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
         shutil.rmtree(own_log_dir, ignore_errors=True)

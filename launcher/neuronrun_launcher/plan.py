@@ -109,7 +109,14 @@ def root_comm_id(plan: NeuronPlan, master_addr: str, master_port: int | str) -> 
     port = int(master_port) + 1
     if port > 65535:
         raise ValueError(f"MASTER_PORT={master_port} leaves no port for NEURON_RT_ROOT_COMM_ID; set it yourself")
-    return f"{master_addr}:{port}"
+    host = master_addr.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address goes in brackets
+
+
+def split_host_port(value: str) -> tuple[str, str]:
+    """'host:port' or '[v6 address]:port' -> (host without brackets, port)."""
+    host, port = check_host_port(value, "endpoint").rsplit(":", 1)
+    return host.strip("[]"), port
 
 
 def neuron_env(plan: NeuronPlan, local_rank: int, master_addr: str, master_port: int | str) -> dict[str, str]:

@@ -67,7 +67,8 @@ to 3, unlike torchrun's 0, because the prefix and the failure report need the
 per-rank files; set TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE to change the prefix)
 and printed whole: an unfinished line waits up to 0.5 s for its newline.
 When a rank exits non-zero or is killed, the agent stops the others (SIGTERM, then
-SIGKILL after --shutdown-timeout seconds), restarts the group if --max-restarts
+SIGKILL after 30 s, torch's fixed grace there; --shutdown-timeout is the grace when
+neuronrun itself gets a signal), restarts the group if --max-restarts
 allows, and otherwise neuronrun prints the root cause (rank, node, host, exit code
 or signal, last lines of its stderr/stdout) and exits with the rank's exit code
 (128+N for signal N). Ctrl-C or SIGTERM to neuronrun stops every rank and its

@@ -92,6 +92,9 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
     (["--nnodes", "2", "--node-rank", "2"], {}, r"outside 0\.\.1"),
     (["--nproc-per-node", "4"], {"NEURON_RT_VISIBLE_CORES": "0-2"}, "restricted to 3"),
     ([], {"NEURON_RT_ROOT_COMM_ID": "nohostport"}, "not host:port"),
+    ([], {"NEURON_LOGICAL_NC_CONFIG": "0"}, "supports LNC 1, 2, not 0"),  # 0 is not "the default"
+    (["--nnodes", "2", "--rdzv-endpoint", "node0"], {}, "static rendezvous: give the port"),
+    (["--rdzv-endpoint", "127.0.0.1"], {}, "static rendezvous: give the port"),
     (["--no-python", "-m"], {}, "cannot be used together"),
     (["--tee", "9"], {}, "--tee '9'"),
 ])
@@ -155,6 +158,13 @@ def test_rank_table_two_nodes_trn1_two_cores_per_rank():
     assert env["RANK"] == "17" and env["GROUP_RANK"] == "1" and env["WORLD_SIZE"] == "32"
     assert env["NEURON_RT_VISIBLE_CORES"] == "2-3" and env["NEURON_RT_ROOT_COMM_ID"] == "10.1.1.1:7001"
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "1" and env["NEURON_RT_NUM_CORES"] == "2"
+
+
+def test_rank_table_ipv6_master():
+    c = cfg("--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "[::1]:7000", "t.py")
+    fields, env = rank_table(c)[0]
+    assert env["MASTER_ADDR"] == "::1" and env["MASTER_PORT"] == "7000"
+    assert env["NEURON_RT_ROOT_COMM_ID"] == "[::1]:7001"  # host:port, as neuronrun itself checks it
 
 
 def test_dry_run_cli_output():

@@ -172,11 +172,14 @@ def test_the_rank_that_failed_first_is_the_root_cause(job, mode, code, how, othe
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_signals_to_neuronrun_leave_no_orphans(job, sig):
+def test_signals_to_neuronrun_leave_no_orphans(job, sig, tmp_path):
     script, piddir = job
+    tmp = tmp_path / "tmp"  # neuronrun's own directories (rank logs, process groups) go here
+    tmp.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2",
                              "--shutdown-timeout", "5", str(script), str(piddir), "hang"],
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     wait_for_files(piddir, 2, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -195,6 +198,7 @@ def test_signals_to_neuronrun_leave_no_orphans(job, sig):
     assert proc.returncode == 128 + sig, err
     assert f"received {sig.name}, stopped every rank" in err
     assert_all_gone(piddir, 2)
+    assert [p.name for p in tmp.glob("neuronrun_*")] == []  # the output was on the terminal too (--tee 3)
 
 
 def test_max_restarts_restarts_the_group(job):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from neuronrun_launcher import instances, scheduler
-from neuronrun_launcher.plan import NeuronPlan, format_cpus, neuron_env, rank_cpus
+from neuronrun_launcher.plan import NeuronPlan, check_host_port, format_cpus, neuron_env, rank_cpus
 from neuronrun_launcher.slots import PlacementError, assign_slots, local_slot, parse_core_range
 
 
@@ -91,6 +91,9 @@ def test_neuron_env_root_comm_id_and_user_override():
     }
     user = NeuronPlan("trn1.32xlarge", 1, 16, 2, 2, 4, 0, 32, root_comm_id="head:6000")
     assert neuron_env(user, 0, "10.0.0.1", 29500)["NEURON_RT_ROOT_COMM_ID"] == "head:6000"
+    for v6 in ("::1", "[::1]", "fd00::5"):  # MASTER_ADDR may be an IPv6 address, bracketed or not
+        root = neuron_env(plan, 0, v6, 29500)["NEURON_RT_ROOT_COMM_ID"]
+        assert root == f"[{v6.strip('[]')}]:29501" and check_host_port(root, "root") == root
     assert NeuronPlan.from_json(user.to_json()) == user
 
 
