@@ -24,6 +24,47 @@ from .op import Op
 
 log = logging.getLogger("neuron_dist.init")
 LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process (for dumps)
+# How long a failing rank waits for the store's answer. The store lives in rank 0's process, on
+# another host for most ranks: cut off from it by a network partition, a store call blocks until
+# the kernel gives up on the TCP connection (about 15 minutes), whatever the store's time-out.
+STORE_ANSWER_S = 2.0
+
+
+class StoreUnanswered(TimeoutError):
+    pass
+
+
+def bounded_store_call(fn, what: str, limit: float = STORE_ANSWER_S):
+    """fn() on a helper thread, waited for at most `limit` seconds: a failing op must fail at
+    its time-out even when the store cannot be reached. A call that never returns leaves only
+    its daemon thread behind; while one is outstanding, later calls give up at once instead of
+    piling up threads on a dead connection."""
+    global _outstanding
+    if _outstanding:
+        raise StoreUnanswered(f"the store has not answered an earlier call ({_outstanding})")
+    box: dict = {}
+    done = threading.Event()
+
+    def run():
+        global _outstanding
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+        finally:
+            done.set()
+            _outstanding = None
+
+    _outstanding = what
+    threading.Thread(target=run, name="neuron_dist-store-call", daemon=True).start()
+    if not done.wait(limit):
+        raise StoreUnanswered(f"the store did not answer {what} within {limit:g}s (is rank 0's host reachable?)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+_outstanding: "str | None" = None
 
 
 class HangDiagnosis:
@@ -38,28 +79,34 @@ class HangDiagnosis:
                 "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
                 "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state] for r in recs[-4:]]}
 
-    def _publish_progress(self) -> None:
+    def _publish_progress(self, bounded: bool = False) -> None:
+        """Write this rank's record if it changed. `bounded` (the engine thread, failing an op):
+        wait for the store at most STORE_ANSWER_S; the heartbeat thread may block instead."""
         try:
             rec = self.progress_record()
             key = (rec["issued"], rec["done"], tuple(tuple(x) for x in rec["recent"]), rec["broken"])
             if key != self._published:
-                self.store.set(f"progress/{self.rank}", json.dumps(rec))
+                def put(store=self.store, k=f"progress/{self.rank}", v=json.dumps(rec)):
+                    store.set(k, v)
+                bounded_store_call(put, "a progress record") if bounded else put()
                 self._published = key
         except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
             log.debug("rank %d: progress record not published: %s", self.rank, e)
 
-    def _peer_records(self) -> dict[int, dict]:
-        out = {}
-        for r in range(self.size):
-            if r == self.rank:
-                continue
-            key = f"progress/{r}"
-            try:
-                if self.store.check([key]):
-                    out[r] = json.loads(self.store.get(key))
-            except Exception:  # noqa: BLE001 - a dead store must not hide the local diagnosis
-                pass
-        return out
+    def _peer_records(self) -> tuple[dict[int, dict], str]:
+        """The other ranks' progress records, and why none could be read ('' if they could)."""
+        def read(store=self.store):
+            out = {}
+            for r in range(self.size):
+                if r != self.rank and store.check([f"progress/{r}"]):
+                    out[r] = json.loads(store.get(f"progress/{r}"))
+            return out
+        try:
+            return bounded_store_call(read, "the progress records"), ""
+        except StoreUnanswered as e:
+            return {}, str(e)
+        except Exception as e:  # noqa: BLE001 - a dead store must not hide the local diagnosis
+            return {}, f"the store could not be read ({type(e).__name__}: {e})"
 
     def diagnose(self, op: Op | None = None) -> str:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
@@ -68,8 +115,11 @@ class HangDiagnosis:
             return ", ".join(f"#{s} {k} {n}B {st}" for s, k, n, _dt, st in recent) or "nothing"
         mine = self.progress_record()
         parts = []
-        if op is not None and not op.is_p2p:
-            peers = self._peer_records()
+        collective = op is not None and not op.is_p2p
+        peers, unread = self._peer_records() if collective else ({}, "")
+        if unread:
+            parts.append(f"No other rank's progress is known: {unread}.")
+        elif collective:
             missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
             silent = [r for r in range(self.size) if r != self.rank and r not in peers]
             inside = [r for r in range(self.size) if r not in missing and r not in silent]

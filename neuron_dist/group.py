@@ -574,7 +574,7 @@ class Group(HangDiagnosis):
         for o in rest:
             self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run, the group failed: {err}"))
         self._send_abort(str(err))
-        self._publish_progress()
+        self._publish_progress(bounded=True)
         self._dump_if_asked(f"failure: {err}")
 
     def _send_abort(self, reason: str) -> None:

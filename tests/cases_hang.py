@@ -34,6 +34,55 @@ def absent_rank(rank, world):
     return 1
 
 
+class _CutOffStore:
+    """A store behind a network partition: every call blocks (a real one blocks until the
+    kernel gives up on the TCP connection, about 15 minutes)."""
+
+    def __init__(self):
+        import threading
+        self.gate = threading.Event()
+
+    def __getattr__(self, name):
+        def blocked(*args, **kwargs):
+            self.gate.wait(60)
+            raise RuntimeError("store call released")
+        return blocked
+
+
+def unreachable_store(rank, world):
+    """A rank cut off from the store (rank 0's host) still fails a timed-out collective at the
+    group's time-out: its diagnosis waits for the store at most a bounded time."""
+    from neuron_dist import diagnosis
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S))
+    x = torch.ones(8)
+    dist.all_reduce(x, group=g)  # seq 0: everyone
+    if rank != 0:
+        group = g.group
+        cut = _CutOffStore()
+        real, group.store = group.store, cut
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(x, group=g)  # seq 1: rank 0 never calls it
+        except dist.DistBackendError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a collective with an absent rank returned")
+        finally:
+            took = time.monotonic() - t0
+            group.store = real
+            cut.gate.set()  # let the blocked helper threads go
+        limit = TIMEOUT_S + 2 * diagnosis.STORE_ANSWER_S + 2
+        assert took < limit, f"the error took {took:.1f}s (timeout {TIMEOUT_S}s, limit {limit:.1f}s)"
+        assert "timed out" in msg and "seq 1" in msg, msg
+        assert "No other rank's progress is known: the store did not answer" in msg, msg
+        deadline = time.monotonic() + 5
+        while diagnosis._outstanding and time.monotonic() < deadline:
+            time.sleep(0.01)
+    dist.barrier(group=R.GLOO)
+    dist.destroy_process_group(g)
+    return 1
+
+
 def dumps(rank, world):
     """NEURON_DIST_DUMP writes a group's record of recent collectives when one fails, and
     NEURON_DIST_DUMP_SIGNAL dumps every open group's record on that signal."""
