@@ -99,41 +99,60 @@ def _store_host(store) -> str | None:
     return None
 
 
+def _unbracket(a: str) -> str:
+    """"[::1]" -> "::1" (IPv6 addresses are written in brackets in URLs)."""
+    return a[1:-1] if a.startswith("[") and a.endswith("]") else a
+
+
+def _is_loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1"
+
+
+def _forced_bind_addr() -> str | None:
+    """NEURON_DIST_BIND_ADDR, checked for every group (a one-host job does not use it, but a
+    value that could never work is a mistake to report, not to ignore)."""
+    forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
+    if not forced:
+        return None
+    addr = _unbracket(forced)
+    if addr in ("0.0.0.0", "::", "*"):
+        raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
+                         f"cannot reach an address of that form; give this host's address on the job's network")
+    return addr
+
+
+def _route_from(host: str) -> str:
+    """This host's address on the route to `host` (no packet is sent: a UDP connect only asks
+    the kernel for the route)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0]
+    except OSError as e:
+        raise GroupError(f"cannot resolve {host!r} to choose the interface to bind ({e}); "
+                         f"set NEURON_DIST_BIND_ADDR") from None
+    ip = sockaddr[0]
+    if _is_loopback(ip):
+        return "::1" if family == socket.AF_INET6 else "127.0.0.1"
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((ip, 9))
+            return s.getsockname()[0]
+        except OSError as e:
+            raise GroupError(f"no route to {host} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
+
+
 def _bind_addr(store=None) -> str:
     """The address this job's traffic uses, and the only one our listeners bind to: the
     interface that routes to the rendezvous host (NEURON_DIST_BIND_ADDR overrides). A job whose
     rendezvous is on loopback stays on loopback; nothing ever binds to every interface. IPv4 or
-    IPv6, as the rendezvous host resolves."""
-    def unbracket(a: str) -> str:  # "[::1]", as IPv6 addresses are written in URLs
-        return a[1:-1] if a.startswith("[") and a.endswith("]") else a
-
-    forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
+    IPv6, as the rendezvous host resolves. (`Group._job_addr` corrects a loopback answer for a
+    group that spans hosts.)"""
+    forced = _forced_bind_addr()
     if forced:
-        addr = unbracket(forced)
-        if addr in ("0.0.0.0", "::", "*"):
-            raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
-                             f"cannot reach an address of that form; give this host's address on the job's network")
-        return addr
+        return forced
     master = os.environ.get("MASTER_ADDR") or _store_host(store)
     if not master:  # file:// rendezvous: this host's own address
         master = socket.gethostname()
-    master = unbracket(master)
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(master, None, proto=socket.IPPROTO_TCP)[0]
-    except OSError as e:
-        raise GroupError(f"cannot resolve the rendezvous host {master!r} to choose the interface to bind "
-                         f"({e}); set NEURON_DIST_BIND_ADDR") from None
-    ip = sockaddr[0]
-    if ip.startswith("127."):
-        return "127.0.0.1"
-    if ip == "::1":
-        return "::1"
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((ip, 9))  # no packet is sent: this only asks the kernel for the route
-            return s.getsockname()[0]
-        except OSError as e:
-            raise GroupError(f"no route to the rendezvous host {master} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
+    return _route_from(_unbracket(master))
 
 
 def _close_at_exit() -> None:
@@ -280,6 +299,7 @@ class Group(HangDiagnosis):
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
+        _forced_bind_addr()  # a value that can never work is an error on every job
         me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
@@ -304,7 +324,7 @@ class Group(HangDiagnosis):
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=me["host"], hosts=self.hosts,
                                # only a job that spans hosts listens on TCP (one host: shm or IPC)
-                               bind_addr=_bind_addr(store) if len(set(self.hosts)) > 1 else "127.0.0.1",
+                               bind_addr=self._job_addr(me, store) if len(set(self.hosts)) > 1 else "127.0.0.1",
                                job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
@@ -642,6 +662,34 @@ class Group(HangDiagnosis):
                     f"in the same order, or raise the timeout in init_process_group/new_group."),
                     active, waiting)
                 return
+
+    def _job_addr(self, me: dict, store) -> str:
+        """The address to listen on in a group that spans hosts (every member calls this, and
+        publishes its answer). The route to the rendezvous host is loopback on that host itself
+        when its name resolves to 127.0.1.1 (Debian's and Ubuntu's /etc/hosts): peers on other
+        hosts would then dial their own loopback. Such a rank takes its address on the route to
+        a rank on another host instead."""
+        forced, addr = _forced_bind_addr(), ""
+        try:
+            addr = forced or _bind_addr(store)
+        finally:  # published even when it failed, so that no member waits for it
+            store.set(f"addr/{self.rank}", addr)
+        if forced or not _is_loopback(addr):
+            return addr
+        for r, p in enumerate(self.peers_info):
+            if p["host"] == me["host"]:
+                continue
+            theirs = store.get(f"addr/{r}").decode()
+            if theirs and not _is_loopback(theirs):
+                mine = _route_from(theirs)
+                if not _is_loopback(mine):
+                    log.debug("rank %d: the rendezvous host is loopback here; listening on %s, the route "
+                              "to rank %d (%s)", self.rank, mine, r, theirs)
+                    return mine
+        raise GroupError(f"[rank {self.rank}] group {self.name!r} spans hosts {sorted(set(self.hosts))}, but "
+                         f"this host reaches the rendezvous host over loopback ({addr}) and no rank on another "
+                         f"host has an address to route to: set MASTER_ADDR to an address every host reaches, "
+                         f"or NEURON_DIST_BIND_ADDR to this host's address on the job's network")
 
     def _start_failure_watch(self) -> None:
         """A small thread that keeps this rank's progress record in the store current (only when

@@ -2,6 +2,8 @@
 not present the job's token (or presents a wrong one) is dropped before any frame is read.
 Two zmq transports are built in one process as ranks on two different "hosts" (tests/zmqpair.py),
 so they talk over TCP on loopback; a rogue zmq socket then tries to inject a well-formed frame."""
+import os
+
 import pytest
 import torch
 import zmq
@@ -69,3 +71,54 @@ def test_bind_address_choice(monkeypatch):
         monkeypatch.setenv("NEURON_DIST_BIND_ADDR", every)
         with pytest.raises(GroupError, match="every interface"):
             _bind_addr()
+
+
+def test_a_host_whose_name_resolves_to_loopback_listens_on_the_route_to_its_peers(monkeypatch):
+    """Debian's /etc/hosts maps the host's own name to 127.0.1.1: on the rendezvous host the
+    route to MASTER_ADDR is then loopback, and rank 0 published a 127.0.0.1 endpoint to ranks on
+    other hosts (probe G: they dialled their own loopback; one rank exited 0 with its frames
+    never delivered). The rank now listens on its route to a rank on another host; with no such
+    rank it fails naming what to set."""
+    import types
+    from neuron_dist import group as G
+    from neuron_dist.errors import GroupError
+    routes = {"10.9.9.2": "10.9.9.1"}  # this host's side of the route to each peer address
+    monkeypatch.setattr(G, "_route_from", lambda h: "127.0.0.1" if G._is_loopback(h) else routes[h])
+    monkeypatch.delenv("NEURON_DIST_BIND_ADDR", raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.1.1")
+
+    class Store(dict):
+        def set(self, k, v):
+            self[k] = v.encode() if isinstance(v, str) else v
+
+        def get(self, k):
+            return self[k]
+
+    def rank0(peer_addr):
+        store = Store({"addr/1": peer_addr.encode()})
+        me = {"host": "node0"}
+        g = types.SimpleNamespace(rank=0, name="default_pg", hosts=["node0", "node1"],
+                                  peers_info=[me, {"host": "node1"}])
+        return G.Group._job_addr(g, me, store), store
+
+    addr, store = rank0("10.9.9.2")
+    assert addr == "10.9.9.1" and store["addr/0"] == b"127.0.0.1"
+    with pytest.raises(GroupError, match="over loopback.*NEURON_DIST_BIND_ADDR"):
+        rank0("127.0.0.1")  # every host thinks the rendezvous is itself: nothing to route to
+    monkeypatch.setenv("NEURON_DIST_BIND_ADDR", "10.9.9.7")  # the user's choice stands
+    assert rank0("10.9.9.2")[0] == "10.9.9.7"
+
+
+def test_a_bind_address_that_cannot_work_is_refused_on_one_host_too(tmp_path):
+    """NEURON_DIST_BIND_ADDR=0.0.0.0 was accepted silently by a job on one host (which opens no
+    TCP listener), though the README says it is refused."""
+    import subprocess
+    import sys
+    from pool import free_port
+    code = ("import torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    env = dict(os.environ, NEURON_DIST_BIND_ADDR="0.0.0.0")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 1 and "NEURON_DIST_BIND_ADDR='0.0.0.0' would listen on every interface" in p.stderr, \
+        p.stderr[-2000:]
