@@ -13,6 +13,7 @@ and later operation fails with an error that names the original cause.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -354,12 +355,21 @@ class Group(HangDiagnosis):
         local_rank = int(env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", world_rank)))
         local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
         slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
-        return {"slot": slot.to_dict()}
+        node_given = any(env.get(k) for k in ("GROUP_RANK", "NODE_ID", "NODE_RANK"))
+        return {"slot": slot.to_dict(), "node_given": node_given}
 
     def _build_topology(self):
-        """The group's agreed topology (from every rank's published slot) and its ring order."""
+        """The group's agreed topology (from every rank's published slot) and its ring order.
+
+        Without a node number from the launcher (GROUP_RANK, NODE_ID, NODE_RANK), a rank's node
+        was guessed as rank // LOCAL_WORLD_SIZE, which holds only for ranks laid out node by
+        node; when the members' host names show several hosts, the hosts decide instead (nodes
+        numbered in order of first appearance)."""
         from . import topology
         slots = [topology.Slot.from_dict(p["slot"]) for p in self.peers_info]
+        if len(set(self.hosts)) > 1 and not any(p.get("node_given") for p in self.peers_info):
+            node_of = {h: i for i, h in enumerate(dict.fromkeys(self.hosts))}
+            slots = [dataclasses.replace(s, node=node_of[h]) for s, h in zip(slots, self.hosts)]
         topo = topology.GroupTopology(topology.get_instance(slots[0].instance), slots)
         topo.validate()
         order = list(topology.ring_order(topo))

@@ -266,3 +266,28 @@ def test_forced_algorithm_errors_list_what_the_backend_runs():
         with pytest.raises(ValueError, match=r"for broadcast; valid: tree, direct$"):
             select.parse_forced(spec)
     assert select.parse_forced("all_reduce:RING") == {"allreduce": "ring"}
+
+
+def test_hosts_decide_the_nodes_when_no_launcher_numbered_them():
+    """Ranks started by hand with LOCAL_RANK/LOCAL_WORLD_SIZE but no GROUP_RANK, laid out
+    across hosts in turn (0 and 2 on one host, 1 and 3 on the other): the node guessed as
+    rank // LOCAL_WORLD_SIZE put ranks 0 and 1 on one node with core 0 each, and every rank
+    failed with 'both use core 0 on node 0' (probe G; Gloo ran it). The hosts decide now; a
+    launcher's node numbers, when given, still stand."""
+    import types
+    from neuron_dist.group import Group
+    from neuron_dist.topology import placement_from_env
+
+    def members(hosts, local_ranks, given):
+        env = {"GROUP_RANK": "0"} if given else {}
+        return [{"slot": placement_from_env(env, r, 4, lr, 2).to_dict(), "node_given": given}
+                for r, lr in enumerate(local_ranks)]
+
+    hosts = ["a", "b", "a", "b"]
+    g = types.SimpleNamespace(rank=0, name="default_pg", hosts=hosts, peers_info=members(hosts, [0, 0, 1, 1], False))
+    topo, order = Group._build_topology(g)
+    assert [(s.node, s.cores) for s in topo.slots] == [(0, (0,)), (1, (0,)), (0, (1,)), (1, (1,))]
+    assert sorted(order) == [0, 1, 2, 3]
+    one_host = ["a"] * 4  # one host: the environment's numbering (a simulated 2-node job) stands
+    g = types.SimpleNamespace(rank=0, name="default_pg", hosts=one_host, peers_info=members(one_host, [0, 1, 0, 1], False))
+    assert [s.node for s in Group._build_topology(g)[0].slots] == [0, 0, 1, 1]
