@@ -94,6 +94,15 @@ def emit(text: str, where: str) -> None:
         log.warning("could not write diagnostics to %s: %s", where, e)
 
 
+class _RankFormatter(logging.Formatter):
+    """Reads RANK when a line is written, not at import: a process may learn its rank later
+    (bench's spawned ranks, code that sets RANK before init_process_group)."""
+
+    def format(self, record):
+        record.rank = os.environ.get("RANK", "?")
+        return super().format(record)
+
+
 def setup_logging() -> None:
     """Turn on debug logging for the subsystems named in NEURON_DIST_DEBUG."""
     raw = os.environ.get("NEURON_DIST_DEBUG", "").strip()
@@ -101,13 +110,14 @@ def setup_logging() -> None:
         return
     names = SUBSYSTEMS if raw.lower() in _ON + ("all",) else [s.strip().upper() for s in raw.split(",") if s.strip()]
     unknown = [n for n in names if n not in _LOGGERS]
-    if unknown:
-        raise ValueError(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}; known: {', '.join(SUBSYSTEMS)}")
+    if unknown:  # a warning, not an error: this runs at import, in programs that may never init
+        import warnings
+        warnings.warn(f"NEURON_DIST_DEBUG names unknown subsystems {unknown}, ignored; known: "
+                      f"{', '.join(SUBSYSTEMS)}", stacklevel=2)
     # one handler, on the package's logger: the subsystems' records propagate to it (a handler on
     # each as well printed every line twice); subsystems not named stay quiet at INFO
     handler = logging.StreamHandler()
-    rank = os.environ.get("RANK", "?")
-    handler.setFormatter(logging.Formatter(f"[neuron_dist rank {rank}] %(name)s %(levelname)s: %(message)s"))
+    handler.setFormatter(_RankFormatter("[neuron_dist rank %(rank)s] %(name)s %(levelname)s: %(message)s"))
     for n, logger_name in _LOGGERS.items():
         logging.getLogger(logger_name).setLevel(logging.DEBUG if n in names else logging.INFO)
     log.setLevel(logging.DEBUG if "INIT" in names else logging.INFO)  # its own lines: variables read at set-up

@@ -107,3 +107,20 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_debug_with_an_unknown_subsystem_warns_and_lines_carry_the_rank_set_later(tmp_path):
+    """NEURON_DIST_DEBUG=bogus raised at `import neuron_dist`, in programs that might never
+    init the backend; and debug lines said 'rank ?' when RANK was set after the import (bench's
+    spawned ranks). Now: a warning naming the variable, the known subsystems still log, and the
+    rank is read when a line is written."""
+    code = ("import os, logging, neuron_dist\n"
+            "os.environ['RANK'] = '5'\n"
+            "logging.getLogger('neuron_dist.init').debug('hello')\n")
+    env = dict(os.environ, NEURON_DIST_DEBUG="INIT,bogus")
+    env.pop("RANK", None)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "NEURON_DIST_DEBUG names unknown subsystems ['BOGUS'], ignored" in p.stderr, p.stderr[-2000:]
+    assert "[neuron_dist rank 5] neuron_dist.init DEBUG: hello" in p.stderr, p.stderr[-2000:]

@@ -291,3 +291,12 @@ def test_hosts_decide_the_nodes_when_no_launcher_numbered_them():
     one_host = ["a"] * 4  # one host: the environment's numbering (a simulated 2-node job) stands
     g = types.SimpleNamespace(rank=0, name="default_pg", hosts=one_host, peers_info=members(one_host, [0, 1, 0, 1], False))
     assert [s.node for s in Group._build_topology(g)[0].slots] == [0, 0, 1, 1]
+
+
+def test_an_unknown_instance_in_the_environment_names_the_variable():
+    """'unknown instance trn9' did not say where the name came from."""
+    from neuron_dist.topology import placement_from_env
+    with pytest.raises(ValueError, match=r"NEURON_DIST_INSTANCE='trn9': unknown instance 'trn9'"):
+        placement_from_env({"NEURON_DIST_INSTANCE": "trn9"}, 0, 2, 0, 2)
+    with pytest.raises(ValueError, match=r"NEURON_DIST_INSTANCE='/nope/x.json': instance description"):
+        placement_from_env({"NEURON_DIST_INSTANCE": "/nope/x.json"}, 0, 2, 0, 2)

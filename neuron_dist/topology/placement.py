@@ -94,7 +94,10 @@ def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local
     if not (0 <= rank < world_size) or not (0 <= local_rank < local_world_size):
         raise ValueError(f"bad rank numbers: rank {rank} of {world_size}, local rank "
                          f"{local_rank} of {local_world_size}")
-    instance = get_instance(env.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+    try:
+        instance = get_instance(env.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+    except ValueError as e:
+        raise ValueError(f"NEURON_DIST_INSTANCE={env.get('NEURON_DIST_INSTANCE')!r}: {e}") from None
     lnc_s = env.get("NEURON_LOGICAL_NC_CONFIG")
     try:
         lnc = instance.check_lnc(int(lnc_s) if lnc_s else None)
