@@ -16,10 +16,11 @@ collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to
 broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call.
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
 see the same machine, and `ratio` is neuron's busbw over Gloo's. `model` is the busbw that
-`neuron_dist.topology.estimate` predicts for the algorithm `choose` picks on the modelled
-instance (`--instance`, ranks placed one per core): the device the backend is tuned for, not
-this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The exit status is 1
-if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
+`neuron_dist.topology.estimate` predicts for the algorithm the backend picks (its model policy,
+NEURON_DIST_ALGO honoured) on the modelled instance (`--instance`, default $NEURON_DIST_INSTANCE
+or trn2.48xlarge, ranks placed one per core): the device the backend is tuned for, not this
+host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The exit status is 1 if
+any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
 `--loop` times as nccl-tests does: one barrier, then `-n` back-to-back calls, time = the slowest
 rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
@@ -51,9 +52,23 @@ BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / 
 
 
 def parse_size(s: str) -> int:
-    s = str(s).strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(float(s[:-1] if mult > 1 else s) * mult)
+    """"4K", "4KiB", "64MB", "7" -> bytes (K, M, G are powers of two). A ValueError, which
+    argparse turns into a usage error, for what is not a whole finite number of bytes: "inf" was
+    an OverflowError traceback, "0.5" silently became 0 bytes."""
+    t = str(s).strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    v = float(t[:-1] if mult > 1 else t) * mult
+    if not math.isfinite(v) or not v.is_integer():
+        raise ValueError(f"size {s!r} is not a whole number of bytes")
+    return int(v)
+
+
+def paramcount(nbytes: int, elem_size: int, n: int, per_rank: bool) -> int:
+    """nccl-tests' count column (its paramcount): the elements of one rank's call, which is one
+    rank's block (per_rank: all-gather's input, reduce-scatter's output, all-to-all's block per
+    peer) or the whole buffer; at least one element, as a call moves at least one. Shared with
+    `python -m neuron_dist.topology predict` so the two tables agree."""
+    return max(1, nbytes // (elem_size * n)) if per_rank else max(1, nbytes // elem_size)
 
 
 def sweep(lo: int, hi: int, factor: int) -> list[int]:
@@ -92,7 +107,7 @@ class Case:
         self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in ("allgather", "reduce_scatter", "alltoall")
-        c = max(1, nbytes // (es * n)) if per else max(1, nbytes // es)   # per-rank block / count
+        c = paramcount(nbytes, es, n, per)                                # per-rank block / count
         C = c * n if per else c                                           # the largest buffer
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda start, cnt, r: ((torch.arange(start, start + cnt) % 5) + r + 1).to(dtype)
@@ -151,13 +166,16 @@ class Case:
 
 def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
     """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
-    predicted to take no time (one rank moves nothing: no bandwidth to divide by)."""
+    predicted to take no time (one rank moves nothing: no bandwidth to divide by). The algorithm
+    is the one the backend runs under its model policy: among those it has builders for, or the
+    one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call)."""
     if op == "sendrecv":
         return None
     try:
-        from .topology import choose, estimate, place
+        from .topology import estimate, place
+        from .topology.select import ENV_ALGO, backend_choose, backend_forced
         topo = place(instance, 1, n)
-        algo = choose(op, nbytes, topo)
+        algo = backend_choose(op, nbytes, topo, backend_forced(os.environ.get(ENV_ALGO)))
         t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
         return None
@@ -346,8 +364,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--added", action="store_true",
                    help="time = wall time a call adds to a Gloo barrier (what it costs the job)")
     p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
-    p.add_argument("--instance", default="trn2.48xlarge",
-                   help="instance the cost model predicts busbw for ('' to omit the column)")
+    p.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or "trn2.48xlarge",
+                   help="instance the cost model predicts busbw for (default $NEURON_DIST_INSTANCE, "
+                        "as the backend models, else trn2.48xlarge; '' to omit the column)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--json", metavar="FILE", help="write the configuration and every row to FILE")
     p.add_argument("--no-progress", dest="progress", action="store_false",
@@ -381,6 +400,11 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(f"--json {a.json}: directory {d} does not exist")
         if os.path.isdir(a.json):
             p.error(f"--json {a.json} is a directory")
+    from .topology.select import ENV_ALGO, backend_forced
+    try:  # the backend would raise this at the first collective, in every rank
+        backend_forced(os.environ.get(ENV_ALGO))
+    except ValueError as e:
+        p.error(str(e))
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         from .topology import place
         launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ

@@ -132,7 +132,8 @@ def run(a, backend: str, wrap: str) -> tuple[float, bool]:
 def parse_args(argv=None) -> argparse.Namespace:
     """The arguments, checked before the reference step runs or any rank is spawned: an unknown
     backend used to kill every rank at init and leave the parent waiting, --steps 0 to fail
-    only after the whole run, in statistics.median."""
+    only after the whole run, in statistics.median, and a --json FILE in a missing directory
+    only when the results were written, after the whole run (as bench.check does)."""
     p = argparse.ArgumentParser(prog="python -m neuron_dist.bench_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)
@@ -156,6 +157,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
+    if a.json:
+        d = os.path.dirname(os.path.abspath(a.json))
+        if not os.path.isdir(d):
+            p.error(f"--json {a.json}: directory {d} does not exist")
+        if os.path.isdir(a.json):
+            p.error(f"--json {a.json} is a directory")
     return a
 
 

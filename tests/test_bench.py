@@ -13,6 +13,30 @@ def test_parse_size():
     assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
 
 
+@pytest.mark.parametrize("instance,n,op,nbytes", [
+    ("trn2.48xlarge", 8, "broadcast", 1 << 20),    # the cost model alone picked "ring": no builder
+    ("trn1.32xlarge", 4, "alltoall", 64 << 20),    # the same
+    ("trn3", 16, "broadcast", 64 << 20),
+    ("inf2.48xlarge", 8, "allreduce", 4096),
+    ("trn2.48xlarge", 16, "allgather", 64 << 20),
+    ("trn2.48xlarge", 64, "reduce_scatter", 1 << 20),
+])
+def test_model_column_is_the_backends_choice(monkeypatch, instance, n, op, nbytes):
+    """The model column's algorithm is the one the backend runs on a group of that topology (its
+    model policy, collectives.select.choose), not the cost model's pick among algorithms the
+    backend has no schedule for."""
+    from types import SimpleNamespace
+
+    from neuron_dist.collectives import select
+    from neuron_dist.collectives.algorithms import algorithms_for
+    from neuron_dist.topology import place
+    monkeypatch.delenv("NEURON_DIST_ALGO", raising=False)
+    monkeypatch.delenv("NEURON_DIST_TUNING", raising=False)
+    group = SimpleNamespace(topology=place(instance, 1, n), size=n, transport=None)  # what choose reads
+    algo, busbw = bench.model_busbw(op, nbytes, n, instance)
+    assert algo == select.choose(op, nbytes, group) and algo in algorithms_for(op) and busbw > 0
+
+
 def test_collective_bench_vs_gloo_json(tmp_path):
     out = tmp_path / "b.json"
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "all", "-b", "1K",

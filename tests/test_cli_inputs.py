@@ -66,6 +66,39 @@ def test_bench_model_of_one_rank_is_no_prediction():
     assert bw > 0
 
 
+def test_bench_model_follows_the_backends_environment(monkeypatch, capsys):
+    """The model column models what the backend runs: NEURON_DIST_INSTANCE is --instance's
+    default (it was always trn2.48xlarge), NEURON_DIST_ALGO forces the algorithm (it was
+    ignored), and one the backend would reject at its first collective is a usage error."""
+    monkeypatch.delenv("NEURON_DIST_INSTANCE", raising=False)
+    monkeypatch.delenv("NEURON_DIST_ALGO", raising=False)
+    assert bench.parser().parse_args([]).instance == "trn2.48xlarge"
+    monkeypatch.setenv("NEURON_DIST_INSTANCE", "trn1.32xlarge")
+    assert bench.parser().parse_args([]).instance == "trn1.32xlarge"
+    assert bench.model_busbw("allreduce", 4096, 4, "trn1.32xlarge")[0] == "direct"
+    monkeypatch.setenv("NEURON_DIST_ALGO", "allreduce:ring")
+    assert bench.model_busbw("allreduce", 4096, 4, "trn1.32xlarge")[0] == "ring"
+    monkeypatch.setenv("NEURON_DIST_ALGO", "broadcast:ring")  # the cost model knows it; the backend does not
+    with pytest.raises(SystemExit) as e:
+        _check([])
+    assert e.value.code == 2 and "NEURON_DIST_ALGO='broadcast:ring'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("size", ["inf", "-inf", "nan", "0.5", "1.3", "1.3K"])
+def test_sizes_are_whole_finite_bytes(size, capsys):
+    """'inf' was an OverflowError traceback (argparse turns only ValueError into a usage error),
+    '0.5' silently 0 bytes: both are usage errors (exit 2), in bench and topology predict."""
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        bench.parse_size(size)
+    with pytest.raises(SystemExit) as e:
+        bench.parser().parse_args([f"-b={size}"])
+    assert e.value.code == 2 and "-b/--min-bytes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        _topology(["predict", "all_reduce", "--sizes", f"8K,{size}"], capsys)
+    assert e.value.code == 2 and f"got {size!r}" in capsys.readouterr().err
+    assert bench.parse_size("1.5K") == 1536 and bench.parse_size("1e3") == 1000
+
+
 @pytest.mark.parametrize("op,count", [("allreduce", 1024), ("broadcast", 1024), ("sendrecv", 1024),
                                       ("allgather", 512), ("reduce_scatter", 512), ("alltoall", 512)])
 def test_bench_count_is_per_rank_like_nccl_tests(op, count):
@@ -113,6 +146,7 @@ def test_bench_one_rank_and_wrong_gloo_reference(tmp_path):
     (["--steps", "0"], "--steps must be at least 1"),  # StatisticsError after the whole run
     (["--steps", "-2"], "--steps must be at least 1"),
     (["--warmup", "-1"], "--warmup must be at least 0"),
+    (["--json", "/nonexistent-dir/t.json"], "does not exist"),  # a traceback after the whole run
 ])
 def test_bench_train_rejects_bad_arguments(argv, msg, capsys):
     with pytest.raises(SystemExit) as e:
@@ -178,3 +212,63 @@ def test_results_commands_match_run_all():
         assert r in commands.splitlines(), r
     minutes = re.search(r"about (\d+) minutes", script).group(1)
     assert f"about {minutes} minutes" in commands
+
+
+def test_topology_predict_runs_what_the_backend_runs(monkeypatch, capsys):
+    """predict chooses among the backend's algorithms and checks NEURON_DIST_ALGO and --algo as
+    the backend does: broadcast 'ring' is costed by the model but has no schedule."""
+    from neuron_dist.collectives.algorithms import algorithms_for
+    monkeypatch.setenv("NEURON_DIST_ALGO", "broadcast:ring")
+    args = ["predict", "broadcast", "--instance", "trn1.32xlarge", "--ppn", "4", "--sizes", "1M,64M"]
+    rc, out, err = _topology(args, capsys)
+    assert rc == 2 and out == "" and "valid: tree, direct" in err
+    monkeypatch.delenv("NEURON_DIST_ALGO")
+    rc, out, err = _topology(args + ["--algo", "ring"], capsys)
+    assert rc == 2 and out == "" and "--algo 'ring'" in err and "valid: tree, direct" in err
+    rc, out, _ = _topology(args, capsys)
+    algos = [l.split()[-1] for l in out.splitlines() if not l.startswith("#")]
+    assert rc == 0 and algos == [bench.model_busbw("broadcast", s, 4, "trn1.32xlarge")[0]
+                                 for s in (1 << 20, 64 << 20)]
+    assert set(algos) <= set(algorithms_for("broadcast")), algos
+    rc, out, _ = _topology(args + ["--algo", "TREE"], capsys)
+    assert rc == 0 and {l.split()[-1] for l in out.splitlines() if not l.startswith("#")} == {"tree"}
+
+
+def _rows(out):
+    return [l.split() for l in out.splitlines() if not l.startswith("#")]
+
+
+def test_topology_predict_dashes_and_counts(capsys):
+    """A barrier moves no data: its algbw/busbw (bytes / a size-independent time) are '-'. One
+    rank runs nothing: every column '-' (it printed 0.00 us and 'ring'), as bench's model column.
+    count is bench's (at least one element; --sizes 3 gave 0)."""
+    import torch
+    rc, out, _ = _topology(["predict", "barrier", "--sizes", "8K,64M"], capsys)
+    rows = _rows(out)
+    assert rc == 0 and [r[4:6] for r in rows] == [["-", "-"]] * 2 and float(rows[0][3]) > 0
+    assert "Avg bus bandwidth (modelled): -" in out
+    rc, out, _ = _topology(["predict", "all_reduce", "--ppn", "1", "--sizes", "8K"], capsys)
+    assert rc == 0 and _rows(out) == [["8192", "2048", "float", "-", "-", "-", "-"]]
+    assert bench.model_busbw("allreduce", 8192, 1, "trn2.48xlarge") is None
+    for op in ("allreduce", "allgather", "broadcast"):
+        rc, out, _ = _topology(["predict", op, "--ppn", "2", "--sizes", "3,8K"], capsys)
+        assert rc == 0 and [int(r[1]) for r in _rows(out)] == [
+            bench.Case(op, s, torch.float32, 0, 2, None).count for s in (3, 8192)], (op, out)
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("link_bandwidth", "800MiB", "link_bandwidth: cannot read '800MiB'"),  # a TypeError traceback
+    ("hbm_bandwidth", 0, "hbm_bandwidth must be > 0"),                     # a ZeroDivisionError
+    ("torus_wrap", ["no", "no"], "torus_wrap[0] must be true or false"),   # read as True
+    ("chips", "4", "chips must be a whole number"),
+])
+def test_topology_rejects_bad_instance_files(tmp_path, capsys, field, value, msg):
+    """An instance file the model cannot use is `error: ...` naming the field, exit 2."""
+    import json
+    d = {"name": "cli.4chip", "chips": 4, "physical_cores_per_chip": 2, "default_lnc": 1,
+         "supported_lnc": [1], "graph": "torus", "torus_dims": [2, 2], "torus_wrap": [True, True],
+         "link_bandwidth": "100 GB/s", "hbm_bandwidth": "800 GB/s", field: value}
+    p = tmp_path / "inst.json"
+    p.write_text(json.dumps(d))
+    rc, out, err = _topology(["predict", "all_reduce", "--instance", str(p), "--sizes", "8K,64M"], capsys)
+    assert rc == 2 and out == "" and err.startswith("error: ") and msg in err, err

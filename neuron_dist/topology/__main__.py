@@ -5,8 +5,10 @@
       Hamiltonian ring(s) drawn over the chip graph to an SVG file (default INSTANCE-rings.svg)
   predict COLLECTIVE --instance NAME [--nodes N] [--ppn K] [--lnc N] [--sizes 8K,1M,64M]
           [--algo NAME]
-      an nccl-tests-like table of modelled time, algbw and busbw, with the algorithm chosen at
-      each size (or the one given with --algo); NEURON_DIST_ALGO is honoured.
+      an nccl-tests-like table of modelled time, algbw and busbw, with the algorithm the backend
+      would choose at each size (or the one given with --algo); NEURON_DIST_ALGO is honoured.
+      '-' where there is nothing to show: every column of a one-rank group, and a barrier's
+      bandwidths (it moves no data).
   list
       the known instance models
 """
@@ -16,23 +18,28 @@ import argparse
 import os
 import sys
 
-from ..bench import parse_size  # one size syntax (4K, 4KiB, 64MB) for bench and this tool
+from ..bench import paramcount, parse_size  # one size syntax and count column for bench and this tool
 from .cost import bus_factor, estimate, normalise_collective
 from .draw import svg
 from .graph import hamiltonian_cycles
 from .instances import get_instance, list_instances
 from .placement import place
-from .select import ENV_ALGO, choose, parse_forced
+from .select import ENV_ALGO, backend_algorithms, backend_choose, backend_forced
 
 
 def parse_sizes(s: str) -> list[int]:
-    """--sizes: a comma-separated list of positive sizes, parsed before any table row prints."""
-    try:
-        sizes = [parse_size(x) for x in s.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected sizes like 8K,4KiB,1M (each at least 1 byte), got {s!r}")
+    """--sizes: a comma-separated list of positive sizes, parsed before any table row prints
+    (parse_size's ValueError for "inf" or "0.5" becomes argparse's usage error, exit 2)."""
+    sizes = []
+    for x in s.split(","):
+        try:
+            sizes.append(parse_size(x))
+        except ValueError:
+            sizes.append(0)
+        if sizes[-1] < 1:
+            raise argparse.ArgumentTypeError(
+                f"expected sizes like 8K,4KiB,1M (each a whole number of bytes, at least 1), "
+                f"got {x.strip()!r} in {s!r}")
     return sizes
 
 
@@ -88,13 +95,18 @@ def cmd_predict(args) -> int:
         raise ValueError(f"--ppn must be at least 1, not {args.ppn} (leave it out for every logical core)")
     ppn = inst.cores(lnc) if args.ppn is None else args.ppn
     topo = place(inst, args.nodes, ppn, lnc)
-    forced = parse_forced(os.environ.get(ENV_ALGO))
+    # what the backend would run: its algorithms only, NEURON_DIST_ALGO checked as it checks it
+    forced = backend_forced(os.environ.get(ENV_ALGO))
     if args.algo:
-        forced[coll] = args.algo
+        runnable = backend_algorithms(coll)
+        if args.algo.strip().lower() not in runnable:
+            raise ValueError(f"--algo {args.algo!r}: the backend has no such algorithm for {coll}; "
+                             f"valid: {', '.join(runnable)}")
+        forced[coll] = args.algo.strip().lower()
     n = topo.size
     rows = []  # every row computed before the header prints, so an error comes alone
     for nbytes in args.sizes:
-        algo = choose(coll, nbytes, topo, forced)
+        algo = backend_choose(coll, nbytes, topo, forced)
         rows.append((nbytes, algo, estimate(coll, algo, nbytes, topo)))
     print(f"# {coll} on {args.nodes} x {inst.name} ({ppn} ranks per node, LNC={lnc}, {n} ranks); "
           f"modelled device time")
@@ -104,13 +116,22 @@ def cmd_predict(args) -> int:
     # nccl-tests' count (bench's column too): one rank's block where the buffer holds one per rank
     per_rank = coll in ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
     for nbytes, algo, t in rows:
-        algbw = nbytes / t / 1e9 if t > 0 else 0.0
+        count = paramcount(nbytes, 4, n, per_rank)
+        if n == 1:  # one rank runs no algorithm and moves nothing: '-', as in bench's model column
+            print(f"  {nbytes:>12} {count:>12} {'float':>6} {'-':>10} {'-':>12} {'-':>12}  -")
+            continue
+        if coll == "barrier" or t <= 0:  # no data moved: bytes / a size-independent time means nothing
+            print(f"  {nbytes:>12} {count:>12} {'float':>6} {t * 1e6:>10.2f} {'-':>12} {'-':>12}  {algo}")
+            continue
+        algbw = nbytes / t / 1e9
         busbw = algbw * bus_factor(coll, n)
         busbws.append(busbw)
-        count = max(1, nbytes // (4 * n)) if per_rank else nbytes // 4
         print(f"  {nbytes:>12} {count:>12} {'float':>6} {t * 1e6:>10.2f} {algbw:>12.2f} "
               f"{busbw:>12.2f}  {algo}")
-    print(f"# Avg bus bandwidth (modelled): {sum(busbws) / len(busbws):.2f} GB/s")
+    if busbws:
+        print(f"# Avg bus bandwidth (modelled): {sum(busbws) / len(busbws):.2f} GB/s")
+    else:
+        print(f"# Avg bus bandwidth (modelled): - ({'one rank' if n == 1 else 'a barrier'} moves no data)")
     return 0
 
 
@@ -124,7 +145,7 @@ def main(argv=None) -> int:
     s.add_argument("--svg")
     pr = sub.add_parser("predict")
     pr.add_argument("collective")
-    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE", "trn2.48xlarge"))
+    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or "trn2.48xlarge")
     pr.add_argument("--nodes", type=int, default=1)
     pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
     pr.add_argument("--lnc", type=int)

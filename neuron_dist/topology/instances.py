@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
-from dataclasses import asdict, dataclass, field, fields
+import re
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -34,6 +36,47 @@ Gbps = 1e9 / 8
 US = 1e-6
 
 GRAPHS = ("torus", "ring", "switch", "single")
+INT_FIELDS = ("chips", "physical_cores_per_chip", "default_lnc", "domain_nodes")
+# figures in SI units (bytes/s, seconds, bytes); a description may give them with a unit (_UNITS)
+NUMERIC_FIELDS = ("link_bandwidth", "link_latency", "hbm_bandwidth", "hbm_bytes", "efa_bandwidth",
+                  "efa_latency", "domain_link_bandwidth", "intra_chip_bandwidth")
+
+
+def _whole(v, field_name: str) -> int:
+    """An integer field: a whole number (4 or 4.0, as TOML/JSON may write it), never a bool or a
+    string, which would pass here only to fail later as a TypeError deep in the placement."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and float(v).is_integer():
+        return int(v)
+    raise ValueError(f"{field_name} must be a whole number, got {v!r}")
+
+
+def _figure(v, field_name: str) -> float:
+    """A numeric field: a finite real number >= 0 (a NaN or negative bandwidth gives nonsense
+    times, not an error)."""
+    try:
+        f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    except OverflowError:  # an integer beyond a float's range (JSON allows one)
+        f = math.inf
+    if not math.isfinite(f) or f < 0:
+        raise ValueError(f"{field_name} must be a finite number >= 0, got {v!r}")
+    return f
+
+
+def _flag(v, field_name: str) -> bool:
+    """A boolean field: true or false only; bool("no") is True, so strings are refused."""
+    if not isinstance(v, bool):
+        raise ValueError(f"{field_name} must be true or false, got {v!r}")
+    return v
+
+
+def _seq(model, field_name: str):
+    """A list field's value: a list or tuple (a bare 4 for torus_dims was a TypeError)."""
+    v = getattr(model, field_name)
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{field_name} must be a list, got {v!r}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -62,14 +105,39 @@ class InstanceModel:
     def __post_init__(self):
         def bad(msg):
             raise ValueError(f"instance {self.name!r}: {msg}")
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"instance name must be a non-empty string, got {self.name!r}")
         if self.graph not in GRAPHS:
             bad(f"graph must be one of {GRAPHS}, got {self.graph!r}")
+        # Types first, so that a description's "4" or "no" is named here rather than failing as a
+        # TypeError (or silently reading as True) in the cost model at the first collective.
+        try:
+            for name in INT_FIELDS:
+                object.__setattr__(self, name, _whole(getattr(self, name), name))
+            for name in ("supported_lnc", "torus_dims"):
+                object.__setattr__(self, name, tuple(_whole(x, f"{name}[{i}]")
+                                                     for i, x in enumerate(_seq(self, name))))
+            object.__setattr__(self, "torus_wrap", tuple(_flag(x, f"torus_wrap[{i}]")
+                                                         for i, x in enumerate(_seq(self, "torus_wrap"))))
+            object.__setattr__(self, "multi_node", _flag(self.multi_node, "multi_node"))
+            for name in NUMERIC_FIELDS:
+                object.__setattr__(self, name, _figure(getattr(self, name), name))
+        except ValueError as e:
+            raise ValueError(f"instance {self.name!r}: {e}") from None
+        if not isinstance(self.notes, str):
+            bad(f"notes must be a string, got {self.notes!r}")
+        if not isinstance(self.sources, Mapping):
+            bad(f"sources must be a table of field name -> source, got {self.sources!r}")
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
         if self.chips < 1 or self.physical_cores_per_chip < 1:
             bad("chips and physical_cores_per_chip must be >= 1")
-        object.__setattr__(self, "supported_lnc", tuple(int(x) for x in self.supported_lnc))
-        object.__setattr__(self, "torus_dims", tuple(int(x) for x in self.torus_dims))
-        object.__setattr__(self, "torus_wrap", tuple(bool(x) for x in self.torus_wrap))
-        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        # the cost model divides by these: a zero here was a ZeroDivisionError at the first collective
+        if self.hbm_bandwidth <= 0:
+            bad(f"hbm_bandwidth must be > 0 bytes/s, got {self.hbm_bandwidth}")
+        if self.graph != "single" and self.link_bandwidth <= 0:
+            bad(f"link_bandwidth must be > 0 bytes/s for graph {self.graph!r}, got {self.link_bandwidth}")
+        if self.multi_node and self.efa_bandwidth <= 0:
+            bad(f"efa_bandwidth must be > 0 bytes/s when multi_node is true, got {self.efa_bandwidth}")
         if self.default_lnc not in self.supported_lnc:
             bad(f"default_lnc {self.default_lnc} not in supported_lnc {self.supported_lnc}")
         for lnc in self.supported_lnc:
@@ -147,7 +215,9 @@ class InstanceModel:
         return len(self.chip_neighbours(0)) if self.chips > 1 else 0
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """The fields as plain data, as a description file holds them. Not dataclasses.asdict:
+        it deep-copies, and `sources` is a mappingproxy, which cannot be copied (TypeError)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["sources"] = dict(self.sources)
         return d
 
@@ -320,12 +390,14 @@ def list_instances() -> list[str]:
 
 def get_instance(name: "str | InstanceModel") -> InstanceModel:
     """The model called `name` (a built-in, an alias, a registered one, or a path to a
-    .json/.toml description)."""
+    .json/.toml description). The exact name wins over an alias: a description that calls
+    itself "trn2" must be the model NEURON_DIST_INSTANCE gets, not the built-in trn2.48xlarge."""
     if isinstance(name, InstanceModel):
         return name
-    key = ALIASES.get(name, name)
-    if key in _REGISTRY:
-        return _REGISTRY[key]
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ALIASES.get(name) in _REGISTRY:
+        return _REGISTRY[ALIASES[name]]
     if name.endswith((".json", ".toml")):
         if not Path(name).exists():
             raise ValueError(f"instance description {name!r} does not exist (working directory {os.getcwd()})")
@@ -334,16 +406,33 @@ def get_instance(name: "str | InstanceModel") -> InstanceModel:
                      f"(or describe it in a .json/.toml file, see load_instance)")
 
 
-_UNITS = {"GB/s": GB, "GiB/s": GiB, "Gbps": Gbps, "TB/s": 1e12, "us": US, "GiB": GiB, "GB": GB}
+_RATE = {"B/s": 1, "KB/s": 1e3, "KiB/s": 2**10, "MB/s": 1e6, "MiB/s": 2**20, "GB/s": GB,
+         "GiB/s": GiB, "TB/s": 1e12, "TiB/s": 2**40, "Mbps": 1e6 / 8, "Gbps": Gbps, "Tbps": 1e12 / 8}
+_TIME = {"s": 1, "ms": 1e-3, "us": US, "ns": 1e-9}
+_BYTES = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": GB, "TB": 1e12, "KiB": 2**10, "MiB": 2**20,
+          "GiB": GiB, "TiB": 2**40}
+# which units each numeric field takes: a bandwidth in seconds is a mistake, not a conversion
+_UNITS = {name: _RATE if name.endswith("bandwidth") else _TIME if name.endswith("latency") else _BYTES
+          for name in NUMERIC_FIELDS}
+_WITH_UNIT = re.compile(r"\s*(\S+?)\s*([A-Za-z/]+)\s*")
 
 
-def _parse_value(v):
-    """Numbers pass through; strings like "256 GB/s", "1.5 us" are converted to SI units."""
-    if isinstance(v, str):
-        parts = v.split()
-        if len(parts) == 2 and parts[1] in _UNITS:
-            return float(parts[0]) * _UNITS[parts[1]]
-    return v
+def _parse_value(name: str, v):
+    """A description's value for field `name`: numeric fields may be strings like "256 GB/s",
+    "100GB/s", "1.5 us", converted to SI units; other fields, and numbers, pass through unchanged
+    (InstanceModel checks them). A string a numeric field cannot use is an error naming the field
+    and its units, not a string left for the cost model to trip over."""
+    if name not in _UNITS or not isinstance(v, str):
+        return v
+    units = _UNITS[name]
+    m = _WITH_UNIT.fullmatch(v)
+    if m and m.group(2) in units:
+        try:
+            return float(m.group(1)) * units[m.group(2)]
+        except ValueError:
+            pass
+    raise ValueError(f"{name}: cannot read {v!r}; expected a number (SI units) or a number with "
+                     f"one of the units {', '.join(units)}")
 
 
 def load_instance(path: "str | Path", *, register: bool = True) -> InstanceModel:
@@ -359,7 +448,7 @@ def load_instance(path: "str | Path", *, register: bool = True) -> InstanceModel
     if not isinstance(data, dict):
         raise ValueError(f"instance description {str(path)!r} is not a table of fields")
     try:
-        data = {k: _parse_value(v) for k, v in data.items()}
+        data = {k: _parse_value(k, v) for k, v in data.items()}
         model = InstanceModel.from_dict(data)
     except (TypeError, ValueError) as e:
         raise ValueError(f"instance description {str(path)!r}: {e}") from None

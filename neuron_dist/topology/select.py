@@ -49,4 +49,33 @@ def choose(collective: str, nbytes: int, topo: GroupTopology,
     return min(cands, key=lambda a: (estimate(coll, a, nbytes, topo), cands.index(a)))
 
 
-__all__ = ["parse_forced", "choose", "COLLECTIVES", "AVAILABLE", "ENV_ALGO"]
+# ---- the backend's own choice ------------------------------------------------------------------
+# cost.AVAILABLE lists what the cost model can price, more than the backend has schedules for
+# (broadcast "ring", alltoall "ring", ...). The tools that show what the backend would run
+# (bench's model column, `python -m neuron_dist.topology predict`) choose as the backend's "model"
+# policy does (collectives/select.py): among its builders, with NEURON_DIST_ALGO checked likewise.
+
+def backend_algorithms(collective: str) -> list[str]:
+    """The algorithms the neuron backend can run for `collective`, in its order of preference.
+    Imported on call: the collectives package imports this one."""
+    from ..collectives.algorithms import algorithms_for
+    return algorithms_for(normalise_collective(collective))
+
+
+def backend_forced(spec: str | None) -> dict[str, str]:
+    """NEURON_DIST_ALGO as the backend reads it: an algorithm it cannot run is a ValueError."""
+    return parse_forced(spec, runnable=backend_algorithms)
+
+
+def backend_choose(collective: str, nbytes: int, topo: GroupTopology,
+                   forced: Mapping[str, str] | None = None) -> str:
+    """The algorithm the backend's model policy runs: forced[collective] if given (see
+    backend_forced), else the cheapest modelled one among `backend_algorithms`."""
+    coll = normalise_collective(collective)
+    if forced and coll in forced:
+        return forced[coll]
+    return choose(coll, nbytes, topo, None, available=backend_algorithms(coll))
+
+
+__all__ = ["parse_forced", "choose", "COLLECTIVES", "AVAILABLE", "ENV_ALGO", "backend_algorithms",
+           "backend_forced", "backend_choose"]

@@ -96,7 +96,93 @@ def test_user_instance_errors(tmp_path):
     register_instance(m)
     with pytest.raises(ValueError, match="already registered"):
         register_instance(InstanceModel(name="mine2", chips=4, physical_cores_per_chip=1,
-                                        default_lnc=1, supported_lnc=(1,), graph="switch"))
+                                        default_lnc=1, supported_lnc=(1,), graph="switch",
+                                        link_bandwidth=1e9, hbm_bandwidth=1e10))
     assert isinstance(GroupTopology("mine2", ()).instance, InstanceModel)
     with pytest.raises(ValueError, match="instance description .*missing.json' does not exist"):
         get_instance(str(tmp_path / "missing.json"))
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A private copy of the registry: a test's descriptions (one named like an alias) must not
+    shadow the built-ins for the tests after it."""
+    from neuron_dist.topology import instances
+    monkeypatch.setattr(instances, "_REGISTRY", dict(instances._REGISTRY))
+
+
+def _small(**over):
+    d = {"name": "test.4chip", "chips": 4, "physical_cores_per_chip": 2, "default_lnc": 1,
+         "supported_lnc": [1], "graph": "torus", "torus_dims": [2, 2], "torus_wrap": [True, True],
+         "link_bandwidth": "100 GB/s", "link_latency": "1.5 us", "hbm_bandwidth": "800 GB/s",
+         "efa_bandwidth": "400 Gbps", "efa_latency": "15 us", "multi_node": True}
+    d.update(over)
+    return {k: v for k, v in d.items() if v is not None}  # None: leave the field out
+
+
+def _write(tmp_path, d):
+    p = tmp_path / "inst.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_instance_file_units_and_whole_floats(tmp_path, registry):
+    """Units with or without a space, and the rest of the table (they stayed strings: a
+    TypeError in the cost model); chips 4.0 (as TOML/JSON may write it) is the integer 4."""
+    m = load_instance(_write(tmp_path, _small(
+        chips=4.0, link_bandwidth="800MB/s", link_latency="2 ms", hbm_bandwidth="1 TiB/s",
+        hbm_bytes="96 GiB", efa_bandwidth="3.2 Tbps", efa_latency="500ns", intra_chip_bandwidth="1e3 B/s")))
+    assert m.chips == 4 and type(m.chips) is int
+    assert m.link_bandwidth == 800e6 and m.link_latency == pytest.approx(2e-3)
+    assert m.hbm_bandwidth == 2**40 and m.hbm_bytes == 96 * 2**30
+    assert m.efa_bandwidth == 3.2e12 / 8 and m.efa_latency == pytest.approx(5e-7)
+    assert m.intra_chip_bandwidth == 1e3
+    assert estimate("allreduce", "ring", 1 << 20, place(m, 1, 8)) > 0
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(hbm_bandwidth=None), "hbm_bandwidth must be > 0"),       # ZeroDivisionError in graph.py
+    (dict(link_bandwidth=0), "link_bandwidth must be > 0"),         # the same
+    (dict(link_bandwidth=-5), "link_bandwidth must be a finite number >= 0, got -5"),  # negative times
+    (dict(link_bandwidth="nan GB/s"), "link_bandwidth must be a finite number >= 0, got nan"),
+    (dict(efa_bandwidth=0), "efa_bandwidth must be > 0 .* multi_node"),
+    (dict(link_bandwidth="100 Gb/s"), r"link_bandwidth: cannot read '100 Gb/s'.*B/s, .*Tbps"),
+    (dict(link_latency="2 GB/s"), r"link_latency: cannot read '2 GB/s'.*s, ms, us, ns"),
+    (dict(hbm_bytes="fast"), r"hbm_bytes: cannot read 'fast'.*GiB"),
+    (dict(link_latency=True), "link_latency must be a finite number >= 0, got True"),
+    (dict(chips="4"), "chips must be a whole number, got '4'"),     # TypeError in placement
+    (dict(chips=4.5), "chips must be a whole number, got 4.5"),
+    (dict(supported_lnc=[1.5]), r"supported_lnc\[0\] must be a whole number"),
+    (dict(torus_dims=4), "torus_dims must be a list, got 4"),
+    (dict(torus_wrap=["no", "no"]), r"torus_wrap\[0\] must be true or false, got 'no'"),  # read as True
+    (dict(multi_node="false"), "multi_node must be true or false"),
+])
+def test_instance_file_bad_values_name_the_field(tmp_path, registry, over, msg):
+    """Values the model cannot use are a ValueError at load, naming the field, through
+    load_instance and get_instance (NEURON_DIST_INSTANCE=<file>: the backend fails at init),
+    not a TypeError, a ZeroDivisionError or a wrong number at the first collective."""
+    p = _write(tmp_path, _small(**over))
+    with pytest.raises(ValueError, match=msg):
+        load_instance(p)
+    with pytest.raises(ValueError, match=msg):
+        get_instance(str(p))
+
+
+def test_builtins_pass_their_own_checks():
+    """Each built-in, written out as a description and read back, passes the validation and
+    comes out the same (to_dict raised TypeError: asdict cannot copy `sources`)."""
+    for name in ("trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge", "inf2.24xlarge", "inf2.48xlarge",
+                 "trn2.48xlarge", "trn2u.48xlarge", "trn3"):
+        m = get_instance(name)
+        assert InstanceModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+
+
+def test_instance_file_named_like_an_alias(tmp_path, registry):
+    """A description called "trn2" is the model its name finds: aliases were looked up first,
+    so get_instance("trn2") gave the built-in trn2.48xlarge and the backend's ranks disagreed
+    ("rank 0 says instance 'trn2', the group uses 'trn2.48xlarge')."""
+    p = _write(tmp_path, _small(name="trn2"))
+    m = get_instance(str(p))
+    assert m.name == "trn2" and m.chips == 4
+    assert get_instance("trn2") is m
+    assert get_instance("trn2.48xlarge").chips == 16 and get_instance("trn1").name == "trn1.32xlarge"
