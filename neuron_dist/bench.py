@@ -374,6 +374,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_json_path(p: argparse.ArgumentParser, path: str | None) -> None:
+    """--json FILE is written after the whole run: a path that cannot be written is a usage
+    error now, not a traceback then (bench and bench_train)."""
+    if path:
+        d = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(d):
+            p.error(f"--json {path}: directory {d} does not exist")
+        if os.path.isdir(path):
+            p.error(f"--json {path} is a directory")
+
+
 def check(p: argparse.ArgumentParser, a) -> None:
     """Reject, before any rank starts, what the sweep would spin on (a size that never passes -e),
     fail on late (a --json directory that does not exist, written after the whole sweep) or turn
@@ -394,12 +405,7 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(f"{flag} must be at least {least}, not {value}")
     if a.loop and a.added:
         p.error("--loop and --added are two ways of timing: choose one")
-    if a.json:
-        d = os.path.dirname(os.path.abspath(a.json))
-        if not os.path.isdir(d):
-            p.error(f"--json {a.json}: directory {d} does not exist")
-        if os.path.isdir(a.json):
-            p.error(f"--json {a.json} is a directory")
+    check_json_path(p, a.json)
     from .topology.select import ENV_ALGO, backend_forced
     try:  # the backend would raise this at the first collective, in every rank
         backend_forced(os.environ.get(ENV_ALGO))

@@ -157,12 +157,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
-    if a.json:
-        d = os.path.dirname(os.path.abspath(a.json))
-        if not os.path.isdir(d):
-            p.error(f"--json {a.json}: directory {d} does not exist")
-        if os.path.isdir(a.json):
-            p.error(f"--json {a.json} is a directory")
+    from .bench import check_json_path
+    check_json_path(p, a.json)
     return a
 
 
