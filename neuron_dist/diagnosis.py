@@ -67,6 +67,14 @@ def bounded_store_call(fn, what: str, limit: float = STORE_ANSWER_S):
 _outstanding: "str | None" = None
 
 
+def _forget_outstanding_in_child() -> None:
+    global _outstanding
+    _outstanding = None  # the thread making that call was not forked
+
+
+os.register_at_fork(after_in_child=_forget_outstanding_in_child)
+
+
 class HangDiagnosis:
     """Progress records, diagnosis and dumps of one group (mixed into `Group`)."""
 

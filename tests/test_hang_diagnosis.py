@@ -16,3 +16,18 @@ def test_dump_on_failure_and_on_signal(pools, world):
 @pytest.mark.parametrize("world", (2,))
 def test_a_rank_cut_off_from_the_store_still_fails_at_its_time_out(pools, world):
     assert all(pools(world).run("cases_hang:unreachable_store"))
+
+
+def test_a_forked_child_does_not_inherit_an_unanswered_store_call():
+    """A store call outstanding in the parent (a failure behind a partition) has no thread in a
+    forked child: the child must not refuse its own store calls forever because of it."""
+    import os
+    from neuron_dist import diagnosis
+    diagnosis._outstanding = "the progress records"
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if diagnosis._outstanding is None and diagnosis.bounded_store_call(lambda: 7, "x") == 7 else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        diagnosis._outstanding = None
