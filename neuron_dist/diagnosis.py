@@ -27,52 +27,57 @@ LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process 
 # How long a failing rank waits for the store's answer. The store lives in rank 0's process, on
 # another host for most ranks: cut off from it by a network partition, a store call blocks until
 # the kernel gives up on the TCP connection (about 15 minutes), whatever the store's time-out.
-STORE_ANSWER_S = 2.0
+STORE_ANSWER_S = 2.0   # one store call
+STORE_READ_S = 10.0    # all the records a diagnosis reads (a large job has many, read one by one)
 
 
 class StoreUnanswered(TimeoutError):
     pass
 
 
+_stuck_lock = threading.Lock()
+_stuck: dict[int, str] = {}  # calls that outlived their wait and still have not returned
+
+
 def bounded_store_call(fn, what: str, limit: float = STORE_ANSWER_S):
     """fn() on a helper thread, waited for at most `limit` seconds: a failing op must fail at
-    its time-out even when the store cannot be reached. A call that never returns leaves only
-    its daemon thread behind; while one is outstanding, later calls give up at once instead of
-    piling up threads on a dead connection."""
-    global _outstanding
-    if _outstanding:
-        raise StoreUnanswered(f"the store has not answered an earlier call ({_outstanding})")
+    its time-out even when the store cannot be reached. Calls run side by side (groups fail
+    together); but once one has outlived its wait, the connection is taken for dead and later
+    calls give up at once, until it returns, instead of piling up threads on it."""
+    with _stuck_lock:
+        if _stuck:
+            raise StoreUnanswered(f"the store has not answered an earlier call ({next(iter(_stuck.values()))})")
     box: dict = {}
     done = threading.Event()
 
     def run():
-        global _outstanding
         try:
             box["value"] = fn()
         except BaseException as e:  # noqa: BLE001 - handed to the caller
             box["error"] = e
         finally:
-            done.set()
-            _outstanding = None
+            with _stuck_lock:
+                done.set()
+                _stuck.pop(threading.get_ident(), None)
 
-    _outstanding = what
-    threading.Thread(target=run, name="neuron_dist-store-call", daemon=True).start()
+    t = threading.Thread(target=run, name="neuron_dist-store-call", daemon=True)
+    t.start()
     if not done.wait(limit):
-        raise StoreUnanswered(f"the store did not answer {what} within {limit:g}s (is rank 0's host reachable?)")
+        with _stuck_lock:
+            if not done.is_set():
+                _stuck[t.ident] = what
+        if not done.is_set():
+            raise StoreUnanswered(f"the store did not answer {what} within {limit:g}s (is rank 0's host reachable?)")
     if "error" in box:
         raise box["error"]
     return box.get("value")
 
 
-_outstanding: "str | None" = None
+def _forget_stuck_in_child() -> None:
+    _stuck.clear()  # the threads making those calls were not forked
 
 
-def _forget_outstanding_in_child() -> None:
-    global _outstanding
-    _outstanding = None  # the thread making that call was not forked
-
-
-os.register_at_fork(after_in_child=_forget_outstanding_in_child)
+os.register_at_fork(after_in_child=_forget_stuck_in_child)
 
 
 class HangDiagnosis:
@@ -101,20 +106,30 @@ class HangDiagnosis:
         except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
             log.debug("rank %d: progress record not published: %s", self.rank, e)
 
-    def _peer_records(self) -> tuple[dict[int, dict], str]:
-        """The other ranks' progress records, and why none could be read ('' if they could)."""
-        def read(store=self.store):
-            out = {}
-            for r in range(self.size):
-                if r != self.rank and store.check([f"progress/{r}"]):
-                    out[r] = json.loads(store.get(f"progress/{r}"))
-            return out
-        try:
-            return bounded_store_call(read, "the progress records"), ""
-        except StoreUnanswered as e:
-            return {}, str(e)
-        except Exception as e:  # noqa: BLE001 - a dead store must not hide the local diagnosis
-            return {}, f"the store could not be read ({type(e).__name__}: {e})"
+    def _peer_records(self) -> tuple[dict[int, dict], list[int], str]:
+        """The other ranks' progress records; the ranks whose record could not be read, and why.
+        Each store call is bounded, and so is the whole read, so a dead store costs a failing op
+        at most a few seconds; what was read before stays."""
+        records, why = {}, ""
+        others = [r for r in range(self.size) if r != self.rank]
+        deadline = time.monotonic() + STORE_READ_S
+        for i, r in enumerate(others):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                why = f"the store took over {STORE_READ_S:g}s to give {i} of {len(others)} records"
+                return records, others[i:], why
+            key, limit = f"progress/{r}", min(STORE_ANSWER_S, left)
+            try:
+                raw = None  # a rank that never published has no key: get() would wait for it
+                if bounded_store_call(lambda: self.store.check([key]), f"rank {r}'s progress record", limit):
+                    raw = bounded_store_call(lambda: self.store.get(key), f"rank {r}'s progress record", limit)
+            except StoreUnanswered as e:
+                return records, others[i:], str(e)
+            except Exception as e:  # noqa: BLE001 - a dead store must not hide the local diagnosis
+                return records, others[i:], f"the store could not be read ({type(e).__name__}: {e})"
+            if raw is not None:
+                records[r] = json.loads(raw)
+        return records, [], why
 
     def diagnose(self, op: Op | None = None) -> str:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
@@ -124,13 +139,13 @@ class HangDiagnosis:
         mine = self.progress_record()
         parts = []
         collective = op is not None and not op.is_p2p
-        peers, unread = self._peer_records() if collective else ({}, "")
-        if unread:
-            parts.append(f"No other rank's progress is known: {unread}.")
-        elif collective:
+        peers, unread, why = self._peer_records() if collective else ({}, [], "")
+        if collective:
             missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
-            silent = [r for r in range(self.size) if r != self.rank and r not in peers]
-            inside = [r for r in range(self.size) if r not in missing and r not in silent]
+            silent = [r for r in range(self.size) if r != self.rank and r not in peers and r not in unread]
+            inside = [r for r in range(self.size) if r not in missing and r not in silent and r not in unread]
+            if unread:
+                parts.append(f"The progress of ranks {unread} is unknown: {why};")
             if missing:
                 parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq};")
             if silent:

@@ -74,12 +74,71 @@ def unreachable_store(rank, world):
         limit = TIMEOUT_S + 2 * diagnosis.STORE_ANSWER_S + 2
         assert took < limit, f"the error took {took:.1f}s (timeout {TIMEOUT_S}s, limit {limit:.1f}s)"
         assert "timed out" in msg and "seq 1" in msg, msg
-        assert "No other rank's progress is known: the store did not answer" in msg, msg
+        assert "The progress of ranks [0] is unknown: the store did not answer rank 0's progress record" in msg, msg
         deadline = time.monotonic() + 5
-        while diagnosis._outstanding and time.monotonic() < deadline:
+        while diagnosis._stuck and time.monotonic() < deadline:
             time.sleep(0.01)
     dist.barrier(group=R.GLOO)
     dist.destroy_process_group(g)
+    return 1
+
+
+class _SlowStore:
+    """A store that answers, slowly (a busy store of a large job)."""
+
+    def __init__(self, store, delay):
+        self.store, self.delay = store, delay
+
+    def __getattr__(self, name):
+        def slow(*args, **kwargs):
+            time.sleep(self.delay)
+            return getattr(self.store, name)(*args, **kwargs)
+        return slow
+
+
+def slow_store(rank, world):
+    """Each store call takes 1.2 s: the diagnosis still reads the records (each call is bounded,
+    not the whole read, which had 2 s for all of them and blamed the store's reachability)."""
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S))
+    x = torch.ones(8)
+    dist.all_reduce(x, group=g)
+    if rank != 0:
+        group = g.group
+        real, group.store = group.store, _SlowStore(group.store, 1.2)
+        try:
+            dist.all_reduce(x, group=g)  # rank 0 never calls it
+        except dist.DistBackendError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a collective with an absent rank returned")
+        finally:
+            group.store = real
+        assert "Ranks [0] had not entered allreduce seq 1" in msg and "unknown" not in msg, msg
+    dist.barrier(group=R.GLOO)
+    dist.destroy_process_group(g)
+    return 1
+
+
+def groups_fail_together(rank, world):
+    """Three groups time out at the same moment, each on its own engine thread: each error
+    carries its own diagnosis (a process-wide 'one store call at a time' refused all but one)."""
+    groups = [dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S)) for _ in range(3)]
+    for g in groups:
+        dist.all_reduce(torch.ones(8), group=g)  # seq 0 on each, everyone
+    if rank == 0:
+        works = [dist.all_reduce(torch.ones(8), group=g, async_op=True) for g in groups]  # no one else comes
+        msgs = []
+        for w in works:
+            try:
+                w.wait()
+            except dist.DistBackendError as e:
+                msgs.append(str(e))
+        assert len(msgs) == 3, msgs
+        for m in msgs:
+            assert f"Ranks {list(range(1, world))} had not entered allreduce seq 1" in m and "unknown" not in m, m
+    dist.barrier(group=R.GLOO)
+    for g in groups:
+        dist.destroy_process_group(g)
     return 1
 
 

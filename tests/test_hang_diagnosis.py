@@ -23,11 +23,21 @@ def test_a_forked_child_does_not_inherit_an_unanswered_store_call():
     forked child: the child must not refuse its own store calls forever because of it."""
     import os
     from neuron_dist import diagnosis
-    diagnosis._outstanding = "the progress records"
+    diagnosis._stuck[-1] = "the progress records"
     try:
         pid = os.fork()
         if pid == 0:
-            os._exit(0 if diagnosis._outstanding is None and diagnosis.bounded_store_call(lambda: 7, "x") == 7 else 1)
+            os._exit(0 if not diagnosis._stuck and diagnosis.bounded_store_call(lambda: 7, "x") == 7 else 1)
         assert os.waitpid(pid, 0)[1] == 0
     finally:
-        diagnosis._outstanding = None
+        diagnosis._stuck.clear()
+
+
+@pytest.mark.parametrize("world", (2,))
+def test_a_slow_store_still_gives_the_diagnosis(pools, world):
+    assert all(pools(world).run("cases_hang:slow_store"))
+
+
+@pytest.mark.parametrize("world", (2,))
+def test_groups_failing_together_each_get_their_diagnosis(pools, world):
+    assert all(pools(world).run("cases_hang:groups_fail_together"))
