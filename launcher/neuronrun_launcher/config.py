@@ -241,7 +241,9 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
                 check_host_port(endpoint, "--rdzv-endpoint")
             except ValueError as exc:
                 raise ConfigError(f"{exc} (static rendezvous: give the port, e.g. node0:29500)") from None
-        endpoint = endpoint or f"{values['master_addr']}:{master_port}"
+        host = values["master_addr"]
+        endpoint = endpoint or (f"[{host}]:{master_port}" if ":" in host and not host.startswith("[")
+                                else f"{host}:{master_port}")  # an IPv6 address goes in brackets
 
     plan = _neuron_plan(args, env, max_nodes)
     return RunConfig(

@@ -175,8 +175,9 @@ def exit_code_of(failure) -> int:
 
 
 def _only_in_files(cfg: RunConfig) -> bool:
-    """Whether some rank's output was redirected to files and not teed to the terminal."""
-    return cfg.redirects.strip() not in ("", "0") and cfg.tee.strip() != "3"
+    """Whether some rank's output reached only its files: redirected and not teed to the
+    terminal, or teed but left out by --local-ranks-filter."""
+    return (cfg.redirects.strip() not in ("", "0") and cfg.tee.strip() != "3") or bool(cfg.local_ranks_filter)
 
 
 def launch(cfg: RunConfig) -> int:
@@ -239,6 +240,8 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank{kept}",
               file=sys.stderr, flush=True)
         return 128 + int(sig.sigval)
-    if own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
+    if own_log_dir and _only_in_files(cfg):  # the only copy of some output: kept, as torchrun keeps it
+        print(f"neuronrun: the output that went only to files is in {own_log_dir}", file=sys.stderr, flush=True)
+    elif own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
         shutil.rmtree(own_log_dir, ignore_errors=True)
     return 0

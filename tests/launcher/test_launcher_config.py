@@ -165,6 +165,11 @@ def test_rank_table_ipv6_master():
     fields, env = rank_table(c)[0]
     assert env["MASTER_ADDR"] == "::1" and env["MASTER_PORT"] == "7000"
     assert env["NEURON_RT_ROOT_COMM_ID"] == "[::1]:7001"  # host:port, as neuronrun itself checks it
+    for addr in ("::1", "[::1]"):  # --master-addr as an IPv6 address, bracketed or not
+        c = cfg("--master-addr", addr, "--master-port", "7000", "t.py")
+        assert c.rdzv_endpoint == "[::1]:7000"
+        fields, env = rank_table(c)[0]
+        assert env["MASTER_ADDR"] == "::1" and env["NEURON_RT_ROOT_COMM_ID"] == "[::1]:7001"
 
 
 def test_dry_run_cli_output():

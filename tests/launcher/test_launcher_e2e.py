@@ -201,6 +201,29 @@ def test_signals_to_neuronrun_leave_no_orphans(job, sig, tmp_path):
     assert [p.name for p in tmp.glob("neuronrun_*")] == []  # the output was on the terminal too (--tee 3)
 
 
+@pytest.mark.parametrize("flags, ends", [(["--local-ranks-filter", "0"], "signal"),
+                                          (["--redirects", "3"], "success")])
+def test_output_that_went_only_to_files_is_kept(job, tmp_path, flags, ends):
+    """Rank 1's output under --local-ranks-filter 0, or every rank's under --redirects 3, exists
+    only in neuronrun's log directory: it was deleted at a signal, or when the job succeeded."""
+    script, piddir = job
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    mode = "hang" if ends == "signal" else "ok"
+    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2", *flags,
+                             "--shutdown-timeout", "5", str(script), str(piddir), mode],
+                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    if ends == "signal":
+        wait_for_files(piddir, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (128 + 15 if ends == "signal" else 0), err
+    kept = [p for p in tmp.glob("neuronrun_*") if not p.name.startswith("neuronrun_groups_")]
+    assert len(kept) == 1 and f"the output that went only to files is in {kept[0]}" in err, (err, kept)
+    assert any("env" in f.read_text() for f in kept[0].rglob("stdout.log")), list(kept[0].rglob("*"))
+
+
 def test_max_restarts_restarts_the_group(job):
     script, piddir = job
     r = neuronrun(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
