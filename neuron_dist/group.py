@@ -122,13 +122,13 @@ def _forced_bind_addr() -> str | None:
     return addr
 
 
-def _route_from(host: str) -> str:
+def _route_from(host: str, what: str = "the rendezvous host") -> str:
     """This host's address on the route to `host` (no packet is sent: a UDP connect only asks
     the kernel for the route)."""
     try:
         family, _, _, _, sockaddr = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0]
     except OSError as e:
-        raise GroupError(f"cannot resolve {host!r} to choose the interface to bind ({e}); "
+        raise GroupError(f"cannot resolve {what} {host!r} to choose the interface to bind ({e}); "
                          f"set NEURON_DIST_BIND_ADDR") from None
     ip = sockaddr[0]
     if _is_loopback(ip):
@@ -138,7 +138,7 @@ def _route_from(host: str) -> str:
             s.connect((ip, 9))
             return s.getsockname()[0]
         except OSError as e:
-            raise GroupError(f"no route to {host} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
+            raise GroupError(f"no route to {what} {host} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
 
 
 def _bind_addr(store=None) -> str:
@@ -153,7 +153,8 @@ def _bind_addr(store=None) -> str:
     master = os.environ.get("MASTER_ADDR") or _store_host(store)
     if not master:  # file:// rendezvous: this host's own address
         master = socket.gethostname()
-    return _route_from(_unbracket(master))
+    return _route_from(_unbracket(master), "the rendezvous host (MASTER_ADDR)" if os.environ.get("MASTER_ADDR")
+                       else "the rendezvous host")
 
 
 def _close_at_exit() -> None:
@@ -300,7 +301,10 @@ class Group(HangDiagnosis):
         if rank == 0:
             store.set("token", str(secrets.randbits(63)))
         self.token = int(store.get("token"))
-        _forced_bind_addr()  # a value that can never work is an error on every job
+        try:  # a value that can never work is an error on every job, told to the peers like a bad placement
+            _forced_bind_addr()
+        except GroupError as e:
+            placement, placement_error = None, placement_error or e
         me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
@@ -691,7 +695,7 @@ class Group(HangDiagnosis):
                 continue
             theirs = store.get(f"addr/{r}").decode()
             if theirs and not _is_loopback(theirs):
-                mine = _route_from(theirs)
+                mine = _route_from(theirs, f"rank {r}'s address")
                 if not _is_loopback(mine):
                     log.debug("rank %d: the rendezvous host is loopback here; listening on %s, the route "
                               "to rank %d (%s)", self.rank, mine, r, theirs)

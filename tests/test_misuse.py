@@ -136,23 +136,26 @@ def test_group_member_that_never_joins_is_named_at_the_time_out():
     assert x["kind"] == "GroupError" and "global rank 2, this process: [0, 2]; global rank 0: [0, 1]" in x["msg"], x
 
 
-@pytest.mark.parametrize("bad", [0, 2])
-def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad):
+@pytest.mark.parametrize("bad, setting", [(0, "NEURON_RT_VISIBLE_CORES=abc"), (2, "NEURON_RT_VISIBLE_CORES=abc"),
+                                          (1, "NEURON_DIST_BIND_ADDR=0.0.0.0")])
+def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
     """One rank's placement setting is wrong (NEURON_RT_VISIBLE_CORES=abc). That rank's clear
     error reaches every rank within seconds: with the bad rank 0 (the store's host), the others
     used to get 'Connection reset by peer' from the store; with a bad rank 2, ranks 0 and 1
-    waited for the whole group time-out."""
+    waited for the whole group time-out (so did the others of a rank whose NEURON_DIST_BIND_ADDR
+    could never work)."""
     import subprocess
     import sys
     from pool import free_port
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "placement_error.py")
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, str(bad)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, str(bad), setting], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(3)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for r, out in enumerate(outs):
         line = next((l for l in out.splitlines() if l.startswith(f"rank {r}: ")), out[-2000:])
-        assert "NEURON_RT_VISIBLE_CORES='abc'" in line, line
+        var, value = setting.split("=")
+        assert f"{var}={value!r}" in line, line
         if r != bad:
             assert f"rank {bad} could not place itself" in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
