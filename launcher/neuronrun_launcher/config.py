@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import instances, scheduler
 from .cli import ParsedArgs
-from .plan import NeuronPlan, check_host_port
+from .plan import NeuronPlan, check_host_port, join_host_port
 from .slots import PlacementError, assign_slots, check_cores_per_rank, parse_core_range
 
 DEFAULT_MASTER_PORT = 29500
@@ -241,9 +241,7 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
                 check_host_port(endpoint, "--rdzv-endpoint")
             except ValueError as exc:
                 raise ConfigError(f"{exc} (static rendezvous: give the port, e.g. node0:29500)") from None
-        host = values["master_addr"]
-        endpoint = endpoint or (f"[{host}]:{master_port}" if ":" in host and not host.startswith("[")
-                                else f"{host}:{master_port}")  # an IPv6 address goes in brackets
+        endpoint = endpoint or join_host_port(values["master_addr"], master_port)
 
     plan = _neuron_plan(args, env, max_nodes)
     return RunConfig(

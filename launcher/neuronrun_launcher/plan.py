@@ -109,8 +109,13 @@ def root_comm_id(plan: NeuronPlan, master_addr: str, master_port: int | str) -> 
     port = int(master_port) + 1
     if port > 65535:
         raise ValueError(f"MASTER_PORT={master_port} leaves no port for NEURON_RT_ROOT_COMM_ID; set it yourself")
-    host = master_addr.strip("[]")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address goes in brackets
+    return join_host_port(master_addr, port)
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    """host:port, an IPv6 address in brackets ([::1]:29500), bracketed already or not."""
+    host = host.strip("[]")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def split_host_port(value: str) -> tuple[str, str]:
