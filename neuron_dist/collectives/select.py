@@ -39,8 +39,8 @@ _TUNING_KEY = os.environ.encodekey("NEURON_DIST_TUNING") if _ENV_DATA is not Non
 def parse_forced(spec: str) -> dict[str, str]:
     """NEURON_DIST_ALGO syntax ("allreduce:ring;allgather:direct"), checked against the
     algorithms that have builders here: an unknown or unbuilt name is a ValueError."""
-    from ..topology import parse_forced as topo_parse
-    return topo_parse(spec, runnable=algorithms_for)  # errors list what this backend runs
+    from ..topology.select import backend_forced
+    return backend_forced(spec)  # errors list what this backend runs (bench and predict check the same way)
 
 
 TUNINGS = ("host", "model")
@@ -91,8 +91,8 @@ def _choose(collective: str, nbytes: int, group) -> str:
         if algo is not None:
             pass
         elif topo is not None:
-            from ..topology import choose as topo_choose
-            algo = topo_choose(collective, nbytes, topo, None, available=algorithms_for(collective))
+            from ..topology.select import backend_choose  # bench's model column and predict use it too
+            algo = backend_choose(collective, nbytes, topo)
         else:
             algo = algorithms_for(collective)[0] if collective not in ("allreduce", "allgather", "reduce_scatter") \
                 else ("direct" if nbytes <= SMALL_BYTES else "ring")
