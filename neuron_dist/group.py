@@ -685,7 +685,7 @@ class Group(HangDiagnosis):
         a rank on another host instead."""
         forced, addr = _forced_bind_addr(), ""
         try:
-            addr = forced or _bind_addr(store)
+            addr = _bind_addr(store)  # the forced address, if any
         finally:  # published even when it failed, so that no member waits for it
             store.set(f"addr/{self.rank}", addr)
         if forced or not _is_loopback(addr):
