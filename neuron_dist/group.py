@@ -326,10 +326,14 @@ class Group(HangDiagnosis):
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
         local_cpus = {c for p in self.peers_info if p["host"] == me["host"]
                       for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
+        try:  # only a job that spans hosts listens on TCP (one host: shm or IPC)
+            bind_addr = self._job_addr(me, store) if len(set(self.hosts)) > 1 else "127.0.0.1"
+        except GroupError as e:  # (an unresolvable MASTER_ADDR on this host, say): the peers
+            err = e if str(e).startswith("[rank") else GroupError(f"[rank {rank}] {e}")
+            transport_select.publish_failure(store, rank, str(err))  # would wait to connect to us
+            raise err from None
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
-                               hostname=me["host"], hosts=self.hosts,
-                               # only a job that spans hosts listens on TCP (one host: shm or IPC)
-                               bind_addr=self._job_addr(me, store) if len(set(self.hosts)) > 1 else "127.0.0.1",
+                               hostname=me["host"], hosts=self.hosts, bind_addr=bind_addr,
                                job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)

@@ -159,3 +159,24 @@ def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
         if r != bad:
             assert f"rank {bad} could not place itself" in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
+
+
+def test_a_rank_that_cannot_choose_its_address_fails_its_peers_at_once():
+    """In a group that spans hosts, rank 1 cannot resolve MASTER_ADDR, so it cannot choose the
+    interface to listen on and fails at once. Rank 0 used to wait the whole group time-out for
+    rank 1's transport keys, and then reported a time-out; it now fails within seconds with
+    rank 1's cause."""
+    import subprocess
+    import sys
+    from pool import free_port
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "unroutable_rank.py")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    lines = [next((l for l in out.splitlines() if l.startswith(f"rank {r}: ")), out[-2000:])
+             for r, out in enumerate(outs)]
+    for line in lines:
+        assert "'no-such-host.invalid'" in line and "MASTER_ADDR" in line, lines
+        assert float(line.split(" after ")[1].split("s:")[0]) < 20, lines
+    assert "no connection with rank 1" in lines[0], lines

@@ -58,7 +58,10 @@ class MpiTransport(Transport):
         ctx.store.set(f"{key}/{self.rank}", str(me))
         self.world = {}
         for p in self.peers:
-            w = int(ctx.store.get(f"{key}/{p}"))
+            got = ctx.store.get(f"{key}/{p}").decode()
+            if got.startswith("error: "):  # the peer failed before building its transport
+                raise TransportError(f"rank {self.rank}: no connection with rank {p}: {got[7:]}")
+            w = int(got)
             if w == me or not 0 <= w < self.comm.Get_size():
                 raise TransportError(f"rank {self.rank}: rank {p} is MPI rank {w}, outside this MPI job of "
                                      f"{self.comm.Get_size()} processes; were all ranks started by one mpirun?")

@@ -10,6 +10,7 @@ pair is an error naming both ranks and their hosts. The choice is logged at debu
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -52,6 +53,16 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
         else:
             out[p] = "zmq"
     return out
+
+
+def publish_failure(store, rank: int, why: str) -> None:
+    """Tell the peers that this rank, which failed before building its transports, never will:
+    each transport's set-up key gets the error form its own set-up publishes when it fails (a
+    full /dev/shm, an address it cannot listen on), so a peer waiting to connect to this rank
+    fails at once with its cause instead of at the group's time-out."""
+    store.set(f"shm/{rank}", "error: " + why)
+    store.set(f"zmq/{rank}", json.dumps({"error": why}))
+    store.set(f"mpi/{rank}", "error: " + why)
 
 
 def _make(name: str, ctx: TransportContext, peers: list[int]) -> Transport:
