@@ -784,26 +784,39 @@ class Group(HangDiagnosis):
         return rows
 
     def close(self, abort: bool = False) -> None:
+        """Destroy (abort=False): work already issued still runs, queued or started, as Gloo's
+        destructor drains its queue (an isend or async all-reduce just before
+        destroy_process_group completes), bounded by the group's time-out. Abort: what has not
+        started fails at once, and what runs gets half a second."""
+        engine = threading.current_thread() is self._thread
         with self._cv:
             if self.closed:
                 return
             self.closed = True
             self._abort = abort
-            pending = list(self._queue)
-            self._queue.clear()
+            pending = []
+            if abort or engine:  # (the engine itself cannot wait for its own queue)
+                pending = list(self._queue)
+                self._queue.clear()
             self._cv.notify_all()
         if abort and self.broken is None:
             self._send_abort(f"rank {self.rank} aborted the process group")
         self._hb_stop.set()
         for op in pending:
             op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
-        if threading.current_thread() is not self._thread:
+        if not engine:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
             if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
                 self._abort = True
                 with self._cv:
                     self._cv.notify_all()
                 self._thread.join(timeout=1.0)
+            with self._cv:  # what the engine never took up (it was aborted first)
+                pending = list(self._queue)
+                self._queue.clear()
+            for op in pending:
+                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed "
+                                       f"before it ran"))
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first

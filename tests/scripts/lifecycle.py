@@ -4,6 +4,7 @@ import gc
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,7 +94,32 @@ for round_ in range(3):
 del store
 check_released("after three rounds on one store")
 
-# 4. abort: pending work fails, everything is released
+# 4. destroy with work still queued: it runs first, as Gloo's destructor drains its queue (async
+# all-reduces of 4 MiB issued back to back, the next queued while the engine drives the last;
+# and an isend whose receiver comes later): each completes with the right values
+N = 1 << 20
+for round_ in (4, 5):
+    init(round_)
+    sub = dist.new_group(list(range(world)))
+    xs = [torch.full((N,), float(rank + 1 + i)) for i in range(4)]
+    works = [dist.all_reduce(x, group=sub, async_op=True) for x in xs]
+    dist.destroy_process_group(sub)
+    for i, (x, w) in enumerate(zip(xs, works)):
+        w.wait()
+        assert x[0].item() == x[-1].item() == world * (world + 1) / 2 + world * i, (round_, i, x[:3])
+    if rank == 0:
+        w = dist.isend(torch.full((N,), 7.0), 1)
+    elif rank == 1:
+        got = torch.zeros(N)
+        time.sleep(0.3)
+        dist.recv(got, 0)
+        assert got[0].item() == got[-1].item() == 7.0, got[:3]
+    dist.destroy_process_group()
+    if rank == 0:
+        w.wait()
+check_released("after destroy with work still queued")
+
+# 5. abort: pending work fails, everything is released
 init(2)
 allreduce()
 dist.distributed_c10d._abort_process_group()
