@@ -729,26 +729,37 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._p2p([_flat(t), None, None], t, dstRank, tag, "send", [t])
 
     def recv(self, tensors, srcRank, tag=0):
-        t = _one(tensors, "recv", self._r)
-        _check_tensor(t, "recv", self._r, written=True)
         self._peer(srcRank, "recv")
-        out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
-        after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
-        return self._p2p([None, out, None], t, srcRank, tag, "recv", [t], after)
+        return self._recv(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
+        return self._recv(tensors, None, tag)
+
+    def _recv(self, tensors, peer, tag):
+        """A receive from `peer` (None: any source) into the front of the tensor: a message
+        shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
         t = _one(tensors, "recv", self._r)
         _check_tensor(t, "recv", self._r, written=True)
         out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
         nbytes = t.numel() * t.element_size()
+        desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
+            f"recv(any source, tag {tag}, {nbytes} bytes)"
 
         def start(op: Op):
-            return _AnySource(self, op, out, t.dtype, tag)
+            return _Recv(self, op, out, t.dtype, tag, peer)
 
-        return self._submit(Kind.P2P, f"recv(any source, tag {tag}, {nbytes} bytes)", start,
-                            (lambda op: after()) if after else None, [t], nbytes, t.dtype, "p2p",
-                            peer=None, direction="recv-any")
+        return self._submit(Kind.P2P, desc, start, (lambda op: after()) if after else None, [t], nbytes, t.dtype,
+                            "p2p", peer=peer, direction="recv" if peer is not None else "recv-any")
+
+    def _recv_schedule(self, peer: int, count: int) -> Schedule:
+        key = ("recv", peer, count)
+        sched = self._p2p_plans.get(key)
+        if sched is None:  # kept, with the frame plan the executor caches on it
+            if len(self._p2p_plans) >= _PLAN_CACHE:
+                self._p2p_plans.clear()
+            sched = self._p2p_plans[key] = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, count)))
+        return sched
 
     def _peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.group.size or peer == self.group.rank:
@@ -760,12 +771,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         nbytes = count * t.element_size()
         key = (what, peer, count, nbytes, tag)
         plan = self._p2p_plans.get(key)
-        if plan is None:  # a send/recv's schedule and description, kept like a collective's plan
-            step = Send(peer, Chunk(IN, 0, count)) if what == "send" else Recv(peer, Chunk(OUT, 0, count))
+        if plan is None:  # a send's schedule and description, kept like a collective's plan
             if len(self._p2p_plans) >= _PLAN_CACHE:
                 self._p2p_plans.clear()
-            plan = self._p2p_plans[key] = (Schedule("p2p").add(step), f"{what}({nbytes} bytes, "
-                                           f"{'to' if what == 'send' else 'from'} rank {peer}, tag {tag})")
+            plan = self._p2p_plans[key] = (Schedule("p2p").add(Send(peer, Chunk(IN, 0, count))),
+                                           f"{what}({nbytes} bytes, to rank {peer}, tag {tag})")
         sched, desc = plan
 
         def start(op: Op):
@@ -785,32 +795,46 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.report()
 
 
-class _AnySource:
-    """recv from any source: waits for the first message with `tag` from any peer, then
-    receives the rest of it from that peer like a plain recv."""
+class _Recv:
+    """A receive from `peer` (None: from any peer). A message shorter than the buffer fills its
+    first elements, as with Gloo and MPI: the receive's first frame carries the message's byte
+    count (every point-to-point frame does), and when it says less, the frame goes back and a
+    receive of that size takes the message. A longer message, or one of another dtype, fails the
+    frame check, naming both. From any source, the first peer with a message for the tag is the
+    sender; its frame is looked at and left in place for the receive."""
 
-    def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag):
-        self.pg, self.op, self.out, self.dtype, self.tag = pg, op, out, dtype, tag
-        self.inner: Execution | None = None
+    def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag, peer: int | None = None):
+        self.pg, self.op, self.out, self.dtype, self.tag, self.peer = pg, op, out, dtype, tag, peer
         self.done, self.waiting_on = False, None
+        self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel())
+
+    def _receive(self, peer: int, count: int) -> Execution:
+        exe = self.pg.group.execution(self.op, self.pg._recv_schedule(peer, count), [None, self.out, None], None,
+                                      self.dtype, self.tag)
+        exe.shorter_ok = count == self.out.numel()
+        return exe
 
     def progress(self) -> bool:
         g = self.pg.group
         if self.inner is None:
+            key = ("p2p", self.tag)
             for peer in range(g.size):
                 if peer == g.rank:
                     continue
-                got = g.mailbox.take(peer, ("p2p", self.tag))
+                got = g.mailbox.take(peer, key)
                 if got is None:
                     continue
-                g.mailbox.put_back(peer, ("p2p", self.tag), *got)
-                self.op.source_rank = peer
-                sched = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, self.out.numel())))
-                self.inner = g.execution(self.op, sched, [None, self.out, None], None, self.dtype, self.tag)
+                g.mailbox.put_back(peer, key, *got)  # (left in the transport: no copy)
+                self.peer = self.op.source_rank = peer
+                self.inner = self._receive(peer, self.out.numel())
                 break
             else:
                 return False
         moved = self.inner.progress()
+        if self.inner.shorter is not None:
+            self.op.nbytes = self.inner.shorter  # what moves, and what its frames' headers say
+            self.inner = self._receive(self.peer, self.op.nbytes // self.dtype.itemsize)
+            moved = self.inner.progress() or True
         self.done, self.waiting_on = self.inner.done, self.inner.waiting_on
         return True if self.done else moved
 

@@ -450,6 +450,22 @@ def p2p(rank, world):
         assert got == set(range(1, world)), got
     else:
         dist.send(torch.tensor([rank, rank * 10]), 0, tag=7)
+    # a message shorter than the receive buffer fills its front and leaves the rest as it was,
+    # as with Gloo and MPI (it used to fail the group): one frame, and five (600,000 floats)
+    for n, cap in ((3, 8), (600_000, 700_000)):
+        r = torch.full((cap,), -1.0)
+        reqs = [dist.irecv(r, prv, tag=11), dist.isend(values(rank, n, torch.float32, "sum", 15), nxt, tag=11)]
+        for q in reqs:
+            q.wait()
+        same(r[:n], values(prv, n, torch.float32, "sum", 15), f"a {n}-element message into {cap} elements")
+        assert bool((r[n:] == -1).all()), f"rank {rank}: the buffer past a {n}-element message was written"
+    if rank == 0:  # and from any source
+        for _ in range(world - 1):
+            z = torch.full((5,), -1, dtype=torch.int64)
+            src = dist.recv(z, tag=12)
+            assert z.tolist() == [src, src * 10, -1, -1, -1], (src, z)
+    else:
+        dist.send(torch.tensor([rank, rank * 10]), 0, tag=12)
     # receives posted before collectives from the same peer: the collectives' frames reach the
     # receive first and wait aside as early frames; none may stay behind (not even empty queues)
     for i in range(50):
@@ -462,8 +478,9 @@ def p2p(rank, world):
         same(r, torch.full((4,), float(prv * 100 + i)), "p2p behind a collective")
         same(s_, torch.full((3,), float(sum(range(world)) + world * i)), "collective behind a receive")
     dist.barrier()
-    early = dist.distributed_c10d._get_default_group().group.mailbox.early
-    assert not early, f"rank {rank}: {len(early)} early-frame queues left: {list(early)[:4]}"
+    box = dist.distributed_c10d._get_default_group().group.mailbox
+    assert not box.early, f"rank {rank}: {len(box.early)} early-frame queues left: {list(box.early)[:4]}"
+    assert not box.held, f"rank {rank}: frames left held in the transport: {list(box.held)}"
     return 5
 
 

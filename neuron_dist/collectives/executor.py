@@ -46,6 +46,9 @@ class Mailbox:
     def __init__(self, transport, rank: int):
         self.transport, self.rank = transport, rank
         self.early: dict[tuple[int, tuple], deque] = {}
+        # peer -> (key, header, payload): a frame looked at and put back, still in the transport
+        # (at most one per peer: the transport hands out the next frame only after a release)
+        self.held: dict[int, tuple] = {}
 
     @staticmethod
     def key(h: Header) -> tuple:
@@ -60,6 +63,14 @@ class Mailbox:
                 if not q:  # drained: drop the key (one per early sequence number would pile up)
                     del self.early[(peer, key)]
                 return h, p, True
+        if self.held:
+            held = self.held.pop(peer, None)
+            if held is not None:
+                k, h, p = held
+                if k == key:
+                    return h, p, False
+                self.early.setdefault((peer, k), deque()).append((h, p.clone()))  # as below
+                self.transport.release(peer)
         while True:
             got = self.transport.recv(peer)
             if got is None:
@@ -81,11 +92,13 @@ class Mailbox:
             self.transport.release(peer)
 
     def put_back(self, peer: int, key: tuple, header: Header, payload, owned: bool) -> None:
-        """Return a frame `take` handed out so that the next `take(peer, key)` gets it again
-        (recv from any source peeks at every peer before choosing one)."""
-        self.early.setdefault((peer, key), deque()).appendleft((header, payload if owned else payload.clone()))
-        if not owned:
-            self.transport.release(peer)
+        """Return a frame `take` handed out so that the next `take(peer, key)` gets it again (a
+        receive looks at a message's first frame to learn its size and, from any source, its
+        sender). A frame still in the transport stays there, uncopied, until taken again."""
+        if owned:
+            self.early.setdefault((peer, key), deque()).appendleft((header, payload))
+        else:
+            self.held[peer] = (key, header, payload)
 
 
 def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
@@ -129,7 +142,7 @@ class Execution:
 
     __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
-                 "waiting_on", "_key", "_cur")
+                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
@@ -158,6 +171,9 @@ class Execution:
         self.round_had_sends = False
         self.done = False
         self.waiting_on: int | None = None
+        # a receive that accepts a shorter message (c10d's _Recv): its first frame, if it says the
+        # message is shorter than the buffer, is put back and its size noted in `shorter`
+        self.shorter_ok, self.shorter = False, None
         if stamp._kind == _P2P:
             self._key, self._cur = ("p2p", stamp.tag), None
         else:
@@ -258,6 +274,11 @@ class Execution:
                 h, payload, owned = got
                 step, off, n = q[0]
                 chunk = self.recv_chunks.get(peer, 0)
+                if self.shorter_ok and h.seq < self.stamp.seq and h.dtype == self.stamp._dtype \
+                        and h.seq % self.itemsize == 0 and not chunk:
+                    self.mailbox.put_back(peer, key, h, payload, owned)  # for the receive of its size
+                    self.shorter = h.seq
+                    return moved
                 try:
                     check(h, self.stamp.header(peer, self.rank, chunk, n * self.itemsize), payload.nbytes)
                     self._deliver(step, off, n, payload)
