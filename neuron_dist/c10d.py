@@ -740,7 +740,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
         t = _one(tensors, "recv", self._r)
         _check_tensor(t, "recv", self._r, written=True)
-        out = t.view(-1) if t.is_contiguous() else torch.empty(t.numel(), dtype=t.dtype)
+        # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:
+        # its current values, so that a shorter message leaves the rest of the tensor as it was
+        out = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
         after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
         nbytes = t.numel() * t.element_size()
         desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
@@ -806,11 +808,11 @@ class _Recv:
     def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag, peer: int | None = None):
         self.pg, self.op, self.out, self.dtype, self.tag, self.peer = pg, op, out, dtype, tag, peer
         self.done, self.waiting_on = False, None
-        self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel())
+        self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel(), False)
 
-    def _receive(self, peer: int, count: int) -> Execution:
+    def _receive(self, peer: int, count: int, arrived: bool = True) -> Execution:
         exe = self.pg.group.execution(self.op, self.pg._recv_schedule(peer, count), [None, self.out, None], None,
-                                      self.dtype, self.tag)
+                                      self.dtype, self.tag, arrived=arrived)
         exe.shorter_ok = count == self.out.numel()
         return exe
 

@@ -459,6 +459,14 @@ def p2p(rank, world):
             q.wait()
         same(r[:n], values(prv, n, torch.float32, "sum", 15), f"a {n}-element message into {cap} elements")
         assert bool((r[n:] == -1).all()), f"rank {rank}: the buffer past a {n}-element message was written"
+    # into a non-contiguous tensor (its elements in row order), the rest keeping its values
+    r = torch.full((4, 4), -1.0)[:, :2]
+    reqs = [dist.irecv(r, prv, tag=13), dist.isend(values(rank, 3, torch.float32, "sum", 16), nxt, tag=13)]
+    for q in reqs:
+        q.wait()
+    flat = r.reshape(-1)
+    same(flat[:3], values(prv, 3, torch.float32, "sum", 16), "a 3-element message into a non-contiguous 8")
+    assert flat[3:].tolist() == [-1.0] * 5, f"rank {rank}: a non-contiguous buffer past the message: {flat}"
     if rank == 0:  # and from any source
         for _ in range(world - 1):
             z = torch.full((5,), -1, dtype=torch.int64)

@@ -184,3 +184,22 @@ def test_a_late_rank_learns_at_once_that_its_peers_failed(pools, world):
     assert late["outcome"] == "GroupError", late
     assert late["elapsed"] < 3.0, f"the late rank waited {late['elapsed']:.1f}s (its time-out is 4 s): {late['msg']}"
     assert "group failed or was aborted" in late["msg"] or "aborted the group" in late["msg"], late["msg"]
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_shorter_message_whose_sender_then_exits_is_delivered(transport):
+    """Rank 0 sends 3 elements to an 8-element irecv and exits while rank 1 is frozen; rank 1
+    resumes with the whole message in hand. The receive of the message's own size, built once
+    its first frame was there, used to check the sender's liveness again and failed with 'rank 0
+    is gone ... before the operation started'; the message is now delivered."""
+    import os
+    import subprocess
+    import sys
+    from pool import free_port
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "short_then_exit.py")
+    port = str(free_port())
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE, env=env,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    out = [p.communicate(timeout=120)[0] for p in procs][1]
+    assert "rank 1: got [0.0, 1.0, 2.0, -1.0, -1.0, -1.0, -1.0, -1.0]" in out, out[-2000:]

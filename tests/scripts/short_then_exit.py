@@ -1,0 +1,36 @@
+"""One rank of a 2-rank job: rank 1 posts an irecv of 8 elements from rank 0 and is frozen
+(SIGSTOP) by rank 0, which sends 3 elements and exits at once (os._exit, as a crash right after
+its send would); rank 1 resumes half a second later, its sender dead and the whole message in
+its ring. Started by tests/test_faults.py; rank 1 prints what its receive got."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import neuron_dist  # noqa: E402,F401
+
+dist.init_process_group("neuron", timeout=timedelta(seconds=30))
+if rank == 1:
+    got = torch.full((8,), -1.0)
+    work = dist.irecv(got, 0)
+pid = torch.tensor([os.getpid() if rank == 1 else 0])
+dist.broadcast(pid, 1)
+if rank == 0:
+    time.sleep(0.3)
+    os.kill(int(pid), signal.SIGSTOP)
+    dist.send(torch.arange(3.0), 1)
+    subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -CONT {int(pid)}"])
+    os._exit(0)
+try:
+    work.wait()
+    print(f"rank 1: got {got.tolist()}", flush=True)
+except Exception as e:  # noqa: BLE001
+    print(f"rank 1: {type(e).__name__}: {e}", flush=True)
+os._exit(0)
