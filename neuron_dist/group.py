@@ -665,8 +665,14 @@ class Group(HangDiagnosis):
                     self._peer_gone(q, now)
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
+            suspects = [peer] if peer is not None else []
+            if peer is None and op.is_p2p and op.direction == "recv-any":
+                # a receive from any source not yet matched: every member still in the group may
+                # be its sender, so one that died fails it now (as MPI's ULFM and Gloo's broken
+                # pairs do), not at the time-out; one that closed in order sends nothing more
+                suspects = [q for q in range(self.size) if q != self.rank and not self.transport.peer_finished(q)]
             # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
-            for p in ([peer] if peer is not None else []) + list(getattr(op.exe, "sends", None) or ()):
+            for p in suspects + list(getattr(op.exe, "sends", None) or ()):
                 gone = self._peer_gone(p, now)
                 if gone:
                     active.remove(op)

@@ -203,3 +203,28 @@ def test_a_shorter_message_whose_sender_then_exits_is_delivered(transport):
                               stderr=subprocess.STDOUT, text=True) for r in range(2)]
     out = [p.communicate(timeout=120)[0] for p in procs][1]
     assert "rank 1: got [0.0, 1.0, 2.0, -1.0, -1.0, -1.0, -1.0, -1.0]" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+@pytest.mark.parametrize("mode", ["dead", "orderly"])
+def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(transport, mode):
+    """dead: rank 1 waits in a receive from any source; rank 0, its only possible sender, exits.
+    The receive waited the whole group time-out (30 s here) and reported a time-out; it now fails
+    within seconds, naming rank 0, as a receive from a named peer does. orderly: a member that
+    left in order (destroy_process_group) is no reason to fail: rank 0's later message arrives."""
+    import os
+    import subprocess
+    import sys
+    from pool import free_port
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "anysource_dead_sender.py")
+    port = str(free_port())
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    procs = [subprocess.Popen([sys.executable, script, str(r), port, mode], stdout=subprocess.PIPE, env=env,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2 if mode == "dead" else 3)]
+    out = [p.communicate(timeout=120)[0] for p in procs][1]
+    line = next((l for l in out.splitlines() if l.startswith("rank 1: ")), out[-2000:])
+    if mode == "orderly":
+        assert line == "rank 1: received [5.0, 5.0, 5.0, 5.0] from rank 0", line
+        return
+    assert "rank 0" in line.split(": ", 2)[-1] and "recv(any source" in line, line
+    assert float(line.split(" after ")[1].split("s:")[0]) < 10, line

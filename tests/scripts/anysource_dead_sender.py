@@ -1,0 +1,39 @@
+"""One rank of a job in which rank 1 waits in a receive from any source.
+  dead:    2 ranks; rank 0 exits without sending (os._exit, as a crash would).
+  orderly: 3 ranks; rank 2 leaves in order (destroy_process_group), and rank 0 sends 2 s later.
+Started by tests/test_faults.py; rank 1 prints how its receive ended and after how long (the
+group time-out is 30 s)."""
+import os
+import sys
+import time
+from datetime import timedelta
+
+rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+world = 2 if mode == "dead" else 3
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import neuron_dist  # noqa: E402,F401
+
+dist.init_process_group("neuron", timeout=timedelta(seconds=30))
+dist.barrier()
+if rank == 0:
+    time.sleep(0.5 if mode == "dead" else 2.0)
+    if mode == "dead":
+        os._exit(0)
+    dist.send(torch.full((4,), 5.0), 1)
+elif rank == 2:
+    dist.destroy_process_group()
+    os._exit(0)
+else:
+    t0 = time.monotonic()
+    try:
+        got = torch.empty(4)
+        src = dist.recv(got)
+        print(f"rank 1: received {got.tolist()} from rank {src}", flush=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"rank 1: {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+if mode == "orderly":
+    dist.destroy_process_group()
+os._exit(0)
