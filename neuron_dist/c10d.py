@@ -726,7 +726,21 @@ class NeuronProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "send", self._r)
         _check_tensor(t, "send", self._r)
         self._peer(dstRank, "send")
-        return self._p2p([_flat(t), None, None], t, dstRank, tag, "send", [t])
+        g, bufs, count = self.group, [_flat(t), None, None], t.numel()
+        nbytes = count * t.element_size()
+        key = ("send", dstRank, count, nbytes, tag)
+        plan = self._p2p_plans.get(key)
+        if plan is None:  # the send's schedule and description, kept like a collective's plan
+            if len(self._p2p_plans) >= _PLAN_CACHE:
+                self._p2p_plans.clear()
+            plan = self._p2p_plans[key] = (Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))),
+                                           f"send({nbytes} bytes, to rank {dstRank}, tag {tag})")
+        sched, desc = plan
+
+        def start(op: Op):
+            return g.execution(op, sched, bufs, None, t.dtype, tag)
+
+        return self._submit(Kind.P2P, desc, start, None, [t], nbytes, t.dtype, "p2p", peer=dstRank, direction="send")
 
     def recv(self, tensors, srcRank, tag=0):
         self._peer(srcRank, "recv")
@@ -767,24 +781,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not 0 <= peer < self.group.size or peer == self.group.rank:
             raise ValueError(f"[rank {self._r}] {what}: peer rank {peer} is invalid in a group of size "
                              f"{self.group.size} (and cannot be this rank)")
-
-    def _p2p(self, bufs, t, peer, tag, what, outputs, after=None):
-        g, count = self.group, t.numel()
-        nbytes = count * t.element_size()
-        key = (what, peer, count, nbytes, tag)
-        plan = self._p2p_plans.get(key)
-        if plan is None:  # a send's schedule and description, kept like a collective's plan
-            if len(self._p2p_plans) >= _PLAN_CACHE:
-                self._p2p_plans.clear()
-            plan = self._p2p_plans[key] = (Schedule("p2p").add(Send(peer, Chunk(IN, 0, count))),
-                                           f"{what}({nbytes} bytes, to rank {peer}, tag {tag})")
-        sched, desc = plan
-
-        def start(op: Op):
-            return g.execution(op, sched, bufs, None, t.dtype, tag)
-
-        return self._submit(Kind.P2P, desc, start, (lambda op: after()) if after else None, outputs, nbytes,
-                            t.dtype, "p2p", peer=peer, direction=what)
 
     # -- life cycle ----------------------------------------------------------------------------
     def abort(self) -> None:
