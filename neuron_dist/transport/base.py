@@ -50,6 +50,18 @@ class PeerGone(TransportError):
 class Transport(abc.ABC):
     name = "abstract"
 
+    @staticmethod
+    def publish_error(store, key: str, rank: int, why: str) -> None:
+        """Put `why` where peers read this rank's set-up record (`{key}/{rank}`; the key is the
+        transport's name unless a caller chose another), in the form their set-up takes for a
+        failure (`setup_error`), so they fail at once with it instead of waiting to connect."""
+        store.set(f"{key}/{rank}", "error: " + why)
+
+    @staticmethod
+    def setup_error(record: str) -> str | None:
+        """The error in a peer's set-up record, if it published one (`publish_error`)."""
+        return record[7:] if record.startswith("error: ") else None
+
     @abc.abstractmethod
     def send(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
         """Try to hand one frame for `peer` to the transport.

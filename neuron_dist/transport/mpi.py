@@ -59,8 +59,9 @@ class MpiTransport(Transport):
         self.world = {}
         for p in self.peers:
             got = ctx.store.get(f"{key}/{p}").decode()
-            if got.startswith("error: "):  # the peer failed before building its transport
-                raise TransportError(f"rank {self.rank}: no connection with rank {p}: {got[7:]}")
+            failed = self.setup_error(got)
+            if failed:  # the peer failed before building its transport
+                raise TransportError(f"rank {self.rank}: no connection with rank {p}: {failed}")
             w = int(got)
             if w == me or not 0 <= w < self.comm.Get_size():
                 raise TransportError(f"rank {self.rank}: rank {p} is MPI rank {w}, outside this MPI job of "

@@ -10,7 +10,6 @@ pair is an error naming both ranks and their hosts. The choice is logged at debu
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -60,9 +59,11 @@ def publish_failure(store, rank: int, why: str) -> None:
     each transport's set-up key gets the error form its own set-up publishes when it fails (a
     full /dev/shm, an address it cannot listen on), so a peer waiting to connect to this rank
     fails at once with its cause instead of at the group's time-out."""
-    store.set(f"shm/{rank}", "error: " + why)
-    store.set(f"zmq/{rank}", json.dumps({"error": why}))
-    store.set(f"mpi/{rank}", "error: " + why)
+    from .mpi import MpiTransport
+    from .shm import ShmTransport
+    from .zmq_transport import ZmqTransport
+    for t in (ShmTransport, ZmqTransport, MpiTransport):
+        t.publish_error(store, t.name, rank, why)
 
 
 def _make(name: str, ctx: TransportContext, peers: list[int]) -> Transport:

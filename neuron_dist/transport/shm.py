@@ -265,7 +265,7 @@ class ShmTransport(Transport):
             why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
                    f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
                    f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
-            ctx.store.set(f"{key}/{self.rank}", "error: " + why)  # peers fail at once, not at a time-out
+            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
             raise TransportError(why) from None
         self.mine.pid.value = os.getpid()
         ctx.store.set(f"{key}/{self.rank}", path)
@@ -276,8 +276,9 @@ class ShmTransport(Transport):
                 for p in self.peers:
                     _wait_for(ctx.store, f"{key}/{p}", wait)
                     where = ctx.store.get(f"{key}/{p}").decode()
-                    if where.startswith("error: "):
-                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {where[7:]}")
+                    failed = self.setup_error(where)
+                    if failed:
+                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
                     self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
                 ctx.store.set(f"{key}/{self.rank}/mapped", "1")
                 for p in self.peers:

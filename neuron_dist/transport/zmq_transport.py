@@ -113,6 +113,12 @@ def tensor_of(buf) -> torch.Tensor:
 class ZmqTransport(Transport):
     name = "zmq"
 
+    @staticmethod
+    def publish_error(store, key: str, rank: int, why: str) -> None:
+        """As the base's, in this transport's record form: JSON holding the endpoints or an
+        "error" (its set-up reads that field from the record it parses anyway)."""
+        store.set(f"{key}/{rank}", json.dumps({"error": why}))
+
     def __init__(self, ctx: TransportContext, peers: list[int] | None = None, key: str = "zmq"):
         self.rank, self.size, self.token = ctx.rank, ctx.size, ctx.token
         self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
@@ -155,7 +161,7 @@ class ZmqTransport(Transport):
             except zmq.ZMQError as e:
                 why = (f"rank {self.rank} cannot listen on {ctx.bind_addr} ({e.strerror}): it is not an address of "
                        f"this host ({ctx.hostname}); set NEURON_DIST_BIND_ADDR to one, on the job's network")
-                ctx.store.set(f"{key}/{self.rank}", json.dumps({"error": why}))  # peers fail at once
+                self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once
                 raise TransportError(why) from None
             endpoints["tcp"] = f"tcp://{host}:{port}"
         ctx.store.set(f"{key}/{self.rank}", json.dumps(endpoints))
