@@ -110,14 +110,14 @@ class HangDiagnosis:
         """The other ranks' progress records; the ranks whose record could not be read, and why.
         Each store call is bounded, and so is the whole read, so a dead store costs a failing op
         at most a few seconds; what was read before stays."""
-        records, why = {}, ""
+        records = {}
         others = [r for r in range(self.size) if r != self.rank]
         deadline = time.monotonic() + STORE_READ_S
         for i, r in enumerate(others):
             left = deadline - time.monotonic()
             if left <= 0:
-                why = f"the store took over {STORE_READ_S:g}s to give {i} of {len(others)} records"
-                return records, others[i:], why
+                return records, others[i:], (f"the store took over {STORE_READ_S:g}s to give {i} of "
+                                             f"{len(others)} records")
             key, limit = f"progress/{r}", min(STORE_ANSWER_S, left)
             try:
                 raw = None  # a rank that never published has no key: get() would wait for it
@@ -129,7 +129,7 @@ class HangDiagnosis:
                 return records, others[i:], f"the store could not be read ({type(e).__name__}: {e})"
             if raw is not None:
                 records[r] = json.loads(raw)
-        return records, [], why
+        return records, [], ""
 
     def diagnose(self, op: Op | None = None) -> str:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
