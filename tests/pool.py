@@ -13,6 +13,7 @@ import importlib
 import multiprocessing as mp
 import os
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -28,6 +29,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_scripts(script: str, argvs: list[list], env: dict | None = None, timeout: float = 120) -> list[tuple[int, str]]:
+    """Start `python tests/scripts/<script> *argv` for each argv at once (the ranks of one job)
+    and return each process's (exit status, output with stderr), once all have ended."""
+    path = os.path.join(HERE, "scripts", script)
+    procs = [subprocess.Popen([sys.executable, path, *map(str, argv)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for argv in argvs]
+    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+def rank_line(out: str, rank: int) -> str:
+    """The line a script's rank printed about how it ended ("rank N: ..."), else the output's tail."""
+    return next((line for line in out.splitlines() if line.startswith(f"rank {rank}: ")), out[-2000:])
 
 
 def _worker(rank: int, world: int, port: int, conn, env: dict, backend: str) -> None:

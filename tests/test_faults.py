@@ -193,15 +193,10 @@ def test_a_shorter_message_whose_sender_then_exits_is_delivered(transport):
     its first frame was there, used to check the sender's liveness again and failed with 'rank 0
     is gone ... before the operation started'; the message is now delivered."""
     import os
-    import subprocess
-    import sys
-    from pool import free_port
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "short_then_exit.py")
-    port = str(free_port())
+    from pool import free_port, run_scripts
+    port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE, env=env,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    out = [p.communicate(timeout=120)[0] for p in procs][1]
+    out = run_scripts("short_then_exit.py", [[0, port], [1, port]], env)[1][1]
     assert "rank 1: got [0.0, 1.0, 2.0, -1.0, -1.0, -1.0, -1.0, -1.0]" in out, out[-2000:]
 
 
@@ -213,16 +208,11 @@ def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(transport, 
     within seconds, naming rank 0, as a receive from a named peer does. orderly: a member that
     left in order (destroy_process_group) is no reason to fail: rank 0's later message arrives."""
     import os
-    import subprocess
-    import sys
-    from pool import free_port
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "anysource_dead_sender.py")
-    port = str(free_port())
+    from pool import free_port, rank_line, run_scripts
+    port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, script, str(r), port, mode], stdout=subprocess.PIPE, env=env,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2 if mode == "dead" else 3)]
-    out = [p.communicate(timeout=120)[0] for p in procs][1]
-    line = next((l for l in out.splitlines() if l.startswith("rank 1: ")), out[-2000:])
+    outs = run_scripts("anysource_dead_sender.py", [[r, port, mode] for r in range(2 if mode == "dead" else 3)], env)
+    line = rank_line(outs[1][1], 1)
     if mode == "orderly":
         assert line == "rank 1: received [5.0, 5.0, 5.0, 5.0] from rank 0", line
         return

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from pool import run_scripts
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lifecycle.py")
 
@@ -13,11 +14,8 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "li
 @pytest.mark.parametrize("world", [2, 3])
 def test_lifecycle(transport, world, tmp_path):
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(world), str(tmp_path)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"rank {r}: lifecycle ok" in out, out[-3000:]
+    for r, (code, out) in enumerate(run_scripts("lifecycle.py", [[r, world, tmp_path] for r in range(world)], env)):
+        assert code == 0 and f"rank {r}: lifecycle ok" in out, out[-3000:]
 
 
 def test_exit_with_the_group_open_and_work_in_flight():
@@ -25,14 +23,10 @@ def test_exit_with_the_group_open_and_work_in_flight():
     the engine thread, ends with its own status, not SIGABRT from torch's C++ at finalization
     (4 runs: without the exit hook most runs aborted)."""
     from pool import free_port
-    script = os.path.join(os.path.dirname(SCRIPT), "exit_open.py")
     for run in range(4):
-        port = str(free_port())
-        procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True) for r in range(2)]
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-        for r, (p, out) in enumerate(zip(procs, outs)):
-            assert p.returncode == 0 and f"rank {r}: leaving" in out, f"run {run}, rank {r}: status {p.returncode}\n{out[-2000:]}"
+        port = free_port()
+        for r, (code, out) in enumerate(run_scripts("exit_open.py", [[0, port], [1, port]])):
+            assert code == 0 and f"rank {r}: leaving" in out, f"run {run}, rank {r}: status {code}\n{out[-2000:]}"
             assert "terminate called" not in out, out[-2000:]
 
 
@@ -63,13 +57,9 @@ def test_kept_scratch_buffers_go_with_their_group(pools):
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tmp_path):
-    script = os.path.join(os.path.dirname(SCRIPT), "fork_child.py")
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(tmp_path / "store")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and f"rank {r}: fork ok" in out and "child" not in out, out[-3000:]
+    for r, (code, out) in enumerate(run_scripts("fork_child.py", [[r, 2, tmp_path / "store"] for r in range(2)], env)):
+        assert code == 0 and f"rank {r}: fork ok" in out and "child" not in out, out[-3000:]
 
 
 def test_waiting_ops_start_in_order_per_kind():

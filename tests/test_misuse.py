@@ -3,12 +3,9 @@ time-out), never wrong data or a hang; the fingerprint check (TORCH_DISTRIBUTED_
 NEURON_DIST_CHECK=1) catches every mismatch before the call runs and leaves the group usable;
 invalid arguments are rejected before a byte moves, with torch's error types."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from pool import free_port
+from pool import free_port, rank_line, run_scripts
 
 TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
@@ -81,14 +78,10 @@ def test_invalid_arguments_rejected_before_any_byte_moves(pools):
 
 
 def _membership_job(mode: str) -> list[dict]:
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "membership_mismatch.py")
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    port = free_port()
     res = []
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
+    for code, out in run_scripts("membership_mismatch.py", [[r, 3, port, mode] for r in range(3)]):
+        assert code == 0, out[-3000:]
         x = json.loads(out.strip().splitlines()[-1])
         assert x["world_ok"], x
         assert x["threads_after"] == x["threads_before"], x
@@ -144,16 +137,9 @@ def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
     used to get 'Connection reset by peer' from the store; with a bad rank 2, ranks 0 and 1
     waited for the whole group time-out (so did the others of a rank whose NEURON_DIST_BIND_ADDR
     could never work)."""
-    import subprocess
-    import sys
-    from pool import free_port
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "placement_error.py")
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), "3", port, str(bad), setting], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(3)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for r, out in enumerate(outs):
-        line = next((l for l in out.splitlines() if l.startswith(f"rank {r}: ")), out[-2000:])
+    port = free_port()
+    for r, (_, out) in enumerate(run_scripts("placement_error.py", [[r, 3, port, bad, setting] for r in range(3)])):
+        line = rank_line(out, r)
         var, value = setting.split("=")
         assert f"{var}={value!r}" in line, line
         if r != bad:
@@ -166,16 +152,8 @@ def test_a_rank_that_cannot_choose_its_address_fails_its_peers_at_once():
     interface to listen on and fails at once. Rank 0 used to wait the whole group time-out for
     rank 1's transport keys, and then reported a time-out; it now fails within seconds with
     rank 1's cause."""
-    import subprocess
-    import sys
-    from pool import free_port
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "unroutable_rank.py")
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    lines = [next((l for l in out.splitlines() if l.startswith(f"rank {r}: ")), out[-2000:])
-             for r, out in enumerate(outs)]
+    port = free_port()
+    lines = [rank_line(out, r) for r, (_, out) in enumerate(run_scripts("unroutable_rank.py", [[0, port], [1, port]]))]
     for line in lines:
         assert "'no-such-host.invalid'" in line and "MASTER_ADDR" in line, lines
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, lines
