@@ -24,7 +24,9 @@ def ours() -> list[str]:
 
 
 def shm() -> list[str]:
-    return sorted(e for e in os.listdir("/dev/shm") if "neuron" in e or e.startswith("nd"))
+    """This process's segments (the transport names each nd-<job>-<rank>-<pid>): another job's,
+    alive for a moment while its peers map it, is no leak of ours."""
+    return sorted(e for e in os.listdir("/dev/shm") if e.startswith("nd-") and e.endswith(f"-{os.getpid()}"))
 
 
 def allreduce(group=None) -> None:
