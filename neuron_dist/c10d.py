@@ -204,6 +204,13 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def _typed(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes (a slice of a byte buffer, at any offset) as elements of `dtype`, in fresh memory:
+    a view of another dtype needs its start aligned to that dtype's size."""
+    shape = (*block.shape[:-1], block.shape[-1] // dtype.itemsize)
+    return torch.empty(block.shape, dtype=torch.uint8).copy_(block).view(-1).view(dtype).view(shape)
+
+
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     if len(tensors) == 1:
         return tensors[0].dtype
@@ -213,6 +220,7 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     return tensors[0].dtype
 
 
+_MAX_TAG = 2**31 - 1  # c10d's `int tag`
 _PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
 _KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan
 
@@ -452,6 +460,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         back to back; the result is unpacked into each output (list of per-rank tensors or one
         flat tensor per input)."""
         n = self.group.size
+        # inputs of several dtypes (a coalesced all-gather, which Gloo takes) move as bytes: an
+        # all-gather never looks at its elements
+        as_bytes = len({i.dtype for i in inputs}) > 1
+        if as_bytes:
+            inputs = [i.reshape(-1).view(torch.uint8) for i in inputs]
         dtype = _same_dtype(inputs, what, self._r) if inputs else torch.float32
         sizes = [i.numel() for i in inputs]
         c = sum(sizes)
@@ -465,12 +478,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if single or c == 0:
                 return
             rows, off = out.view(n, c), 0
+            typed = _typed if as_bytes else (lambda block, dtype: block)
             for dst, sz in zip(output_lists, sizes):
                 if isinstance(dst, torch.Tensor):  # into_tensor form: rank r's block is row r
-                    dst.copy_(rows[:, off:off + sz].reshape(dst.shape))
+                    dst.copy_(typed(rows[:, off:off + sz], dst.dtype).reshape(dst.shape))
                 else:                               # list form: one tensor per rank
                     for r in range(n):
-                        dst[r].copy_(rows[r, off:off + sz].reshape(dst[r].shape))
+                        dst[r].copy_(typed(rows[r, off:off + sz], dst[r].dtype).reshape(dst[r].shape))
                 off += sz
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
@@ -535,9 +549,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
         out = _one(output_tensors, "reduce_scatter", self._r)
         ins = list(_one(input_tensors, "reduce_scatter", self._r))
         _check_tensor(out, "reduce_scatter", self._r, written=True)
-        self._check_per_rank(ins, out, "reduce_scatter", "input", "output")
-        return self._reduce_scatter_packed([out], [torch.stack([t.reshape(-1) for t in ins]) if ins else out], opts,
-                                           "reduce_scatter")
+        self._check_blocks(ins, out, "reduce_scatter")
+        # input j is rank j's block: blocks may differ in size from rank to rank (as with Gloo)
+        return self._reduce_scatter_packed([out], [torch.cat([t.reshape(-1) for t in ins])], opts,
+                                           "reduce_scatter", counts=tuple(t.numel() for t in ins))
+
+    def _check_blocks(self, blocks, mine, what: str) -> None:
+        """`blocks` must be one per rank, of `mine`'s dtype, this rank's with `mine`'s element count."""
+        n, r = self.group.size, self._r
+        if len(blocks) != n:
+            raise ValueError(f"[rank {r}] {what}: needs {n} input tensors (one per rank), got {len(blocks)}")
+        for j, t in enumerate(blocks):
+            _check_tensor(t, what, r)
+            if t.dtype != mine.dtype:
+                raise ValueError(f"[rank {r}] {what}: input tensor {j} is {t.dtype}, the output {mine.dtype}")
+        if blocks[r].numel() != mine.numel():
+            raise ValueError(f"[rank {r}] {what}: input tensor {r} (this rank's block) has {blocks[r].numel()} "
+                             f"elements, the output {mine.numel()}")
 
     def reduce_scatter_single(self, output, input, opts=None):
         self._check_whole_part(input, output, "reduce_scatter_tensor", "input", "output")
@@ -546,22 +574,40 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
-        outputs, inputs = self._coalesced_pairs(outputs, inputs, "reduce_scatter_tensor_coalesced", gather=False)
+        what = "reduce_scatter_tensor_coalesced"
+        outputs, inputs = self._coalesced_pairs(outputs, inputs, what, gather=False)
         if not inputs:
             return self._empty_work(outputs)
-        return self._reduce_scatter_packed(outputs, inputs, opts, "reduce_scatter_tensor_coalesced")
+        dtypes = list(dict.fromkeys(i.dtype for i in inputs))  # in order of first use: the same on every rank
+        if len(dtypes) == 1:
+            return self._reduce_scatter_packed(outputs, inputs, opts, what)
+        # several dtypes (Gloo takes them): one collective per dtype. A group runs collectives one
+        # at a time, in order, so the last one's Work ends after the others, and fails if one
+        # did (the group is then unusable, and the error says why). The op is checked against
+        # every dtype first: a refusal comes before any of them starts
+        op_name, _ = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
+        for dt in dtypes:
+            reduce_ops.check(op_name, dt)
+        for dt in dtypes:
+            pairs = [(o, i) for o, i in zip(outputs, inputs) if i.dtype == dt]
+            work = self._reduce_scatter_packed([o for o, _ in pairs], [i for _, i in pairs], opts, what,
+                                               work_outputs=outputs)
+        return work
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    def _reduce_scatter_packed(self, outputs, inputs, opts, what):
+    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None):
         """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the
-        r-th piece of every input, packed back to back."""
+        r-th piece of every input, packed back to back. `counts`: each rank's block size, when
+        they differ (one input, its blocks back to back); `work_outputs`: the Work's result, if
+        not `outputs`."""
         n = self.group.size
         dtype = _same_dtype(inputs + outputs, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         reduce_ops.check(op_name, dtype)
         sizes = [o.numel() for o in outputs]
         c = sum(sizes)
+        counts = counts or (c,) * n
         if len(inputs) == 1:
             inp = _flat(inputs[0])
         else:
@@ -583,8 +629,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     o.copy_(out[off:off + sz].view(o.shape))
                     off += sz
 
-        return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": (c,) * n}, inp, out, dtype,
-                                op_name, before, after, outputs, c * n * dtype.itemsize, opts=opts, name=what)
+        return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": counts}, inp, out, dtype,
+                                op_name, before, after, outputs if work_outputs is None else work_outputs,
+                                sum(counts) * dtype.itemsize, opts=opts, name=what)
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None, op=None, timeout=None):
@@ -726,6 +773,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "send", self._r)
         _check_tensor(t, "send", self._r)
         self._peer(dstRank, "send")
+        self._tag(tag, "send")
         g, bufs, count = self.group, [_flat(t), None, None], t.numel()
         nbytes = count * t.element_size()
         key = ("send", dstRank, count, nbytes, tag)
@@ -754,6 +802,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
         t = _one(tensors, "recv", self._r)
         _check_tensor(t, "recv", self._r, written=True)
+        self._tag(tag, "recv")
         # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:
         # its current values, so that a shorter message leaves the rest of the tensor as it was
         out = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
@@ -776,6 +825,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 self._p2p_plans.clear()
             sched = self._p2p_plans[key] = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, count)))
         return sched
+
+    def _tag(self, tag, what: str) -> None:
+        """c10d's tags are C++ ints: a negative one, or one past 2**31 - 1, fails here, before any
+        byte moves, as with Gloo. (A frame's tag field would take up to 2**32 - 1; a negative tag
+        failed the group at its first frame, and a receive with one waited out the time-out.)"""
+        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= _MAX_TAG:
+            raise ValueError(f"[rank {self._r}] {what}: tag {tag!r} is invalid: a tag is an integer "
+                             f"from 0 to {_MAX_TAG}")
 
     def _peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.group.size or peer == self.group.rank:

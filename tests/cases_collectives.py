@@ -193,7 +193,18 @@ def allgather_coalesced(rank, world):
             for j, c in enumerate(counts):
                 same(lists[r][j], values(r, c, torch.float32, "sum", 5), f"all_gather_coalesced rank {r} input {j}")
                 same(lists[r][j], glists[r][j], "all_gather_coalesced vs gloo")
-    return 9
+    # inputs of several dtypes in one coalesced call, a block past one frame. Gloo takes them
+    # too, but with these five returns wrong blocks (zeros) even at world 1: the reference only
+    kinds = ((torch.float32, 3), (torch.int64, 0), (torch.bool, 5), (torch.bfloat16, 7), (torch.float64, 70_001))
+    mixed = [values(rank, c, dt, "sum", 8) for dt, c in kinds]
+    outs = [torch.empty(world * c, dtype=dt) for dt, c in kinds]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for o, i in zip(outs, mixed):
+            dist.all_gather_into_tensor(o, i)
+    cm.wait()
+    for o, (dt, c) in zip(outs, kinds):
+        same(o, torch.cat([values(r, c, dt, "sum", 8) for r in range(world)]), f"coalesced all_gather of several dtypes ({dt})")
+    return 14
 
 
 def reduce_scatter(rank, world):
@@ -218,6 +229,21 @@ def reduce_scatter(rank, world):
                     if gloo_ran(lambda: dist.reduce_scatter_tensor(g, ins[rank], group=R.GLOO)):
                         same(out, g, f"reduce_scatter vs gloo {dtype}")
                         checks += 1
+    # list form with a block size per rank (Gloo takes it): empty, small and multi-frame blocks
+    for sizes in ([j % 3 for j in range(world)], [70_001 + 3 * j for j in range(world)]):
+        off = [sum(sizes[:j]) for j in range(world)]
+        for dtype, op in ((torch.float32, "sum"), (torch.int32, "max"), (torch.float64, "avg")):
+            full = [values(r, sum(sizes), dtype, op, 4) for r in range(world)]
+            want = reference(full, op, dtype)[off[rank]:off[rank] + sizes[rank]]
+            blocks = list(full[rank].split(sizes))
+            out = torch.empty(sizes[rank], dtype=dtype)
+            dist.reduce_scatter(out, blocks, op=c10d_op(op))
+            same(out, want, f"reduce_scatter list, blocks {sizes[:4]}, {dtype} {op}")
+            checks += 1
+            g = torch.empty(sizes[rank], dtype=dtype)
+            if op != "avg" and gloo_ran(lambda: dist.reduce_scatter(g, blocks, op=c10d_op(op), group=R.GLOO)):
+                same(out, g, f"reduce_scatter list, blocks {sizes[:4]}, vs gloo {dtype}")
+                checks += 1
     return checks
 
 
@@ -233,7 +259,21 @@ def reduce_scatter_coalesced(rank, world):
     for o, c in zip(outs, sizes):
         full = reference([values(r, c * world, torch.float32, "sum", 6) for r in range(world)], "avg", torch.float32)
         same(o, full[rank * c:(rank + 1) * c], "reduce_scatter_tensor_coalesced avg")
-    return len(sizes)
+    # several dtypes in one coalesced call (Gloo takes them): one reduction per dtype
+    kinds = ((torch.float32, 3), (torch.float64, 2), (torch.int32, 0), (torch.float32, 70_001), (torch.int32, 5))
+    for op in ("sum", "max"):
+        ins = [values(rank, c * world, dt, op, 9) for dt, c in kinds]
+        for group in (None, R.GLOO):
+            outs = [torch.empty(c, dtype=dt) for dt, c in kinds]
+            with dist._coalescing_manager(group=group, async_ops=True) as cm:
+                for o, i in zip(outs, ins):
+                    dist.reduce_scatter_tensor(o, i, op=c10d_op(op), group=group)
+            cm.wait()
+            for o, (dt, c) in zip(outs, kinds):
+                full = reference([values(r, c * world, dt, op, 9) for r in range(world)], op, dt)
+                same(o, full[rank * c:(rank + 1) * c],
+                     f"coalesced reduce_scatter of several dtypes ({dt} {op}, {'gloo' if group else 'neuron'})")
+    return len(sizes) + 2 * 2 * len(kinds)
 
 
 def in_place(rank, world):

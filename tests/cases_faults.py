@@ -553,6 +553,20 @@ def misuse_invalid(rank, world):
     expect((ValueError, RuntimeError), lambda: dist.broadcast(torch.ones(4), src=world + 3), "src out of range (dist)")
     expect(ValueError, lambda: pg.send([torch.ones(4)], world + 1, 0), "send to rank out of range")
     expect(ValueError, lambda: pg.send([torch.ones(4)], rank, 0), "send to self")
+    peer = (rank + 1) % world
+    for tag in (-1, 2**31, 2**32):  # c10d's tags are C++ ints (Gloo refuses these too)
+        expect(ValueError, lambda: dist.send(torch.ones(2), peer, tag=tag), f"send with tag {tag}")
+        expect(ValueError, lambda: dist.recv(torch.ones(2), peer, tag=tag), f"recv with tag {tag}")
+        expect(ValueError, lambda: dist.recv(torch.ones(2), tag=tag), f"recv from any source with tag {tag}")
+    expect(ValueError, lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(3)] * world),
+           "reduce_scatter list: this rank's block and the output differ in size")
+    expect(ValueError, lambda: pg.reduce_scatter([torch.empty(2)], [[torch.ones(2, dtype=torch.float64)] * world]),
+           "reduce_scatter list: input dtype differs from the output's (group; torch's own check comes first)")
+    band = dist.ReduceScatterOptions()
+    band.reduceOp = dist.ReduceOp.BAND
+    expect(ValueError, lambda: pg.reduce_scatter_tensor_coalesced(  # the int32 part alone would run
+        [torch.empty(1, dtype=torch.int32), torch.empty(1)], [torch.ones(world, dtype=torch.int32), torch.ones(world)],
+        band), "coalesced reduce_scatter of two dtypes, BAND on the float32 one")
     expect(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), "wrong all_gather output size")
     expect(ValueError, lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(2)), "wrong reduce_scatter input size")
     expect(ValueError, lambda: dist.all_gather([torch.empty(2)] * (world + 1), torch.ones(2)), "wrong all_gather list length")
