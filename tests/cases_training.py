@@ -246,3 +246,59 @@ def checkpoint(rank, world):
         import shutil
         shutil.rmtree(path[0], ignore_errors=True)
     return 1
+
+
+def pipeline(rank, world, steps=2):
+    """Pipeline parallelism (torch.distributed.pipelining, its point-to-point batches): 1F1B with
+    one stage per rank and interleaved 1F1B with two, on the neuron group and on Gloo; the
+    parameters after `steps` SGD steps equal both Gloo's and one process training the whole
+    model on the whole batch (the schedules scale gradients by the microbatch count)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    width, cpu = 16, torch.device("cpu")
+
+    def layers(n):
+        torch.manual_seed(0)
+        return nn.Sequential(*[nn.Linear(width, width) for _ in range(n)])
+
+    def data(step):
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(4 * world, width, generator=g), torch.randn(4 * world, width, generator=g)  # 2 a microbatch
+
+    loss_fn = lambda out, y: nn.functional.mse_loss(out, y)
+    checks = 0
+    for schedule, per_rank in ((Schedule1F1B, 1), (ScheduleInterleaved1F1B, 2)):
+        n = per_rank * world
+        ref = layers(n)
+        for s in range(steps):
+            x, y = data(s)
+            loss_fn(ref(x), y).backward()
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+        results = {}
+        for name, group in (("neuron", None), ("gloo", R.GLOO)):
+            full = layers(n)
+            idx = [rank + k * world for k in range(per_rank)]  # interleaved: stages rank, rank + world
+            stages = [PipelineStage(full[i:i + 1], i, n, cpu, group=group) for i in idx]
+            sched = schedule(stages if per_rank > 1 else stages[0], n_microbatches=2 * world, loss_fn=loss_fn)
+            for s in range(steps):
+                x, y = data(s)
+                if rank == 0:
+                    sched.step(x, target=y if world == 1 else None)
+                elif rank == world - 1:
+                    sched.step(target=y)
+                else:
+                    sched.step()
+                with torch.no_grad():
+                    for st in stages:
+                        for p in st.submod.parameters():
+                            p -= 0.1 * p.grad
+                            p.grad = None
+            results[name] = {f"{i}.{k.split('.', 1)[1]}": v.detach().clone() for i, st in zip(idx, stages)
+                             for k, v in st.submod.state_dict().items()}  # "0.weight" of layer i: "i.weight"
+        mine = {k: v for k, v in ref.state_dict().items() if int(k.split(".")[0]) in idx}
+        _close(results["neuron"], results["gloo"], f"{schedule.__name__} neuron vs gloo", atol=0)
+        _close(results["neuron"], mine, f"{schedule.__name__} vs one process")
+        checks += 2
+    return checks

@@ -28,3 +28,8 @@ def test_ddp_powersgd_hook_and_join(pools, world):
 
 def test_torch_compile_over_the_group(pools):
     assert all(pools(2).run("cases_training:compiled"))
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_pipeline_schedules(pools, world):
+    assert all(c == 4 for c in pools(world).run("cases_training:pipeline"))
