@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import zlib
 from datetime import timedelta
 
 import torch
@@ -211,6 +212,18 @@ def _typed(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(block.shape, dtype=torch.uint8).copy_(block).view(-1).view(dtype).view(shape)
 
 
+def _layout(items: list[str], noun: str = "parts") -> str:
+    """A packed call's parts (or uneven blocks) for its description, and so for the checksum its
+    frames carry: ranks that pack other dtypes or sizes into the same bytes then fail naming each
+    other instead of reading each other's bytes as something else. Up to 8 listed, more as a CRC."""
+    text = ", ".join(items)
+    return f"{noun} [{text}]" if len(items) <= 8 else f"{len(items)} {noun}, layout {zlib.crc32(text.encode()):08x}"
+
+
+def _parts(tensors) -> str:
+    return _layout([f"{str(t.dtype).replace('torch.', '')}[{t.numel()}]" for t in tensors])
+
+
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     if len(tensors) == 1:
         return tensors[0].dtype
@@ -313,16 +326,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return NeuronWork(self.group.submit(op))
 
     def _plan(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype,
-              op_name: str, nbytes: int, name: str | None = None) -> "_Plan":
+              op_name: str, nbytes: int, name: str | None = None, detail: str = "") -> "_Plan":
         """What a call with these arguments needs besides its buffers (description, reducer, the
-        schedule once built), cached per argument set: schedules are immutable data."""
-        key = (collective, algo, dtype, op_name, nbytes, name, *spec_args.items())
+        schedule once built), cached per argument set: schedules are immutable data. `detail`
+        ends the description's arguments, and so enters the checksum its frames carry."""
+        key = (collective, algo, dtype, op_name, nbytes, name, detail, *spec_args.items())
         plan = self._plans.get(key)
         if plan is None:
             reduce = reduce_ops.reducer(op_name, dtype)
             desc = f"{name or collective}({nbytes} bytes, {str(dtype).replace('torch.', '')}" + \
                    (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
-                   (f", root {spec_args['root']}" if "root" in spec_args else "") + ")"
+                   (f", root {spec_args['root']}" if "root" in spec_args else "") + \
+                   (f", {detail}" if detail else "") + ")"
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.clear()
             plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
@@ -334,13 +349,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None, name: str | None = None):
+                    opts=None, name: str | None = None, detail: str = ""):
         """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
         before the schedule starts (premultiply; it may return a new IN to use), `after` once it
-        has finished (AVG, copy-back). `name` replaces the collective's in the description."""
+        has finished (AVG, copy-back). `name` replaces the collective's in the description;
+        `detail` is added to its arguments (see _plan)."""
         g = self.group
         algo = algorithm or g.choose(collective, nbytes)
-        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
+        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
 
         def start(op: Op) -> Execution:
             src = inp
@@ -460,6 +476,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         back to back; the result is unpacked into each output (list of per-rank tensors or one
         flat tensor per input)."""
         n = self.group.size
+        detail = _parts(inputs) if len(inputs) > 1 else ""
         # inputs of several dtypes (a coalesced all-gather, which Gloo takes) move as bytes: an
         # all-gather never looks at its elements
         as_bytes = len({i.dtype for i in inputs}) > 1
@@ -489,7 +506,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
                                 after=after, outputs=outputs, nbytes=c * n * dtype.itemsize,
-                                opts=opts)
+                                opts=opts, detail=detail)
 
     def all_gather_single(self, output, input, opts=None):
         self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
@@ -607,6 +624,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         reduce_ops.check(op_name, dtype)
         sizes = [o.numel() for o in outputs]
         c = sum(sizes)
+        detail = _parts(outputs) if len(outputs) > 1 else \
+            _layout([str(k) for k in counts], "blocks") if counts and len(set(counts)) > 1 else ""
         counts = counts or (c,) * n
         if len(inputs) == 1:
             inp = _flat(inputs[0])
@@ -631,7 +650,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": counts}, inp, out, dtype,
                                 op_name, before, after, outputs if work_outputs is None else work_outputs,
-                                sum(counts) * dtype.itemsize, opts=opts, name=what)
+                                sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail)
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None, op=None, timeout=None):

@@ -397,6 +397,23 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         world = dist.get_world_size(group)
         dist.all_to_all_single(torch.empty(world), torch.ones(2 * world), output_split_sizes=[1] * world,
                                input_split_sizes=[2] * world, group=group)
+    elif case in ("coalesced_dtype_order", "coalesced_split"):  # inputs of several dtypes move as bytes:
+        world = dist.get_world_size(group)                    # the same byte count on every rank
+        if case == "coalesced_dtype_order":
+            kinds = [(torch.float32, 2), (torch.int32, 2)]
+        else:
+            kinds = [(torch.int8, 4), (torch.int16, 2)] if rank == 0 else [(torch.int8, 2), (torch.int16, 3)]
+        if case == "coalesced_dtype_order" and rank == 1:
+            kinds.reverse()
+        with dist._coalescing_manager(group=group):
+            for dt, c in kinds:
+                dist.all_gather_into_tensor(torch.empty(world * c, dtype=dt), torch.ones(c, dtype=dt), group=group)
+    elif case == "reduce_scatter_blocks":  # list form: the last rank swaps blocks 0 and 1's sizes
+        world = dist.get_world_size(group)
+        sizes = [2 + j for j in range(world)]
+        if rank == world - 1:
+            sizes[0], sizes[1] = sizes[1], sizes[0]
+        dist.reduce_scatter(torch.empty(sizes[rank]), [torch.ones(k) for k in sizes], group=group)
     else:
         raise ValueError(case)
 

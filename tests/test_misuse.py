@@ -15,8 +15,8 @@ TIMEOUT = 10.0
 # gather each rank's first frame to the next rank carries its root).
 PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root", "crossed_root",
          "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
-         "crossed_gather_root"]
-CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
+         "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
+CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 
 @pytest.mark.parametrize("case", PLAIN)
@@ -43,6 +43,17 @@ def test_reduce_roots_disagreeing_at_three_ranks_fail_fast(pools):
         if r != 1:
             assert x["kind"] != "ok" and x["runtime_error"], (r, x)
             assert "reduce" in x["msg"] and "seq" in x["msg"], x["msg"]
+
+
+def test_reduce_scatter_blocks_disagreeing_at_three_ranks_fail_fast(pools):
+    """List-form reduce_scatter with a block size per rank; rank 2 swaps blocks 0 and 1. Rank 2's
+    own block agrees with its peers', so it received exactly what it expected and returned
+    while ranks 0 and 1 failed: the block sizes are now in the argument checksum."""
+    res = pools(3).run("cases_faults:misuse_mismatch", case="reduce_scatter_blocks", check=False, timeout_s=TIMEOUT)
+    for r, x in enumerate(res):
+        assert x["kind"] != "ok" and x["runtime_error"], (r, x)
+        assert x["elapsed"] < TIMEOUT / 2, f"rank {r}: took {x['elapsed']:.1f}s (the time-out, not detection)"
+        assert "reduce_scatter" in x["msg"] and "different arguments" in x["msg"], x["msg"]
 
 
 @pytest.mark.parametrize("case", CHECKED)
