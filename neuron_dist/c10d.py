@@ -205,6 +205,14 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def _check_op(op_name: str, dtype: torch.dtype, what: str, rank: int) -> None:
+    """reduce_ops.check, its error naming the rank and the call as every argument error does."""
+    try:
+        reduce_ops.check(op_name, dtype)
+    except ValueError as e:
+        raise ValueError(f"[rank {rank}] {what}: {e}") from None
+
+
 def _typed(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Bytes (a slice of a byte buffer, at any offset) as elements of `dtype`, in fresh memory:
     a view of another dtype needs its start aligned to that dtype's size."""
@@ -399,7 +407,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             _check_tensor(t, what, self._r, written=True)
         dtype = _same_dtype(tensors, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
-        reduce_ops.check(op_name, dtype)
+        _check_op(op_name, dtype, what, self._r)
         if len(tensors) == 1 and tensors[0].is_contiguous():
             buf, back = _flat(tensors[0]), None
         else:
@@ -604,7 +612,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # every dtype first: a refusal comes before any of them starts
         op_name, _ = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         for dt in dtypes:
-            reduce_ops.check(op_name, dt)
+            _check_op(op_name, dt, what, self._r)
         for dt in dtypes:
             pairs = [(o, i) for o, i in zip(outputs, inputs) if i.dtype == dt]
             work = self._reduce_scatter_packed([o for o, _ in pairs], [i for _, i in pairs], opts, what,
@@ -621,7 +629,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         n = self.group.size
         dtype = _same_dtype(inputs + outputs, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
-        reduce_ops.check(op_name, dtype)
+        _check_op(op_name, dtype, what, self._r)
         sizes = [o.numel() for o in outputs]
         c = sum(sizes)
         detail = _parts(outputs) if len(outputs) > 1 else \
@@ -660,7 +668,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(t, "reduce", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
-        reduce_ops.check(op_name, t.dtype)
+        _check_op(op_name, t.dtype, "reduce", self._r)
         buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * _factor_for(factor, t.dtype)
         is_root = self.group.rank == root
         out = buf if (is_root and buf.data_ptr() == t.data_ptr()) else (buf.clone() if is_root else None)
