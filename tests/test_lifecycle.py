@@ -41,11 +41,16 @@ def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
     port = str(free_port())
     procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    first = procs[0].stdout.readline()
-    assert "rank 0: looping" in first, first + procs[0].communicate(timeout=60)[0][-2000:]
-    time.sleep(0.2)
-    procs[0].send_signal(signal.SIGINT)
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    try:
+        first = procs[0].stdout.readline()
+        assert "rank 0: looping" in first, first + procs[0].communicate(timeout=60)[0][-2000:]
+        time.sleep(0.2)
+        procs[0].send_signal(signal.SIGINT)
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:  # a failed check must not leave the ranks all-reducing on
+            p.kill()
+            p.wait()
     assert "rank 0: KeyboardInterrupt" in outs[0], outs[0][-2000:]
     assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1], outs[1][-2000:]
     assert "failed: \n" not in outs[1] and not outs[1].rstrip().endswith("failed:"), outs[1][-2000:]
