@@ -33,11 +33,18 @@ def free_port() -> int:
 
 def run_scripts(script: str, argvs: list[list], env: dict | None = None, timeout: float = 120) -> list[tuple[int, str]]:
     """Start `python tests/scripts/<script> *argv` for each argv at once (the ranks of one job)
-    and return each process's (exit status, output with stderr), once all have ended."""
+    and return each process's (exit status, output with stderr), once all have ended. A rank
+    still running when the time-out ends the wait (a hung job) is killed, not left behind."""
     path = os.path.join(HERE, "scripts", script)
     procs = [subprocess.Popen([sys.executable, path, *map(str, argv)], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for argv in argvs]
-    outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     return [(p.returncode, out) for p, out in zip(procs, outs)]
 
 
