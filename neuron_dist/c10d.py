@@ -22,7 +22,7 @@ from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
-from .group import Group, coll_log
+from .group import Group, _dtype_name, coll_log
 from .op import Op
 from .transport.frame import DTYPE_CODE, Kind
 
@@ -229,7 +229,7 @@ def _layout(items: list[str], noun: str = "parts") -> str:
 
 
 def _parts(tensors) -> str:
-    return _layout([f"{str(t.dtype).replace('torch.', '')}[{t.numel()}]" for t in tensors])
+    return _layout([f"{_dtype_name(t.dtype)}[{t.numel()}]" for t in tensors])
 
 
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
@@ -342,7 +342,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         plan = self._plans.get(key)
         if plan is None:
             reduce = reduce_ops.reducer(op_name, dtype)
-            desc = f"{name or collective}({nbytes} bytes, {str(dtype).replace('torch.', '')}" + \
+            desc = f"{name or collective}({nbytes} bytes, {_dtype_name(dtype)}" + \
                    (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
                    (f", root {spec_args['root']}" if "root" in spec_args else "") + \
                    (f", {detail}" if detail else "") + ")"
