@@ -19,5 +19,7 @@ def pools():
         return _POOLS[world]
     yield get
     for p in _POOLS.values():
-        p.close()
+        p.stop()
+    for p in _POOLS.values():
+        p.join()
     _POOLS.clear()

@@ -9,6 +9,7 @@ one broken case cannot poison the rest.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing as mp
 import os
@@ -86,6 +87,13 @@ def _worker(rank: int, world: int, port: int, conn, env: dict, backend: str) -> 
         dist.destroy_process_group()
     except Exception:
         pass
+    # Skip the interpreter's finalization: its full garbage collections over torch's objects
+    # took 8-12 s per worker at world 4 on 2 cores (gdb: gc_collect_main under
+    # finalize_modules), all of it after the group had closed. The exit hooks still run.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class Pool:
@@ -139,11 +147,19 @@ class Pool:
         self._start()
 
     def close(self) -> None:
+        self.stop()
+        self.join()
+
+    def stop(self) -> None:
+        """Ask every worker to leave (close() = stop() + join(): stopping several pools first
+        lets them shut down side by side)."""
         for c in self.conns:
             try:
                 c.send(None)
             except (OSError, BrokenPipeError):
                 pass
+
+    def join(self) -> None:
         for p in self.procs:
             p.join(5)
             if p.is_alive():
