@@ -326,6 +326,13 @@ def _spawned(rank: int, a, port: int, q) -> None:
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     q.put((rank, worker(a)))
+    # Leave without the interpreter's finalization (seconds of full garbage collections over
+    # torch's objects per rank on a small host, after the table is printed).
+    q.close()
+    q.join_thread()  # the status has left the queue's feeder thread
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def launch(a) -> int:
