@@ -934,7 +934,55 @@ def create_extended(opts, backend_opts=None) -> NeuronProcessGroup:
                               group_name=str(getattr(opts, "group_id", "")), global_ranks=ranks or None)
 
 
+def _shardless_device_is_cpu() -> None:
+    """torch's ShardedTensor takes the device of a rank that holds no shard of it to be the CPU
+    only when its group's backend is named "gloo", and otherwise torch.cuda.current_device(),
+    both in `.device` and in `.to()`. So FSDP1's SHARDED_STATE_DICT saved or loaded through
+    torch.distributed.checkpoint failed on every rank with "Torch not compiled with CUDA
+    enabled" when a parameter was too small to give each rank a shard (a 2-element bias at
+    world 3), as did `.to(torch.bfloat16)` on such an entry. This backend's tensors are on the
+    CPU, so its groups get Gloo's answer; every other group still gets torch's own."""
+    import copy
+    from torch.distributed._shard.sharded_tensor import _SHARDED_OPS, ShardedTensor
+
+    getter = torch.Tensor.device.__get__
+    torch_device, torch_to = _SHARDED_OPS.get(getter), ShardedTensor.to
+    if torch_device is None or getattr(torch_to, "_neuron_cpu", False):
+        return
+
+    def shardless_here(st, pg) -> bool:
+        return not st._local_shards and pg is not None and pg._get_backend_name() == BACKEND
+
+    @functools.wraps(torch_device)
+    def device(types, args=(), kwargs=None, pg=None):
+        if shardless_here(args[0], pg):
+            return torch.device("cpu")
+        return torch_device(types, args, kwargs, pg)
+
+    @functools.wraps(torch_to)
+    def to(self, *args, **kwargs):
+        if not shardless_here(self, self._process_group):
+            return torch_to(self, *args, **kwargs)
+        # the target dtype and device, read from the same arguments by an empty CPU tensor
+        like = torch.empty(0, dtype=self.dtype).to(*args, **{k: v for k, v in kwargs.items()
+                                                              if k in ("dtype", "device")})
+        if like.dtype == self.dtype and like.device.type == "cpu" and not kwargs.get("copy", False):
+            return self
+        meta = copy.deepcopy(self.metadata())  # as torch's own .to(): nothing local to move
+        meta.tensor_properties.dtype = like.dtype
+        for shard in meta.shards_metadata:
+            shard.placement._device = like.device
+        return ShardedTensor._init_from_local_shards_and_global_metadata(
+            [], sharded_tensor_metadata=meta, process_group=kwargs.get("process_group") or self._process_group,
+            init_rrefs=self._init_rrefs)
+
+    to._neuron_cpu = True
+    _SHARDED_OPS[getter] = device
+    ShardedTensor.to = to
+
+
 def register() -> None:
     if BACKEND in dist.Backend.backend_list:
         return
     dist.Backend.register_backend(BACKEND, create_extended, extended_api=True, devices=["cpu"])
+    _shardless_device_is_cpu()

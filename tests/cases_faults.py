@@ -359,6 +359,8 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         dist.all_reduce(torch.ones(10 if rank == 0 else 20), group=group)
     elif case == "dtype":
         dist.all_reduce(torch.ones(16, dtype=torch.float32 if rank == 0 else torch.float64), group=group)
+    elif case == "dtype_same_bytes":  # as many bytes each: only the argument checksum differs
+        dist.all_reduce(torch.ones(16, dtype=torch.float32 if rank == 0 else torch.int32), group=group)
     elif case == "collective":
         t = torch.ones(64)
         if rank == 0:

@@ -248,6 +248,43 @@ def checkpoint(rank, world):
     return 1
 
 
+def fsdp1_sharded_checkpoint(rank, world):
+    """FSDP1's SHARDED_STATE_DICT through DCP where some rank holds no shard of a parameter (the
+    4-element bias at world 3 splits 2, 2, none): torch asked CUDA for such a rank's device
+    unless the group was Gloo's. Saved, converted with .to() and loaded back, on both groups."""
+    import shutil
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
+    res, shardless = {}, 0
+    for name, pg in (("neuron", dist.distributed_c10d._get_default_group()), ("gloo", R.GLOO)):
+        def make():
+            return FSDP(_model(), process_group=pg, use_orig_params=True, device_id=torch.device("cpu"))
+        m = make()
+        _train(m, rank, world, steps=3)
+        path = [tempfile.mkdtemp(prefix="neuron_dist_dcp1_")] if rank == 0 else [None]
+        dist.broadcast_object_list(path, src=0, group=pg)
+        with FSDP.state_dict_type(m, StateDictType.SHARDED_STATE_DICT):
+            sd = m.state_dict()
+            assert all(v.device == torch.device("cpu") for v in sd.values()), name
+            shardless += sum(not v.local_shards() for v in sd.values())
+            wide = {k: v.to(torch.float64) for k, v in sd.items()}  # a collective when shardless
+            assert all(v.dtype == torch.float64 and v.device.type == "cpu" for v in wide.values()), name
+            dcp.save(sd, checkpoint_id=path[0], process_group=pg)
+        m2 = make()
+        with FSDP.state_dict_type(m2, StateDictType.SHARDED_STATE_DICT):
+            sd2 = m2.state_dict()
+            dcp.load(sd2, checkpoint_id=path[0], process_group=pg)
+            m2.load_state_dict(sd2)
+        with FSDP.summon_full_params(m), FSDP.summon_full_params(m2):
+            res[name] = {k: v.detach().clone() for k, v in m2.named_parameters()}
+            _close(res[name], {k: v.detach().clone() for k, v in m.named_parameters()}, f"{name} round trip", atol=0)
+        dist.barrier(group=pg)
+        if rank == 0:
+            shutil.rmtree(path[0], ignore_errors=True)
+    _close(res["neuron"], res["gloo"], "sharded checkpoint neuron vs gloo")
+    return shardless
+
+
 def pipeline(rank, world, steps=2):
     """Pipeline parallelism (torch.distributed.pipelining, its point-to-point batches): 1F1B with
     one stage per rank and interleaved 1F1B with two, on the neuron group and on Gloo; the

@@ -13,8 +13,8 @@ TIMEOUT = 10.0
 # data where they expect the confirmation receivers send on entry; two ranks that each take the
 # other for the root meet each other's confirmation where they expect data; in a reduce or a
 # gather each rank's first frame to the next rank carries its root).
-PLAIN = ["size", "dtype", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root", "crossed_root",
-         "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
+PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root",
+         "crossed_root", "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
          "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
@@ -29,6 +29,8 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
         assert "seq" in x["msg"], x["msg"]
         if case == "alltoall_self_splits":
             assert "sends itself 2 elements but expects 1 from itself" in x["msg"], x["msg"]
+        if case == "dtype_same_bytes":
+            assert "different arguments (sizes, dtypes," in x["msg"], x["msg"]
 
 
 def test_reduce_roots_disagreeing_at_three_ranks_fail_fast(pools):

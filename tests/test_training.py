@@ -17,6 +17,11 @@ def test_sharded(pools, world, case):
     assert all(pools(world).run(f"cases_training:{case}"))
 
 
+def test_fsdp1_sharded_checkpoint_with_a_shardless_rank(pools):
+    shardless = pools(3).run("cases_training:fsdp1_sharded_checkpoint")
+    assert shardless[2] > 0 and shardless[0] == 0, shardless  # the case the test is about happened
+
+
 def test_fsdp2_hsdp_2d_mesh(pools):
     assert all(pools(4).run("cases_training:fsdp2_hsdp"))
 

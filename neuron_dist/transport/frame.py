@@ -167,6 +167,6 @@ def check(got: Header, want: Header, payload_nbytes: int) -> None:
             (want.kind, want.dtype, want.group, want.seq, want.src, want.dst, want.chunk, want.tag, want.nbytes):
         if got.kind == want.kind and got.kind != Kind.P2P and got.tag != want.tag:
             raise FrameError(f"rank {want.dst} and rank {got.src} called {Kind(got.kind).name.lower()} seq "
-                             f"{got.seq} with different arguments (sizes, reduce op or root differ: argument "
-                             f"checksums {want.tag:#x} here, {got.tag:#x} there)")
+                             f"{got.seq} with different arguments (sizes, dtypes, reduce op, root or packed "
+                             f"layout differ: argument checksums {want.tag:#x} here, {got.tag:#x} there)")
         raise FrameError(f"rank {want.dst} expected {want.describe()} but received {got.describe()}")
