@@ -9,7 +9,7 @@ NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host ti
                        device time) when a group is destroyed: 1, or a file path (0: off)
 NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface that reaches
                        MASTER_ADDR, loopback for a single-host job)
-NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288); with shared memory
+NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288, 64 to 2**30); with shared memory
                        also the size of one ring slot
 NEURON_DIST_SHM_SLOTS  slots per shared-memory ring, one ring per peer pair and direction
                        (default 4, at least 2): memory per pair = slots x FRAME_BYTES each way
@@ -43,7 +43,7 @@ def env(name: str, default: str | None = None) -> str | None:
     return value
 
 
-def env_int(name: str, default: int, minimum: int | None = None) -> int:
+def env_int(name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int:
     raw = env(name)
     if raw is None or raw == "":
         return default
@@ -53,6 +53,8 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}={raw!r} must be at most {maximum}")
     return value
 
 

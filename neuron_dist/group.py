@@ -37,7 +37,7 @@ from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import CallbackRunner, Op, Record
 from .transport.base import TransportContext
-from .transport.frame import MIN_FRAME_BYTES, Kind
+from .transport.frame import MAX_FRAME_BYTES, MIN_FRAME_BYTES, Kind
 
 log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
@@ -279,7 +279,9 @@ class Group(HangDiagnosis):
         from . import debug
         debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
         # read once: the shared-memory slots are sized from the same value
-        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES)
+        # (at most what a receiver accepts in one frame: above it every larger message failed)
+        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES,
+                                   maximum=MAX_FRAME_BYTES)
         try:  # a bad placement setting is published to the peers below, so they fail with it at once
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:

@@ -124,3 +124,17 @@ def test_debug_with_an_unknown_subsystem_warns_and_lines_carry_the_rank_set_late
     assert p.returncode == 0, p.stderr[-2000:]
     assert "NEURON_DIST_DEBUG names unknown subsystems ['BOGUS'], ignored" in p.stderr, p.stderr[-2000:]
     assert "[neuron_dist rank 5] neuron_dist.init DEBUG: hello" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_frame_above_what_a_receiver_accepts_is_refused_at_init(transport):
+    """NEURON_DIST_FRAME_BYTES above the 1 GiB a receiver accepts in one frame passed set-up, and
+    then every message larger than 1 GiB failed (over zmq as 'rank 0 is gone', the root
+    returning success). Now init refuses it, naming the variable."""
+    from pool import free_port
+    code = ("import torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    env = dict(os.environ, NEURON_DIST_FRAME_BYTES=str((1 << 30) + 4096), NEURON_DIST_TRANSPORT=transport)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert f"NEURON_DIST_FRAME_BYTES='{(1 << 30) + 4096}' must be at most {1 << 30}" in p.stderr, p.stderr[-2000:]

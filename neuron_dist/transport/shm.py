@@ -43,7 +43,7 @@ import torch
 
 from ..config import env_int
 from . import frame
-from .frame import MIN_FRAME_BYTES
+from .frame import MAX_FRAME_BYTES, MIN_FRAME_BYTES
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -245,7 +245,8 @@ class ShmTransport(Transport):
                 raise TransportError(f"rank {self.rank} cannot reach rank {p} over shared memory: "
                                      f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
         # whole cache lines: every slot's payload starts aligned for any dtype's view
-        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES, minimum=MIN_FRAME_BYTES) // LINE) * LINE
+        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES, minimum=MIN_FRAME_BYTES,
+                                     maximum=MAX_FRAME_BYTES) // LINE) * LINE
         self.nslots = env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
         # the cores the local ranks share (ranks bound one per core see one core each)
         ncpu = ctx.local_cpus or len(os.sched_getaffinity(0))
