@@ -250,8 +250,8 @@ def checkpoint(rank, world):
 
 def fsdp1_sharded_checkpoint(rank, world):
     """FSDP1's SHARDED_STATE_DICT through DCP where some rank holds no shard of a parameter (the
-    4-element bias at world 3 splits 2, 2, none): torch asked CUDA for such a rank's device
-    unless the group was Gloo's. Saved, converted with .to() and loaded back, on both groups."""
+    4-row layer's weight and bias split 2, 2, none at world 3): torch asked CUDA for such a rank's
+    device unless the group was Gloo's. Saved, converted with .to() and loaded back, on both."""
     import shutil
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP, StateDictType
