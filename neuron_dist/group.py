@@ -29,7 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import FRAME_BYTES, Execution, Mailbox, Stamp
+from .collectives.executor import Execution, Mailbox, Stamp
 from .collectives.schedule import Schedule
 from .config import env_int
 from .deathwatch import DeathWatch
@@ -37,7 +37,7 @@ from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import CallbackRunner, Op, Record
 from .transport.base import TransportContext
-from .transport.frame import MAX_FRAME_BYTES, MIN_FRAME_BYTES, Kind
+from .transport.frame import Kind, frame_bytes_setting
 
 log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
@@ -278,10 +278,7 @@ class Group(HangDiagnosis):
         install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
         from . import debug
         debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
-        # read once: the shared-memory slots are sized from the same value
-        # (at most what a receiver accepts in one frame: above it every larger message failed)
-        self.frame_bytes = env_int("NEURON_DIST_FRAME_BYTES", FRAME_BYTES, minimum=MIN_FRAME_BYTES,
-                                   maximum=MAX_FRAME_BYTES)
+        self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
         try:  # a bad placement setting is published to the peers below, so they fail with it at once
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:

@@ -13,11 +13,10 @@ from __future__ import annotations
 from collections import deque
 import torch
 
+from ..transport.frame import DEFAULT_FRAME_BYTES as FRAME_BYTES
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check, make_header
 from .reduce_ops import Reducer
 from .schedule import LOCAL_STEPS, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
-
-FRAME_BYTES = 512 << 10
 
 
 class Stamp:

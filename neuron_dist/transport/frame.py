@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..config import env_int
+
 MAGIC = b"NDF1"
 VERSION = 1
 
@@ -19,6 +21,14 @@ HEADER = struct.Struct("<4sHBBQQQIIIIQ")
 HEADER_SIZE = HEADER.size  # 56 bytes
 MIN_FRAME_BYTES = 64  # NEURON_DIST_FRAME_BYTES floor: one cache line, room for an element of every dtype
 MAX_FRAME_BYTES = 1 << 30  # a hard bound on one frame's payload, whatever a peer claims
+DEFAULT_FRAME_BYTES = 512 << 10
+
+
+def frame_bytes_setting() -> int:
+    """NEURON_DIST_FRAME_BYTES, checked: the largest frame a step is cut into, and so the size of
+    a shared-memory slot. Above MAX_FRAME_BYTES a receiver would refuse every such frame."""
+    return env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_FRAME_BYTES, minimum=MIN_FRAME_BYTES,
+                   maximum=MAX_FRAME_BYTES)
 
 
 class Kind(enum.IntEnum):

@@ -43,7 +43,6 @@ import torch
 
 from ..config import env_int
 from . import frame
-from .frame import MAX_FRAME_BYTES, MIN_FRAME_BYTES
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -53,7 +52,6 @@ SHM_DIR = "/dev/shm"
 LINE = 64
 SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
-DEFAULT_SLOT_BYTES = 512 << 10
 MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 _pack_into = frame.HEADER.pack_into
@@ -245,8 +243,7 @@ class ShmTransport(Transport):
                 raise TransportError(f"rank {self.rank} cannot reach rank {p} over shared memory: "
                                      f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
         # whole cache lines: every slot's payload starts aligned for any dtype's view
-        self.slot_bytes = -(-env_int("NEURON_DIST_FRAME_BYTES", DEFAULT_SLOT_BYTES, minimum=MIN_FRAME_BYTES,
-                                     maximum=MAX_FRAME_BYTES) // LINE) * LINE
+        self.slot_bytes = -(-frame.frame_bytes_setting() // LINE) * LINE
         self.nslots = env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
         # the cores the local ranks share (ranks bound one per core see one core each)
         ncpu = ctx.local_cpus or len(os.sched_getaffinity(0))
