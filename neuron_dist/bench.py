@@ -36,6 +36,7 @@ jitter (median difference <= 0) has no such time: `-` in the table, null in the 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
@@ -325,11 +326,17 @@ def _spawned(rank: int, a, port: int, q) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    q.put((rank, worker(a)))
-    # Leave without the interpreter's finalization (seconds of full garbage collections over
-    # torch's objects per rank on a small host, after the table is printed).
+    put_and_exit(q, (rank, worker(a)))
+
+
+def put_and_exit(q, item) -> None:
+    """Hand a spawned rank's result to its parent through `q`, then end the process without the
+    interpreter's finalization: its full garbage collections over torch's objects take seconds
+    per rank on a small host, and the parent waits for them. The exit hooks still run."""
+    q.put(item)
     q.close()
-    q.join_thread()  # the status has left the queue's feeder thread
+    q.join_thread()  # the item has left the queue's feeder thread
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

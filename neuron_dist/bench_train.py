@@ -92,14 +92,8 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
         digest = sum(float((x.full_tensor() if hasattr(x, "full_tensor") else x).double().sum())
                      for x in m.parameters())
     dist.destroy_process_group()
-    q.put((t, digest))
-    # Leave without the interpreter's finalization: its full garbage collections over torch's
-    # objects take seconds per rank on a small host, and the next row would wait for them.
-    q.close()
-    q.join_thread()  # the result has left the queue's feeder thread
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from .bench import put_and_exit
+    put_and_exit(q, (t, digest))  # the next row would wait for the interpreter's finalization
 
 
 def run(a, backend: str, wrap: str) -> tuple[float, bool]:
