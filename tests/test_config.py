@@ -49,16 +49,20 @@ def test_debug_off_values_import_cleanly(value):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
+def _init_alone(cwd=None, **settings) -> subprocess.CompletedProcess:
+    """A one-rank init_process_group("neuron") in a fresh process with these extra settings."""
+    from pool import free_port
+    code = ("import torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **settings), capture_output=True,
+                          text=True, timeout=120, cwd=cwd)
+
+
 @pytest.mark.parametrize("value", ["KILL", "STOP", "FOO"])
 def test_a_dump_signal_that_cannot_be_used_is_a_clear_error(value, tmp_path):
     """NEURON_DIST_DUMP_SIGNAL=KILL gave a bare 'OSError: [Errno 22] Invalid argument' and then,
     at exit, an AttributeError from the half-built group left among the open groups."""
-    from pool import free_port
-    code = ("import torch.distributed as dist, neuron_dist\n"
-            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
-    env = dict(os.environ, NEURON_DIST_DUMP_SIGNAL=value)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                       cwd=tmp_path)
+    p = _init_alone(tmp_path, NEURON_DIST_DUMP_SIGNAL=value)
     assert p.returncode == 1 and f"NEURON_DIST_DUMP_SIGNAL={value!r}" in p.stderr, p.stderr[-2000:]
     assert "Exception ignored" not in p.stderr and "AttributeError" not in p.stderr, p.stderr[-2000:]
 
@@ -131,10 +135,6 @@ def test_a_frame_above_what_a_receiver_accepts_is_refused_at_init(transport):
     """NEURON_DIST_FRAME_BYTES above the 1 GiB a receiver accepts in one frame passed set-up, and
     then every message larger than 1 GiB failed (over zmq as 'rank 0 is gone', the root
     returning success). Now init refuses it, naming the variable."""
-    from pool import free_port
-    code = ("import torch.distributed as dist, neuron_dist\n"
-            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
-    env = dict(os.environ, NEURON_DIST_FRAME_BYTES=str((1 << 30) + 4096), NEURON_DIST_TRANSPORT=transport)
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    p = _init_alone(NEURON_DIST_FRAME_BYTES=str((1 << 30) + 4096), NEURON_DIST_TRANSPORT=transport)
     assert p.returncode != 0, p.stdout + p.stderr
     assert f"NEURON_DIST_FRAME_BYTES='{(1 << 30) + 4096}' must be at most {1 << 30}" in p.stderr, p.stderr[-2000:]
