@@ -1,6 +1,8 @@
 """The zmq transport's delivery guarantees at close: what a rank has sent reaches a live peer
 even when the rank aborts right after (its last collective completed here, the peer may still
 be reading it), and abort stays bounded when nobody reads."""
+import logging
+import threading
 import time
 
 import pytest
@@ -44,6 +46,44 @@ def test_abort_with_nobody_reading_returns_within_the_linger():
     finally:
         a.close(abort=True)
         b.close(abort=True)
+
+
+def test_a_context_that_will_not_end_does_not_hang_the_last_close(monkeypatch, caplog):
+    """libzmq can block in zmq_ctx_term for ever (a connection still in its security handshake as
+    the ZAP handler goes, zeromq/libzmq#2733; a loaded run of this suite once hung in the teardown
+    of test_security's pair so). A socket left open on the context blocks it the same way, every
+    time: the last transport's close still returns within the linger and a grace period, says so,
+    and the next transports get a fresh context that works."""
+    from neuron_dist.transport import zmq_transport as zt
+    monkeypatch.setattr(zt, "CLOSE_LINGER_S", 0.2)
+    monkeypatch.setattr(zt, "TERM_GRACE_S", 0.5)
+    a, b = make_pair("term-bounded")
+    holdout = zt.context().socket(zmq.PULL)  # still open when the last transport ends the context
+    closer = threading.Thread(target=lambda: (a.close(), b.close()), daemon=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="neuron_dist.transport"):
+            t0 = time.monotonic()
+            closer.start()
+            closer.join(10)
+            assert not closer.is_alive(), "closing the last transport hung in zmq_ctx_term"
+            assert time.monotonic() - t0 < 0.2 + 0.5 + 2.0
+        assert "did not end within 0.7s" in caplog.text
+    finally:
+        holdout.close(linger=0)  # the context left behind can now end
+        closer.join(10)
+    enders = [t for t in threading.enumerate() if t.name == "neuron_dist-zmq-term"]
+    for t in enders:
+        t.join(10)
+    assert not any(t.is_alive() for t in enders), "the context left behind never ended"
+    a, b = make_pair("term-after")
+    try:
+        payload = torch.arange(4, dtype=torch.float32).view(torch.uint8)
+        assert b.send(0, p2p_header(nbytes=16), payload)
+        got = recv_within(a, 1, wait=5)
+        assert got is not None and torch.equal(got[1], payload)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_ipv6_listeners():

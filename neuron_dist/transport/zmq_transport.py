@@ -43,6 +43,8 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable")
 ZERO_COPY_BYTES = 64 << 10  # below this zmq copies (cheaper than tracking)
 ABORT_LINGER_S = 1.0  # on abort, how long frames already sent may still drain to live peers: an op
                       # that completed here may have a peer still reading its last frames
+CLOSE_LINGER_S = 5.0  # on an orderly close, the same for frames still queued to live peers
+TERM_GRACE_S = 5.0    # beyond the sockets' linger, how long ending the context may take (see _term)
 USER = b"neuron_dist"
 _CONTEXT: zmq.Context | None = None
 _CONTEXT_PID = 0
@@ -89,9 +91,25 @@ def _release(domain: str, linger_ok: bool) -> None:
             _AUTH.stop()
             _AUTH = None
         ctx, _CONTEXT = _CONTEXT, None
-    ctx.term()
+    _term(ctx, (CLOSE_LINGER_S if linger_ok else ABORT_LINGER_S) + TERM_GRACE_S)
     from zmq.utils.garbage import gc as zero_copy_gc  # pyzmq's zero-copy helper thread; restarts on demand
     zero_copy_gc.stop()
+
+
+def _term(ctx: zmq.Context, bound_s: float) -> bool:
+    """End the context, waiting at most `bound_s`. `zmq_ctx_term` waits for every socket's
+    connections to wind down, and libzmq can wait for ever on one still in its security handshake
+    as the ZAP handler goes (zeromq/libzmq#2733; seen once here, in the test suite on a loaded
+    host). Closing a group must not hang its process: past the bound the context is left to end
+    at the process's exit, with a warning. Whether it ended."""
+    ender = threading.Thread(target=ctx.term, name="neuron_dist-zmq-term", daemon=True)
+    ender.start()
+    ender.join(bound_s)
+    if ender.is_alive():
+        log.warning("the zmq context did not end within %.1fs of the last transport's close (a connection still "
+                    "winding down in libzmq); it is left to end at the process's exit", bound_s)
+        return False
+    return True
 
 
 def memory_of(t: torch.Tensor) -> memoryview:
@@ -174,7 +192,7 @@ class ZmqTransport(Transport):
                 raise TransportError(f"rank {self.rank}: no reachable endpoint for rank {p}: {theirs}")
             s = zctx.socket(zmq.PUSH)
             s.setsockopt(zmq.SNDHWM, 0)
-            s.setsockopt(zmq.LINGER, 5000)
+            s.setsockopt(zmq.LINGER, int(CLOSE_LINGER_S * 1000))
             s.setsockopt(zmq.IMMEDIATE, 0)
             s.plain_username = USER
             s.plain_password = str(self.token).encode()
@@ -310,7 +328,7 @@ class ZmqTransport(Transport):
             if p in self.gone or p in reading:
                 linger = 0
             else:
-                linger = int(ABORT_LINGER_S * 1000) if abort else 5000
+                linger = int((ABORT_LINGER_S if abort else CLOSE_LINGER_S) * 1000)
             s.close(linger=linger)
         for p, m in self.monitors.items():
             if p not in self.push:
