@@ -3,6 +3,7 @@ not present the job's token (or presents a wrong one) is dropped before any fram
 Two zmq transports are built in one process as ranks on two different "hosts" (tests/zmqpair.py),
 so they talk over TCP on loopback; a rogue zmq socket then tries to inject a well-formed frame."""
 import os
+import time
 
 import pytest
 import torch
@@ -30,21 +31,34 @@ def test_listener_binds_only_the_job_address(pair):
 def test_connection_without_the_token_is_dropped(pair, password):
     a, b = pair
     ep = a.pull.getsockopt(zmq.LAST_ENDPOINT).decode()
-    rogue = context().socket(zmq.PUSH)
-    rogue.setsockopt(zmq.LINGER, 0)
-    if password is not None:
-        rogue.plain_username, rogue.plain_password = USER, password
-    rogue.connect(ep)
-    rogue.send_multipart([p2p_header().pack(), b"\x01" * 8], copy=True)  # a perfectly well-formed frame, claiming rank 1
+    rogues = []
     try:
-        assert recv_within(a, 1, wait=1.5) is None, "a frame from an unauthenticated connection was read"
+        # a perfectly well-formed frame, claiming rank 1, from a fresh rogue socket every 100 ms for
+        # 1.5 s, never blocking: once the listener has refused a rogue's handshake the rogue has
+        # nowhere to queue a frame, and a blocking send waits for ever (a loaded run hung so)
+        offered, end = 0, time.monotonic() + 1.5
+        while time.monotonic() < end:
+            rogue = context().socket(zmq.PUSH)
+            rogues.append(rogue)
+            rogue.setsockopt(zmq.LINGER, 0)
+            if password is not None:
+                rogue.plain_username, rogue.plain_password = USER, password
+            rogue.connect(ep)
+            try:
+                rogue.send_multipart([p2p_header().pack(), b"\x01" * 8], flags=zmq.NOBLOCK, copy=True)
+                offered += 1
+            except zmq.Again:
+                pass
+            assert recv_within(a, 1, wait=0.1) is None, "a frame from an unauthenticated connection was read"
+        assert offered, "no rogue frame was ever queued: the test proved nothing"
         # the real peer, which has the token, still gets through on the same listener
         payload = torch.arange(2, dtype=torch.float32).view(torch.uint8)
         assert b.send(0, p2p_header(), payload)
         got = recv_within(a, 1, wait=5)
         assert got is not None and got[0].src == 1 and bytes(got[1].numpy()) == bytes(payload.numpy())
     finally:
-        rogue.close(linger=0)
+        for rogue in rogues:
+            rogue.close(linger=0)
 
 
 def test_bind_address_choice(monkeypatch):

@@ -49,11 +49,12 @@ def test_abort_with_nobody_reading_returns_within_the_linger():
 
 
 def test_a_context_that_will_not_end_does_not_hang_the_last_close(monkeypatch, caplog):
-    """libzmq can block in zmq_ctx_term for ever (a connection still in its security handshake as
-    the ZAP handler goes, zeromq/libzmq#2733; a loaded run of this suite once hung in the teardown
-    of test_security's pair so). A socket left open on the context blocks it the same way, every
-    time: the last transport's close still returns within the linger and a grace period, says so,
-    and the next transports get a fresh context that works."""
+    """zmq_ctx_term waits for every socket on the context: a rogue socket that test_security's
+    test left open when it failed under load hung the suite's teardown for ever, in the last
+    transport's close (libzmq also has an open report of such a wait with ZAP on slow machines,
+    zeromq/libzmq#2733). With a socket left open on the context, the last transport's close
+    still returns within the linger and a grace period, says so, the context ends once the
+    socket goes, and the next transports get a fresh context that works."""
     from neuron_dist.transport import zmq_transport as zt
     monkeypatch.setattr(zt, "CLOSE_LINGER_S", 0.2)
     monkeypatch.setattr(zt, "TERM_GRACE_S", 0.5)

@@ -97,11 +97,12 @@ def _release(domain: str, linger_ok: bool) -> None:
 
 
 def _term(ctx: zmq.Context, bound_s: float) -> bool:
-    """End the context, waiting at most `bound_s`. `zmq_ctx_term` waits for every socket's
-    connections to wind down, and libzmq can wait for ever on one still in its security handshake
-    as the ZAP handler goes (zeromq/libzmq#2733; seen once here, in the test suite on a loaded
-    host). Closing a group must not hang its process: past the bound the context is left to end
-    at the process's exit, with a warning. Whether it ended."""
+    """End the context, waiting at most `bound_s`. `zmq_ctx_term` returns only when every socket
+    on the context is closed and its connections have wound down: one socket left open (a test's
+    rogue socket, once, when its test failed before closing it) or a connection libzmq never winds
+    down (an open report with ZAP on slow machines, zeromq/libzmq#2733) would hang the process in
+    `destroy_process_group` for ever. Past the bound the context is left to end at the process's
+    exit, with a warning. Whether it ended."""
     ender = threading.Thread(target=ctx.term, name="neuron_dist-zmq-term", daemon=True)
     ender.start()
     ender.join(bound_s)
