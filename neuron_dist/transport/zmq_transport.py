@@ -107,8 +107,9 @@ def _term(ctx: zmq.Context, bound_s: float) -> bool:
     ender.start()
     ender.join(bound_s)
     if ender.is_alive():
-        log.warning("the zmq context did not end within %.1fs of the last transport's close (a connection still "
-                    "winding down in libzmq); it is left to end at the process's exit", bound_s)
+        log.warning("the zmq context did not end within %.1fs of the last transport's close (a socket still open "
+                    "on it, or a connection libzmq has not wound down); it is left to end at the process's exit",
+                    bound_s)
         return False
     return True
 
