@@ -96,13 +96,13 @@ def _release(domain: str, linger_ok: bool) -> None:
     zero_copy_gc.stop()
 
 
-def _term(ctx: zmq.Context, bound_s: float) -> bool:
+def _term(ctx: zmq.Context, bound_s: float) -> None:
     """End the context, waiting at most `bound_s`. `zmq_ctx_term` returns only when every socket
     on the context is closed and its connections have wound down: one socket left open (a test's
     rogue socket, once, when its test failed before closing it) or a connection libzmq never winds
     down (an open report with ZAP on slow machines, zeromq/libzmq#2733) would hang the process in
     `destroy_process_group` for ever. Past the bound the context is left to end at the process's
-    exit, with a warning. Whether it ended."""
+    exit, with a warning."""
     ender = threading.Thread(target=ctx.term, name="neuron_dist-zmq-term", daemon=True)
     ender.start()
     ender.join(bound_s)
@@ -110,8 +110,6 @@ def _term(ctx: zmq.Context, bound_s: float) -> bool:
         log.warning("the zmq context did not end within %.1fs of the last transport's close (a socket still open "
                     "on it, or a connection libzmq has not wound down); it is left to end at the process's exit",
                     bound_s)
-        return False
-    return True
 
 
 def memory_of(t: torch.Tensor) -> memoryview:
