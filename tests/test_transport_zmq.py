@@ -9,7 +9,7 @@ import pytest
 import torch
 import zmq
 
-from zmqpair import ipv6_loopback, make_pair, p2p_header, recv_within
+from zmqpair import assert_delivers, ipv6_loopback, make_pair, p2p_header, recv_within
 from neuron_dist.transport.base import TransportError
 from neuron_dist.transport.zmq_transport import ABORT_LINGER_S, ZERO_COPY_BYTES
 
@@ -78,10 +78,7 @@ def test_a_context_that_will_not_end_does_not_hang_the_last_close(monkeypatch, c
     assert not any(t.is_alive() for t in enders), "the context left behind never ended"
     a, b = make_pair("term-after")
     try:
-        payload = torch.arange(4, dtype=torch.float32).view(torch.uint8)
-        assert b.send(0, p2p_header(nbytes=16), payload)
-        got = recv_within(a, 1, wait=5)
-        assert got is not None and torch.equal(got[1], payload)
+        assert_delivers(a, b)
     finally:
         a.close()
         b.close()
@@ -94,10 +91,7 @@ def test_ipv6_listeners():
     a, b = make_pair("ipv6", bind_addrs=("::1", "::1"))
     try:
         assert not isinstance(a, Exception) and not isinstance(b, Exception), (a, b)
-        payload = torch.arange(4, dtype=torch.float32).view(torch.uint8)
-        assert b.send(0, p2p_header(nbytes=16), payload)
-        got = recv_within(a, 1, wait=5)
-        assert got is not None and torch.equal(got[1], payload)
+        assert_delivers(a, b)
         assert a.pull.getsockopt_string(zmq.LAST_ENDPOINT).startswith("tcp://[::1]:")
     finally:
         for t in (a, b):

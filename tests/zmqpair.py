@@ -60,3 +60,11 @@ def recv_within(t, peer, wait=1.0):
             return got
         t.wait(0.05)
     return None
+
+
+def assert_delivers(a, b):
+    """A frame from b (rank 1) reaches a (rank 0) intact within 5 s."""
+    payload = torch.arange(4, dtype=torch.float32).view(torch.uint8)
+    assert b.send(0, p2p_header(nbytes=16), payload)
+    got = recv_within(a, 1, wait=5)
+    assert got is not None and got[0].src == 1 and torch.equal(got[1], payload), got
