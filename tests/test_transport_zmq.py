@@ -9,8 +9,8 @@ import pytest
 import torch
 import zmq
 
-from zmqpair import assert_delivers, ipv6_loopback, make_pair, p2p_header, recv_within
-from neuron_dist.transport.base import TransportError
+from zmqpair import TOKEN, assert_delivers, ipv6_loopback, make_pair, p2p_header, recv_within
+from neuron_dist.transport.base import PeerGone, TransportError
 from neuron_dist.transport.zmq_transport import ABORT_LINGER_S, ZERO_COPY_BYTES
 
 FRAMES = 64
@@ -113,3 +113,46 @@ def test_an_address_not_of_this_host_is_a_clear_error_on_both_ranks():
         for t in (a, b):
             if not isinstance(t, Exception):
                 t.close(abort=True)
+
+
+def test_a_send_that_races_the_peers_refusal_fails_instead_of_blocking(monkeypatch):
+    """A peer that refuses this rank's handshake (a process of another job: a wrong token) leaves
+    the PUSH socket with no connection to queue on, and a blocking send there waits for ever.
+    `send` checks for a refusal first, but one that lands between that check and the send must
+    fail the send too, naming the refusal, not hang it."""
+    a, b = make_pair("send-refused", tokens=(TOKEN, TOKEN + 1))
+    try:
+        deadline = time.monotonic() + 10
+        while (refusal := b.check_peer(0)) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert refusal is not None and "rejected" in refusal, "rank 0 never refused rank 1's token"
+        while b.push[0].poll(0, zmq.POLLOUT) and time.monotonic() < deadline:
+            time.sleep(0.05)  # zmq's I/O thread drops the refused connection just after the event
+        assert not b.push[0].poll(0, zmq.POLLOUT), "the refused connection was never dropped"
+        # the race: send's own check has not seen the refusal yet; every later check has
+        b.gone.clear()
+        checks = []
+
+        def racing_check(peer):
+            checks.append(peer)
+            return None if len(checks) == 1 else refusal
+
+        monkeypatch.setattr(b, "check_peer", racing_check)
+        outcome = []
+
+        def send():
+            try:
+                b.send(0, p2p_header(nbytes=16), torch.zeros(16, dtype=torch.uint8))
+                outcome.append("sent")
+            except Exception as e:  # noqa: BLE001 - the assertion below says what was expected
+                outcome.append(e)
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        sender.join(5)
+        assert outcome, "a send to a peer that refused this rank's connection blocked for ever"
+        assert isinstance(outcome[0], PeerGone) and "rejected" in str(outcome[0]), outcome
+        assert len(checks) >= 2  # the refusal came from the re-check, not from send's first one
+    finally:
+        a.close(abort=True)
+        b.close(abort=True)

@@ -14,13 +14,14 @@ from neuron_dist.transport.zmq_transport import ZmqTransport
 TOKEN = 0x1234_5678_9ABC
 
 
-def make_pair(job: str = "sec", bind_addrs=("127.0.0.1", "127.0.0.1")):
-    """Both transports, or for a rank whose set-up raised, the exception."""
+def make_pair(job: str = "sec", bind_addrs=("127.0.0.1", "127.0.0.1"), tokens=(TOKEN, TOKEN)):
+    """Both transports, or for a rank whose set-up raised, the exception. Ranks given different
+    `tokens` refuse each other's connections, as processes of two jobs would."""
     store = dist.HashStore()
     out = [None, None]
 
     def make(r):
-        ctx = TransportContext(rank=r, size=2, store=store, token=TOKEN, timeout=timedelta(seconds=10),
+        ctx = TransportContext(rank=r, size=2, store=store, token=tokens[r], timeout=timedelta(seconds=10),
                                hostname=f"host{r}", bind_addr=bind_addrs[r], hosts=["host0", "host1"], job_id=job)
         try:
             out[r] = ZmqTransport(ctx)

@@ -210,14 +210,37 @@ class ZmqTransport(Transport):
         gone = self.check_peer(peer)
         if gone and header.kind != frame.Kind.ABORT:  # a frame we have not sent yet can never arrive
             raise PeerGone(peer, gone)
-        hb = header.pack()
-        n = payload.nbytes
-        if n < ZERO_COPY_BYTES:
-            self.push[peer].send_multipart([hb, memory_of(payload)], copy=True)
+        parts = [header.pack(), memory_of(payload)]
+        if payload.nbytes < ZERO_COPY_BYTES:
+            self._queue(peer, parts, copy=True)
         else:
-            tracker = self.push[peer].send_multipart([hb, memory_of(payload)], copy=False, track=True)
-            self.trackers.append((tracker, payload, peer))
+            self.trackers.append((self._queue(peer, parts, copy=False, track=True), payload, peer))
         return True
+
+    def _queue(self, peer: int, parts: list, **how):
+        """Queue one frame to `peer` without blocking. With no HWM a PUSH socket queues at once
+        whenever it has a connection, pending or not; it has none only once the peer refused the
+        handshake (a process of another job: wrong token), and a blocking send would then wait for
+        ever. That refusal may land between `send`'s check and this call, so a send that cannot
+        queue re-checks the peer until it names the refusal, and gives up at the time-out."""
+        sock = self.push[peer]
+        try:
+            return sock.send_multipart(parts, flags=zmq.NOBLOCK, **how)
+        except zmq.Again:
+            pass
+        deadline = time.monotonic() + self.timeout
+        while True:
+            gone = self.check_peer(peer)
+            if gone:
+                raise PeerGone(peer, gone)
+            if time.monotonic() > deadline:
+                raise TransportError(f"rank {self.rank}: no connection to rank {peer} to send on after "
+                                     f"{self.timeout:.1f}s")
+            sock.poll(50, zmq.POLLOUT)
+            try:
+                return sock.send_multipart(parts, flags=zmq.NOBLOCK, **how)
+            except zmq.Again:
+                pass
 
     def _drain(self) -> None:
         while True:
