@@ -13,8 +13,10 @@ from neuronrun_launcher import tail
 pytest.importorskip("torch.distributed")
 
 
-def _copy(tmp_path, fn, pieces, interval=0.01):
-    """Run tail function `fn` over a log file written in `pieces` ((text, pause after) each)."""
+def _copy(tmp_path, fn, pieces, interval=0.01, shown_first=False):
+    """Run tail function `fn` over a log file written in `pieces` ((text, pause after) each).
+    With `shown_first`, each piece waits (up to 5 s) to be shown before its pause: on a loaded
+    host a reader thread may not run within a pause, and would then read two pieces at once."""
     log = tmp_path / "rank.log"
     log.write_text("")
     out, finished = io.StringIO(), threading.Event()
@@ -24,6 +26,9 @@ def _copy(tmp_path, fn, pieces, interval=0.01):
         for text, pause in pieces:
             f.write(text)
             f.flush()
+            deadline = time.monotonic() + 5
+            while shown_first and text.strip() not in out.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.01)
             time.sleep(pause)
     finished.set()
     t.join(10)
@@ -33,7 +38,8 @@ def _copy(tmp_path, fn, pieces, interval=0.01):
 def test_a_line_written_in_two_pieces_stays_one_line(tmp_path):
     from torch.distributed.elastic.multiprocessing.tail_log import tail_logfile
     pieces = [("sum=6 world=4", 0.1), ("\n", 0.05), ("next\n", 0.05)]  # the reader sees the first piece alone
-    assert _copy(tmp_path, tail_logfile, pieces) == "[r0]: sum=6 world=4[r0]: \n[r0]: next\n"  # torch's
+    torchs = _copy(tmp_path, tail_logfile, pieces, shown_first=True)
+    assert torchs == "[r0]: sum=6 world=4[r0]: \n[r0]: next\n"  # torch's tail splits the line
     assert _copy(tmp_path, tail.tail_whole_lines, pieces) == "[r0]: sum=6 world=4\n[r0]: next\n"
 
 
