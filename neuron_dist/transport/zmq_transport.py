@@ -223,13 +223,13 @@ class ZmqTransport(Transport):
         handshake (a process of another job: wrong token), and a blocking send would then wait for
         ever. That refusal may land between `send`'s check and this call, so a send that cannot
         queue re-checks the peer until it names the refusal, and gives up at the time-out."""
-        sock = self.push[peer]
-        try:
-            return sock.send_multipart(parts, flags=zmq.NOBLOCK, **how)
-        except zmq.Again:
-            pass
-        deadline = time.monotonic() + self.timeout
+        sock, deadline = self.push[peer], None
         while True:
+            try:
+                return sock.send_multipart(parts, flags=zmq.NOBLOCK, **how)
+            except zmq.Again:
+                pass
+            deadline = deadline or time.monotonic() + self.timeout  # set on the first miss only
             gone = self.check_peer(peer)
             if gone:
                 raise PeerGone(peer, gone)
@@ -237,10 +237,6 @@ class ZmqTransport(Transport):
                 raise TransportError(f"rank {self.rank}: no connection to rank {peer} to send on after "
                                      f"{self.timeout:.1f}s")
             sock.poll(50, zmq.POLLOUT)
-            try:
-                return sock.send_multipart(parts, flags=zmq.NOBLOCK, **how)
-            except zmq.Again:
-                pass
 
     def _drain(self) -> None:
         while True:
