@@ -98,11 +98,11 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
 
 def run(a, backend: str, wrap: str) -> tuple[float, bool]:
     """The slowest rank's median step, and whether the ranks ended with equal parameters."""
-    import torch.multiprocessing as mp
+    from .bench import rank_context
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
+    ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
     for p in ps:
