@@ -56,29 +56,44 @@ def _reduce_op(op) -> tuple[str, object]:
 _C10D_PRIVATE = {"_allgather_base", "_reduce_scatter_base", "_source_rank"}  # c10d's own names
 
 
+def _dynamo_hook_query():
+    """A function giving the eval-frame callback Dynamo has set on the calling thread (None when
+    nothing compiles there); where this torch has no such query, one that answers "set"."""
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback  # private
+    except ImportError:
+        return lambda: True
+    return get_eval_frame_callback
+
+
 def _eager_under_compile(cls):
     """Run the methods torch calls on `cls` (public ones and c10d's underscore names) eagerly
     under torch.compile. Gloo's methods are C++, so a compiled region that calls one (DDP's
     bucket broadcast, `dist.barrier()` in a compiled function) breaks its graph and calls it;
     ours are Python, and Dynamo would trace into them and fail on the ProcessGroup object
     ("UnsafeScriptObjectError"). Each method goes through torch._dynamo.disable, made on first
-    need: a process that never imported Dynamo (importing it costs seconds) is not compiling and
-    calls the method directly, for the price of one dict lookup."""
+    need, but only while Dynamo's frame hook is set on the calling thread: a process that never
+    imported Dynamo (importing it costs seconds) is not compiling, and one that did but runs
+    eagerly (every DDP or fully_shard process: they import it) has no hook. Both call the method
+    directly; the disable wrapper would only set the hook to None and back, for 10-20 us a call
+    on a slow host."""
     for name, fn in list(vars(cls).items()):
         if not callable(fn) or isinstance(fn, type) or name.startswith("__") or \
                 (name.startswith("_") and name not in _C10D_PRIVATE):
             continue
 
         def wrap(fn):
-            eager = None
+            eager = hook = None
 
             @functools.wraps(fn)
             def call(*args, **kwargs):
-                nonlocal eager
+                nonlocal eager, hook
                 if "torch._dynamo" not in sys.modules:
                     return fn(*args, **kwargs)
                 if eager is None:
-                    eager = torch._dynamo.disable(fn, recursive=True)
+                    eager, hook = torch._dynamo.disable(fn, recursive=True), _dynamo_hook_query()
+                if hook() is None:
+                    return fn(*args, **kwargs)
                 return eager(*args, **kwargs)
             return call
 
