@@ -10,6 +10,14 @@ a 1 ms sleep) it prints, over the iterations, the median and 90th percentile of:
 between the ranks' starts, the latest-starting rank's own duration (its peer is already
 waiting, so this is mostly its own work), and the slowest rank's duration (collbench's number).
 Timestamps are CLOCK_MONOTONIC, comparable across the processes of one host.
+
+    torchrun --nproc-per-node 1 benchmarks/call_anatomy.py --floor
+
+With --floor it first prints, back to back, what the same call costs through three groups of
+the same ranks: this backend, Gloo, and a Python backend that does nothing (its collective
+returns a finished Work at once). The last is torch's own share of any Python backend's call
+(`dist.all_reduce`'s wrapper, the options object, the Work), so the rest of this backend's
+time is its own; at world 1 no byte moves and Gloo's number is its C++ path's share.
 """
 from __future__ import annotations
 
@@ -24,6 +32,56 @@ import neuron_dist  # noqa: F401  registers "neuron"
 from neuron_dist.bench import parse_size
 
 CLK = time.CLOCK_MONOTONIC
+NOOP = "noop_python_backend"
+
+
+class _FinishedWork(dist.Work):
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+
+class _NoopGroup(dist.ProcessGroup):
+    """A Python backend whose collectives return a finished Work at once (the --floor row)."""
+
+    def getBackendName(self) -> str:
+        return NOOP
+
+    def name(self) -> str:
+        return NOOP
+
+    def allreduce(self, tensors, opts=None):
+        return _FinishedWork()
+
+    def all_gather_single(self, output, inp, opts=None):  # all_gather_into_tensor's call
+        return _FinishedWork()
+
+
+def _floor(call_on, rank: int, iters: int) -> None:
+    """Per call, back to back, through this backend, Gloo and the no-op Python backend: the
+    median of 5 timed loops of `iters` calls each, the backends interleaved loop by loop."""
+    dist.Backend.register_backend(NOOP, lambda o, _=None: _NoopGroup(o.group_rank, o.group_size),
+                                  extended_api=True, devices=["cpu"])
+    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"), "no-op Python backend": dist.new_group(backend=NOOP)}
+    us: dict[str, list[float]] = {k: [] for k in groups}
+    for g in groups.values():
+        for _ in range(50):
+            call_on(g)
+    for _ in range(5):
+        for name, g in groups.items():
+            dist.barrier(group=groups["gloo"])
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                call_on(g)
+            us[name].append((time.perf_counter() - t0) / iters * 1e6)
+    if rank == 0:
+        cells = ", ".join(f"{k} {sorted(v)[2]:.1f}" for k, v in us.items())
+        print(f"# floor, back to back, us per call (median of 5 x {iters}): {cells}", flush=True)
 
 
 def main() -> None:
@@ -32,6 +90,8 @@ def main() -> None:
     p.add_argument("--op", choices=("allreduce", "allgather"), default="allreduce")
     p.add_argument("--iters", type=int, default=300)
     p.add_argument("--pin", action="store_true", help="pin each rank to core LOCAL_RANK %% cores")
+    p.add_argument("--floor", action="store_true",
+                   help="first time the call through Gloo and a no-op Python backend as well (see above)")
     a = p.parse_args()
     if a.pin:
         cores = sorted(os.sched_getaffinity(0))
@@ -41,14 +101,16 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     meta = dist.new_group(backend="gloo")
     x = torch.zeros(max(world, parse_size(a.bytes) // 4 // world * world))
+    part = torch.ones(x.numel() // world)
     if a.op == "allreduce":
-        def call():
-            dist.all_reduce(x)
+        def call_on(group=None):
+            dist.all_reduce(x, group=group)
     else:
-        part = torch.ones(x.numel() // world)
-
-        def call():
-            dist.all_gather_into_tensor(x, part)
+        def call_on(group=None):
+            dist.all_gather_into_tensor(x, part, group=group)
+    call = call_on
+    if a.floor:
+        _floor(call_on, rank, a.iters)
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
