@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C import _set_grad_enabled  # private: grad mode on/off without a context object
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 
 from .collectives import reduce_ops
@@ -39,8 +40,13 @@ _OPS = {
 _OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}
 
 
+_SUM = _ReduceOp.SUM
+
+
 def _reduce_op(op) -> tuple[str, object]:
     """(name, premul factor or None) from a ReduceOp / RedOpType as c10d hands it over."""
+    if op == _SUM:  # the usual op, by pybind's comparison (reading op.op.value costs 4x as much)
+        return "sum", None
     kind = getattr(op, "op", op)
     name = _OPS_BY_VALUE.get(getattr(kind, "value", None))
     if name is None:
@@ -303,7 +309,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._store, self._timeout = store, timeout
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
-                           global_ranks=global_ranks)
+                           global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
         self._p2p_plans: dict[tuple, tuple] = {}  # send/recv: (schedule, description) per argument set
 
@@ -406,7 +412,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None, timeout=None):
         if isinstance(tensors, torch.Tensor):  # allreduce(tensor, op)
             tensors = [tensors]
-        if opts is not None and not hasattr(opts, "reduceOp"):  # allreduce(tensors, op)
+        # allreduce(tensors, op); a type check, as hasattr would build a ReduceOp to test for one
+        if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
         t = _one(tensors, "allreduce", self._r)
         return self._allreduce_flat([t], opts, "allreduce")

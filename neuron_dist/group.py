@@ -260,9 +260,13 @@ class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
-                 global_ranks: list[int] | None = None):
+                 global_ranks: list[int] | None = None, set_grad_enabled=torch.set_grad_enabled):
+        """`set_grad_enabled`: how the data path switches grad mode off and back on (see submit).
+        The c10d adapter passes torch's C-level switch: `torch.set_grad_enabled` builds a context
+        object each call, a tenth of a small call's instructions when called twice."""
         from .transport import select as transport_select
         self.store, self.rank, self.size, self.timeout = store, rank, size, timeout
+        self._set_grad_enabled = set_grad_enabled
         self.name = name
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self.group_id = _group_hash(name)
@@ -427,11 +431,11 @@ class Group(HangDiagnosis):
         grad = torch.is_grad_enabled()
         try:
             if grad:  # as on the engine thread: see _engine
-                torch.set_grad_enabled(False)
+                self._set_grad_enabled(False)
             self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
         finally:
             if grad:
-                torch.set_grad_enabled(True)
+                self._set_grad_enabled(True)
             self._drive.release()
         return op
 
@@ -485,7 +489,7 @@ class Group(HangDiagnosis):
         # all-reduced in place, views of one): like Gloo's C++, the data path works outside
         # autograd, so out= reductions and in-place copies on them are allowed (grad mode is
         # per thread; the fast path in submit does the same for the caller's thread).
-        torch.set_grad_enabled(False)
+        self._set_grad_enabled(False)
         active, waiting = self._active, self._waiting
         while True:
             if self._abort:
