@@ -421,7 +421,7 @@ class Group(HangDiagnosis):
             # what has already arrived here, and the engine waits for the rest
             recv = p2p and op.direction != "send"
             inline = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
-            if inline and (self._queue or self._active or self._waiting):
+            if inline and (self._queue or self._active or self._waiting.n):  # (.n: no __len__ call)
                 self._drive.release()
                 inline = False
             if not inline:
