@@ -62,12 +62,19 @@ class _NoopGroup(dist.ProcessGroup):
         return _FinishedWork()
 
 
+def register_noop() -> str:
+    """Register the no-op Python backend (once per process) and return its name."""
+    if NOOP not in dist.Backend.backend_list:
+        dist.Backend.register_backend(NOOP, lambda o, _=None: _NoopGroup(o.group_rank, o.group_size),
+                                      extended_api=True, devices=["cpu"])
+    return NOOP
+
+
 def _floor(call_on, rank: int, iters: int) -> None:
     """Per call, back to back, through this backend, Gloo and the no-op Python backend: the
     median of 5 timed loops of `iters` calls each, the backends interleaved loop by loop."""
-    dist.Backend.register_backend(NOOP, lambda o, _=None: _NoopGroup(o.group_rank, o.group_size),
-                                  extended_api=True, devices=["cpu"])
-    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"), "no-op Python backend": dist.new_group(backend=NOOP)}
+    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"),
+              "no-op Python backend": dist.new_group(backend=register_noop())}
     us: dict[str, list[float]] = {k: [] for k in groups}
     for g in groups.values():
         for _ in range(50):
@@ -103,14 +110,13 @@ def main() -> None:
     x = torch.zeros(max(world, parse_size(a.bytes) // 4 // world * world))
     part = torch.ones(x.numel() // world)
     if a.op == "allreduce":
-        def call_on(group=None):
+        def call(group=None):
             dist.all_reduce(x, group=group)
     else:
-        def call_on(group=None):
+        def call(group=None):
             dist.all_gather_into_tensor(x, part, group=group)
-    call = call_on
     if a.floor:
-        _floor(call_on, rank, a.iters)
+        _floor(call, rank, a.iters)
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),

@@ -20,7 +20,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,11 +40,8 @@ def child(group: str, calls: int, nbytes: int, port: int, flags: str) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 1, True)
     dist.init_process_group("neuron", store=store, rank=0, world_size=1)
-    dist.Backend.register_backend(call_anatomy.NOOP, lambda o, _=None: call_anatomy._NoopGroup(o.group_rank, o.group_size),
-                                  extended_api=True, devices=["cpu"])
-    g = {"neuron": None, "gloo": lambda: dist.new_group(backend="gloo"),
-         "noop": lambda: dist.new_group(backend=call_anatomy.NOOP)}[group]
-    g = g() if g else None
+    g = None if group == "neuron" else dist.new_group(
+        backend="gloo" if group == "gloo" else call_anatomy.register_noop())
     x = torch.zeros(max(1, nbytes // 4))
     for _ in range(50):
         dist.all_reduce(x, group=g)
@@ -60,12 +56,6 @@ def child(group: str, calls: int, nbytes: int, port: int, flags: str) -> None:
     os._exit(0)  # no teardown under valgrind (slow, and nothing to measure)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for(path: str, proc: subprocess.Popen, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
@@ -78,6 +68,7 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float) -> None:
 
 def measure(group: str, calls: int, nbytes: int, timeout: float) -> float:
     """Instructions per call of `group`, counted over `calls` back-to-back calls."""
+    from neuron_dist.bench import free_port
     with tempfile.TemporaryDirectory(prefix="callinstr-") as d:
         out = os.path.join(d, "callgrind.out")
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",

@@ -342,6 +342,13 @@ def put_and_exit(q, item) -> None:
     os._exit(0)
 
 
+def free_port() -> int:
+    """A TCP port on the loopback interface that was free a moment ago (for a local rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def rank_context(preload: tuple[str, ...] = ()):
     """The multiprocessing context that starts the ranks of this benchmark and bench_train: a
     fork server that imported torch, the backend and `preload` once, so that a rank starts in a
@@ -357,9 +364,7 @@ def rank_context(preload: tuple[str, ...] = ()):
 
 
 def launch(a) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import queue
-import socket
 import statistics
 import sys
 import time
@@ -98,10 +97,8 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
 
 def run(a, backend: str, wrap: str) -> tuple[float, bool]:
     """The slowest rank's median step, and whether the ranks ended with equal parameters."""
-    from .bench import rank_context
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from .bench import free_port, rank_context
+    port = free_port()
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
