@@ -125,7 +125,8 @@ def host_policy(rank, world):
     """NEURON_DIST_TUNING=host on shared memory: all-reduce goes direct while it is latency-bound
     (two ranks: up to one frame each way, reduced from the peer's slot), ring above; at two
     ranks all-gather and reduce-scatter keep the model's pick (ring and direct coincide);
-    broadcast goes from the root directly up to 1 MiB, down the tree above."""
+    broadcast goes from the root directly up to 1 MiB, down the tree above (directly at every
+    size where the host has fewer cores than the group has ranks)."""
     from neuron_dist import topology
     from neuron_dist.collectives.select import HOST_FLAT_BROADCAST_BYTES, HOST_RING_BYTES
     g = group_of(None)
@@ -143,7 +144,9 @@ def host_policy(rank, world):
                     assert g.choose(coll, nbytes) == model, (coll, nbytes)
             checks += 1
         for nbytes in (4 << 10, HOST_FLAT_BROADCAST_BYTES, HOST_FLAT_BROADCAST_BYTES + 4, 64 << 20):
-            want = "direct" if nbytes <= HOST_FLAT_BROADCAST_BYTES else "tree"
+            # more local ranks than cores: the root's own sends at every size
+            flat = nbytes <= HOST_FLAT_BROADCAST_BYTES or g.transport.oversubscribed
+            want = "direct" if flat else "tree"
             assert g.choose("broadcast", nbytes) == want, (world, nbytes, g.choose("broadcast", nbytes), want)
             checks += 1
         for count in (g.frame_bytes // 4, g.frame_bytes // 4 + 1):  # the last one-frame size, the first two-frame

@@ -112,6 +112,10 @@ HOST_RING_BYTES = 64 << 10
 # above. World 3 and 4 on 2 cores, one call per barrier: direct 590/520/820 us at 4 KiB/64 KiB/
 # 1 MiB against the tree's 740/630/1050 (the tree's extra hop is another process to schedule);
 # above, the root's n-1 copies of the whole tensor would serialise on one core where cores abound.
+# Where they do not (more local ranks than cores, the transport's `oversubscribed`), the tree's
+# extra hop costs more than it spreads: world 4 on 2 cores, back to back, direct against tree at
+# 64 MiB 48.6-62.9 / 96.8-102.7 ms against 83.3-112.7 / 106.9-114.3 (two sessions), 16 MiB
+# 12.9-23.7 against 14.2-28.5, 4 MiB even (benchmarks/RESULTS.md, fifteenth pass): direct there.
 HOST_FLAT_BROADCAST_BYTES = 1 << 20
 
 
@@ -122,7 +126,8 @@ def _host_memory_choice(collective: str, nbytes: int, group) -> str | None:
     if getattr(t, "name", None) != "shm":
         return None
     if collective == "broadcast":
-        return "direct" if nbytes <= HOST_FLAT_BROADCAST_BYTES else "tree"
+        flat = nbytes <= HOST_FLAT_BROADCAST_BYTES or getattr(t, "oversubscribed", False)
+        return "direct" if flat else "tree"
     if collective not in ("allreduce", "allgather", "reduce_scatter"):
         return None
     size = getattr(group, "size", 0)
