@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 import zlib
 from datetime import timedelta
 
@@ -908,9 +909,17 @@ class _Recv:
     sender; its frame is looked at and left in place for the receive."""
 
     def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag, peer: int | None = None):
-        self.pg, self.op, self.out, self.dtype, self.tag, self.peer = pg, op, out, dtype, tag, peer
+        # the op by weak reference: the op holds this as its `exe`, and a strong reference back
+        # made a cycle per receive that only the cyclic GC freed (with the receive's tensor in
+        # it), so receives fed the full collections that stall a rank ~100 ms (RESULTS.md)
+        self._op = weakref.ref(op)
+        self.pg, self.out, self.dtype, self.tag, self.peer = pg, out, dtype, tag, peer
         self.done, self.waiting_on = False, None
         self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel(), False)
+
+    @property
+    def op(self) -> Op:
+        return self._op()  # alive while driven: the engine or the caller's fast path holds it
 
     def _receive(self, peer: int, count: int, arrived: bool = True) -> Execution:
         exe = self.pg.group.execution(self.op, self.pg._recv_schedule(peer, count), [None, self.out, None], None,

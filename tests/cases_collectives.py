@@ -668,3 +668,46 @@ def device_mesh(rank, world):
         same(z, torch.tensor([float(col + col + world // 2)]), "2-D mesh rep dim")
         checks += 2
     return checks
+
+
+def no_reference_cycles(rank, world):
+    """A finished call leaves nothing for the cyclic garbage collector: every receive once made
+    a cycle (op -> its receive -> op) that held the tensor until a collection, and fed the full
+    collections that stall a rank for ~100 ms in a long job."""
+    import gc
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    x, y = torch.ones(64), torch.empty(64)
+
+    def calls():
+        dist.all_reduce(x)
+        dist.all_reduce(torch.ones(1 << 18), async_op=True).wait()  # (the engine's path)
+        dist.broadcast(x, 0)
+        dist.all_to_all_single(torch.empty(8 * world), torch.ones(8 * world))
+        dist.barrier()
+        if world > 1:
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, x, nxt), dist.P2POp(dist.irecv, y, prv)]):
+                w.wait()
+            reqs = [dist.irecv(torch.empty(8), prv, tag=3), dist.isend(torch.ones(3), nxt, tag=3)]  # short message
+            for w in reqs:
+                w.wait()
+            if rank == 0:
+                for _ in range(world - 1):
+                    dist.recv(torch.empty(2), tag=4)  # from any source
+            else:
+                dist.send(torch.ones(2), 0, tag=4)
+
+    calls()
+    dist.barrier()
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(5):
+            calls()
+        dist.barrier()
+        gc.collect()
+        ours = [type(o).__qualname__ for o in gc.garbage if type(o).__module__.startswith("neuron_dist")]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert not ours, f"rank {rank}: objects left in reference cycles: {sorted(set(ours))} ({len(ours)})"
+    return 1
