@@ -427,6 +427,8 @@ class Group(HangDiagnosis):
             if not inline:
                 self._queue.append(op)
                 self._cv.notify()
+                if self._active or self._waiting.n:  # the engine may sleep in the transport's wait
+                    self.transport.wake()            # on them: it takes this op up now
                 return op
         grad = torch.is_grad_enabled()
         try:

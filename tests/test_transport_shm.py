@@ -370,3 +370,26 @@ def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound)
     with pytest.raises(ValueError, match=f"{var}='{value}' must be at {bound}"):
         shm.ShmTransport(ctx(0, 2, dist.HashStore(), "badenv"))
     assert not leftovers("badenv")
+
+
+def test_wake_ends_a_wait_from_another_thread():
+    """wake() (the caller's thread queued an op for the engine) ends a wait in progress on
+    another thread, and one that comes before the wait ends the next wait at once: a send
+    queued behind a receive the engine sleeps on must not sit out the wait's time-out."""
+    import time
+    a, b = pair("t9")
+    try:
+        t = threading.Timer(0.05, b.wake)
+        t.start()
+        t0 = time.monotonic()
+        b.wait(10.0)  # nothing arrives: only the wake-up can end it early
+        assert time.monotonic() - t0 < 5.0
+        t.join()
+        b.wake()
+        t0 = time.monotonic()
+        b.wait(10.0)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        a.close()
+        b.close()
+    b.wake()  # after close: nothing to wake, and no error

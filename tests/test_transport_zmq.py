@@ -2,6 +2,7 @@
 even when the rank aborts right after (its last collective completed here, the peer may still
 be reading it), and abort stays bounded when nobody reads."""
 import logging
+import os
 import threading
 import time
 
@@ -156,3 +157,34 @@ def test_a_send_that_races_the_peers_refusal_fails_instead_of_blocking(monkeypat
     finally:
         a.close(abort=True)
         b.close(abort=True)
+
+
+def test_wake_ends_a_wait_from_another_thread_and_close_releases_its_pipe():
+    """wake() ends a poll in progress on another thread (and one that comes first ends the next
+    poll at once); close() closes the pipe it writes to, and a wake() after close is a no-op."""
+    a, b = make_pair("wake")
+    try:
+        t = threading.Timer(0.05, b.wake)
+        t.start()
+        t0 = time.monotonic()
+        b.wait(10.0)  # nothing arrives: only the wake-up can end it early
+        assert time.monotonic() - t0 < 5.0
+        t.join()
+        b.wake()
+        t0 = time.monotonic()
+        b.wait(10.0)
+        assert time.monotonic() - t0 < 5.0
+        pipe = f"pipe:[{os.fstat(b._wake_r).st_ino}]"
+    finally:
+        a.close()
+        b.close()
+    left = [fd for fd in os.listdir("/proc/self/fd") if _link(f"/proc/self/fd/{fd}") == pipe]
+    assert not left, f"the wake-up pipe is still open after close: fds {left}"
+    b.wake()
+
+
+def _link(path):
+    try:
+        return os.readlink(path)
+    except OSError:  # closed between listing and reading
+        return None

@@ -90,6 +90,13 @@ class Transport(abc.ABC):
         """Block up to `timeout` seconds until a send or recv may make progress. Spurious
         wake-ups are allowed; burning a core is not."""
 
+    def wake(self) -> None:
+        """Make a `wait` in progress on another thread of this rank return now, or the next one
+        return at once. The caller's thread calls it when it queues an op for the engine, which
+        may be asleep in `wait` on an earlier op: a send queued behind a receive the engine waits
+        on must not sit out the wait's time-out (`irecv` then `isend` on both ranks stalled each
+        call for the whole wait). Default: nothing (the wait returns at its time-out)."""
+
     def flush(self, timeout: float) -> None:
         """Block until no accepted send still refers to caller memory."""
 

@@ -78,6 +78,7 @@ class MpiTransport(Transport):
         self.status = MPI.Status()
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
         self.closed = False
+        self._woken = False  # set by wake(): the wait in progress, or the next, returns
         log.debug("rank %d: mpi to ranks %s (MPI ranks %s, tag %d)", self.rank, self.peers,
                   [self.world[p] for p in self.peers], self.tag)
 
@@ -143,6 +144,9 @@ class MpiTransport(Transport):
         that also yields the core): 20 us, doubling up to 1 ms."""
         deadline, nap = time.perf_counter() + timeout, 20e-6
         while True:
+            if self._woken:
+                self._woken = False
+                return
             if self._poll() or any(q and (q[0][2] is None or q[0][2].Test()) for q in self.inbox.values()):
                 return
             left = deadline - time.perf_counter()
@@ -150,6 +154,10 @@ class MpiTransport(Transport):
                 return
             time.sleep(min(nap, left))
             nap = min(nap * 2, 1e-3)
+
+    def wake(self):
+        """The wait naps at most 1 ms at a time and looks at this flag after each nap."""
+        self._woken = True
 
     def flush(self, timeout):
         deadline = time.perf_counter() + timeout

@@ -126,6 +126,10 @@ class Composite(Transport):
         for t in self.parts.values():
             t.wait(slice_)
 
+    def wake(self):
+        for t in self.parts.values():
+            t.wake()
+
     def flush(self, timeout):
         for t in self.parts.values():
             t.flush(timeout)

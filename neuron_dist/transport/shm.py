@@ -251,6 +251,7 @@ class ShmTransport(Transport):
         self.oversubscribed = len(self.peers) + 1 > ncpu
         self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
         self.closed = False
+        self._woken = False  # set by wake() (another thread of this rank): the next wait returns
         # the members of this transport, in one order every rank agrees on
         members = sorted(self.peers + [self.rank])
         self.index = {r: i for i, r in enumerate(members)}   # my inbound ring from r is ring index[r]
@@ -376,7 +377,20 @@ class ShmTransport(Transport):
                 return True
         return False
 
+    def wake(self):
+        """Set the flag a wait looks at, then ring this rank's own doorbell (a waiter asleep on
+        the futex wakes; the flag covers a waiter that has yet to sleep, and a ring a peer's
+        concurrent ring overwrote)."""
+        self._woken = True
+        try:
+            self.mine.ring()
+        except (AttributeError, ValueError, TypeError):  # closed meanwhile: nobody waits any more
+            pass
+
     def wait(self, timeout):
+        if self._woken:
+            self._woken = False
+            return
         bell = self.mine.doorbell
         v = bell.value
         if self._ready():
@@ -388,7 +402,7 @@ class ShmTransport(Transport):
             # for a whole time slice); oversubscribed, yield so the peer we wait for can run
             yield_ = os.sched_yield if self.oversubscribed else _nothing
             while time.perf_counter() < spin_end:
-                if bell.value != v:
+                if bell.value != v or self._woken:
                     return
                 yield_()
         sleeping = self.mine.sleeping
@@ -397,10 +411,10 @@ class ShmTransport(Transport):
             if left <= 0:
                 return
             sleeping.value = 1
-            if bell.value == v and not self._ready():
+            if bell.value == v and not self._woken and not self._ready():
                 _futex_wait(self.doorbell_addr, v, min(left, MAX_SLEEP))
             sleeping.value = 0
-            if bell.value != v or self._ready():
+            if bell.value != v or self._woken or self._ready():
                 return
 
     def flush(self, timeout):

@@ -150,7 +150,10 @@ class ZmqTransport(Transport):
         self.finished: set[int] = set()  # peers that sent BYE (closed in order)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
         self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
+        # wake(): a byte down this pipe ends the poll in wait() (the poller watches its read end)
+        self._wake_r = self._wake_w = -1
         try:
+            self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._setup(ctx, zctx, key)
         except BaseException:
             self.closed = False
@@ -204,6 +207,7 @@ class ZmqTransport(Transport):
             log.debug("rank %d -> rank %d over %s", self.rank, p, ep)
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self._wake_r, zmq.POLLIN)
         self.closed = False
 
     def send(self, peer, header, payload):
@@ -270,7 +274,20 @@ class ZmqTransport(Transport):
     def wait(self, timeout):
         if any(self.queues.values()):
             return
-        self.poller.poll(max(0, int(timeout * 1000)))
+        for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
+            if sock == self._wake_r:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:  # (BlockingIOError: drained by an earlier wait)
+                    pass
+
+    def wake(self):
+        if self._wake_w < 0:
+            return
+        try:
+            os.write(self._wake_w, b"w")
+        except OSError:  # a full pipe: a wake-up is already pending
+            pass
 
     def flush(self, timeout):
         """Wait until zmq no longer reads any caller buffer handed to `send`. A frame queued to a
@@ -354,6 +371,10 @@ class ZmqTransport(Transport):
                 m.close(linger=0)
         if getattr(self, "pull", None) is not None:
             self.pull.close(linger=0)
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                os.close(fd)
+        self._wake_r = self._wake_w = -1
         self.trackers.clear()
         self.closed = True
         _release(self.domain, not abort)
