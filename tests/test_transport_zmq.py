@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from zmqpair import TOKEN, assert_delivers, ipv6_loopback, make_pair, p2p_header, recv_within
+from zmqpair import TOKEN, assert_delivers, assert_wake_ends_waits, ipv6_loopback, make_pair, p2p_header, recv_within
 from neuron_dist.transport.base import PeerGone, TransportError
 from neuron_dist.transport.zmq_transport import ABORT_LINGER_S, ZERO_COPY_BYTES
 
@@ -164,16 +164,7 @@ def test_wake_ends_a_wait_from_another_thread_and_close_releases_its_pipe():
     poll at once); close() closes the pipe it writes to, and a wake() after close is a no-op."""
     a, b = make_pair("wake")
     try:
-        t = threading.Timer(0.05, b.wake)
-        t.start()
-        t0 = time.monotonic()
-        b.wait(10.0)  # nothing arrives: only the wake-up can end it early
-        assert time.monotonic() - t0 < 5.0
-        t.join()
-        b.wake()
-        t0 = time.monotonic()
-        b.wait(10.0)
-        assert time.monotonic() - t0 < 5.0
+        assert_wake_ends_waits(b)
         pipe = f"pipe:[{os.fstat(b._wake_r).st_ino}]"
     finally:
         a.close()

@@ -69,3 +69,18 @@ def assert_delivers(a, b):
     assert b.send(0, p2p_header(nbytes=16), payload)
     got = recv_within(a, 1, wait=5)
     assert got is not None and got[0].src == 1 and torch.equal(got[1], payload), got
+
+
+def assert_wake_ends_waits(t):
+    """Any transport: wake() from another thread ends a wait in progress on which nothing
+    arrives, and a wake() before a wait ends that wait at once (both well before the wait's 10 s)."""
+    timer = threading.Timer(0.05, t.wake)
+    timer.start()
+    t0 = time.monotonic()
+    t.wait(10.0)
+    assert time.monotonic() - t0 < 5.0
+    timer.join()
+    t.wake()
+    t0 = time.monotonic()
+    t.wait(10.0)
+    assert time.monotonic() - t0 < 5.0
