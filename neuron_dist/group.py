@@ -609,6 +609,10 @@ class Group(HangDiagnosis):
         else:
             err = e
         coll_log.debug("%s", err)
+        # the peers hear of it before the caller does: a peer may be reading a frame this rank
+        # lent (transport/cma.py) from the caller's tensor, which the caller may free or reuse
+        # once its call has failed; the peer checks this rank's failure flag after each read
+        self._send_abort(str(err))
         self._done(op, err)
         # the peers' view of this group is now unknown: nothing after it can be trusted
         with self._cv:
@@ -619,7 +623,6 @@ class Group(HangDiagnosis):
             self._queue.clear()
         for o in rest:
             self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run, the group failed: {err}"))
-        self._send_abort(str(err))
         self._publish_progress(bounded=True)
         self._dump_if_asked(f"failure: {err}")
 

@@ -711,3 +711,63 @@ def no_reference_cycles(rank, world):
         gc.garbage.clear()
     assert not ours, f"rank {rank}: objects left in reference cycles: {sorted(set(ours))} ({len(ours)})"
     return 1
+
+
+def lent_frames(rank, world):
+    """Large frames of the collectives that only move data, which the shm transport lends (the
+    receiver reads the sender's memory once, transport/cma.py), against a reference and Gloo:
+    every form, in place included (an all-to-all whose output is its input makes the sender lend
+    a copy), and nothing left lent afterwards."""
+    t = dist.distributed_c10d._get_default_group().group.transport
+    lending = bool(t.lend_bytes)
+    if t.name == "shm" and world > 1 and not lending:  # only a failed probe or the setting turns it off
+        import os
+        assert "cannot read" in t._probe_result or os.environ.get("NEURON_DIST_SHM_LEND") == "0", \
+            f"rank {rank}: lending off: {t._probe_result}"
+    lent0 = getattr(t, "lent_frames", 0)
+    checks = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        n = BIG
+        ins = [values(r, n, dtype, "sum", 21) for r in range(world)]
+        flat = torch.empty(world * n, dtype=dtype)
+        dist.all_gather_into_tensor(flat, ins[rank])
+        same(flat, torch.cat(ins), f"lent all_gather {dtype}")
+        g = torch.empty_like(flat)
+        if gloo_ran(lambda: dist.all_gather_into_tensor(g, ins[rank], group=R.GLOO)):
+            same(flat, g, f"lent all_gather vs gloo {dtype}")
+            checks += 1
+        whole = torch.zeros(world * n, dtype=dtype)
+        whole.narrow(0, rank * n, n).copy_(ins[rank])
+        dist.all_gather_into_tensor(whole, whole.narrow(0, rank * n, n))
+        same(whole, torch.cat(ins), f"lent all_gather in place {dtype}")
+        for root in range(world):
+            x = ins[root].clone() if rank == root else torch.zeros(n, dtype=dtype)
+            dist.broadcast(x, src=root)
+            same(x, ins[root], f"lent broadcast root {root} {dtype}")
+        blocks = [values(rank * world + j, n, dtype, "sum", 22) for j in range(world)]
+        want = torch.cat([values(j * world + rank, n, dtype, "sum", 22) for j in range(world)])
+        out = torch.empty(world * n, dtype=dtype)
+        dist.all_to_all_single(out, torch.cat(blocks))
+        same(out, want, f"lent all_to_all {dtype}")
+        g = torch.empty_like(out)
+        if gloo_ran(lambda: dist.all_to_all_single(g, torch.cat(blocks), group=R.GLOO)):
+            same(out, g, f"lent all_to_all vs gloo {dtype}")
+            checks += 1
+        both = torch.cat(blocks)
+        dist.all_to_all_single(both, both)
+        same(both, want, f"lent all_to_all in place {dtype}")
+        root = world - 1
+        outs = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == root else None
+        dist.gather(ins[rank], gather_list=outs, dst=root)
+        if rank == root:
+            for r in range(world):
+                same(outs[r], ins[r], f"lent gather {dtype} block {r}")
+        got = torch.empty(n, dtype=dtype)
+        dist.scatter(got, scatter_list=ins if rank == root else None, src=root)
+        same(got, ins[rank], f"lent scatter {dtype}")
+        checks += 6
+    dist.barrier()
+    assert t.unflushed() is None, f"rank {rank}: a frame is still lent to rank {t.unflushed()}"
+    if lending:
+        assert t.lent_frames > lent0, f"rank {rank}: lending is on but no frame was lent"
+    return checks

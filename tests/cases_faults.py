@@ -113,7 +113,9 @@ def run_collective(name: str, rank: int, world: int, n: int, root: int = 0) -> N
 
 
 def _kill_self_after(group, sends: int) -> None:
-    """Make this rank SIGKILL itself on its `sends`-th frame: a death in mid-transfer."""
+    """Make this rank SIGKILL itself on its `sends`-th frame: a death in mid-transfer. A frame
+    the shm transport lends (transport/cma.py) is large: the first kills it, before it is lent (a
+    peer that has read a lent frame has all of it, and may well succeed)."""
     t = group.transport
     orig, count = t.send, [0]
 
@@ -124,6 +126,14 @@ def _kill_self_after(group, sends: int) -> None:
         return orig(peer, header, payload)
 
     t.send = send
+    if t.lend_bytes:
+        orig_lend = t.lend
+
+        def lend(peer, header, payload):
+            os.kill(os.getpid(), signal.SIGKILL)
+            return orig_lend(peer, header, payload)
+
+        t.lend = lend
 
 
 def _fault_rank(rank, world, port, collective, phase, timeout_s, env, q):

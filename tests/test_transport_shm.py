@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from neuron_dist.transport import frame, select, shm
+from neuron_dist.transport import cma, frame, select, shm
 from zmqpair import assert_wake_ends_waits, recv_within
-from neuron_dist.transport.base import TransportContext, TransportError
+from neuron_dist.transport.base import PeerGone, TransportContext, TransportError
 
 pytestmark = pytest.mark.skipif(shm.available() is not None, reason=f"no shared memory: {shm.available()}")
 
@@ -383,3 +383,122 @@ def test_wake_ends_a_wait_from_another_thread():
         a.close()
         b.close()
     b.wake()  # after close: nothing to wake, and no error
+
+
+# -- single-copy lending (transport/cma.py) -------------------------------------------------------
+def test_a_lent_frame_is_read_in_place_and_held_until_released():
+    a, b = pair("lend1")
+    try:
+        assert a.lend_bytes == b.lend_bytes == shm.LEND_FRAME_BYTES, a._probe_result
+        n = 3 * a.slot_bytes + 5  # larger than a slot: only a lent frame carries it
+        src = torch.arange(n, dtype=torch.int64).to(torch.uint8)
+        assert a.lend(1, hdr(0, 1, 0, n), src)
+        assert a.unflushed() == 1  # lent, not yet read
+        h, got = b.recv(0)
+        assert isinstance(got, cma.Lent) and h.nbytes == n == got.nbytes
+        dst = torch.empty(n, dtype=torch.uint8)
+        got.read_into(dst)
+        assert torch.equal(dst, src) and torch.equal(got.clone(), src)
+        assert a.unflushed() == 1  # still lent until the receiver releases the slot
+        b.release(0)
+        a.wait(5.0)  # the release rang the lender: no sleep to the time-out
+        assert a.unflushed() is None and not a.lent
+        a.send(1, hdr(0, 1, 1, 4), torch.ones(4, dtype=torch.uint8))  # a copied frame after it
+        h, got = b.recv(0)
+        assert isinstance(got, torch.Tensor) and torch.equal(got, torch.ones(4, dtype=torch.uint8))
+        b.release(0)
+        assert a.lent_frames == 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_lending_is_on_for_all_or_for_none(monkeypatch):
+    """One rank that cannot read its peers' memory (or a NEURON_DIST_SHM_LEND=0) turns lending
+    off on every rank: they must cut the same collectives into the same frames."""
+    real = shm.ShmTransport._probe_lending
+    monkeypatch.setattr(shm.ShmTransport, "_probe_lending",
+                        lambda self: "cannot read rank 0's memory: EPERM" if self.rank == 2 else real(self))
+    ts = pair("lend2", size=3)
+    try:
+        assert [t.lend_bytes for t in ts] == [0, 0, 0]
+    finally:
+        for t in ts:
+            t.close()
+    monkeypatch.undo()
+    monkeypatch.setenv("NEURON_DIST_SHM_LEND", "0")
+    ts = pair("lend3")
+    try:
+        assert [t.lend_bytes for t in ts] == [0, 0] and ts[0]._probe_result == "NEURON_DIST_SHM_LEND=0"
+        with pytest.raises(frame.FrameError, match="more than a slot"):  # so no frame may exceed a slot
+            ts[0].lend = shm.ShmTransport.lend.__get__(ts[0])
+            ts[0].lend(1, hdr(0, 1, 0, ts[0].slot_bytes + 64), torch.ones(8, dtype=torch.uint8))
+            ts[1].recv(0)
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_bad_lent_frames_are_clear_errors():
+    a, b = pair("lend4")
+    try:
+        big = a.lend_bytes + 64  # a header that claims more than a lent frame may hold
+        a.lend(1, hdr(0, 1, 0, big), torch.ones(8, dtype=torch.uint8))
+        with pytest.raises(frame.FrameError, match="more than a lent frame may hold"):
+            b.recv(0)
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(TransportError, match="cannot read the frame rank 3 lent"):  # an address not mapped there
+        cma.Lent(os.getpid(), 8, 64, torch.uint8, 3).read_into(torch.empty(64, dtype=torch.uint8))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(PeerGone, match="rank 5 .* exited before its lent frame was read"):
+        cma.Lent(gone.pid, 8, 64, torch.uint8, 5).read_into(torch.empty(64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="cannot be read into"):
+        cma.Lent(os.getpid(), 8, 64, torch.uint8, 5).read_into(torch.empty(32, dtype=torch.uint8))
+
+
+def test_a_round_that_receives_where_it_lends_lends_a_copy():
+    """Each rank sends its buffer and receives the peer's into the same buffer in one round (an
+    in-place exchange): lending the buffer itself would let the first reader's write reach the
+    second reader. Driven in a fixed order, that would give rank 0 its own data back."""
+    from neuron_dist.collectives.executor import Execution, Mailbox, Stamp
+    from neuron_dist.collectives.schedule import OUT, Chunk, Recv, Schedule, Send
+    a, b = pair("lend5")
+    try:
+        n = a.slot_bytes  # float32 elements: 4 slots' worth, lent
+        bufs = [torch.full((n,), 1.0), torch.full((n,), 2.0)]
+        exes = []
+        for r, t in enumerate((a, b)):
+            sched = Schedule("exchange").add(Send(1 - r, Chunk(OUT, 0, n)), Recv(1 - r, Chunk(OUT, 0, n)))
+            stamp = Stamp(frame.Kind.ALLTOALL, torch.float32, TOKEN, 7, 0, 0)
+            exes.append(Execution(sched, [None, bufs[r], None], None, stamp, r, Mailbox(t, r)))
+        for _ in range(50):
+            for e in exes:
+                e.progress()
+            if all(e.done for e in exes):
+                break
+        assert all(e.done for e in exes)
+        assert a.lent_frames == b.lent_frames == 1
+        assert bufs[0].eq(2.0).all() and bufs[1].eq(1.0).all()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_lent_by_a_rank_that_failed_meanwhile_is_refused():
+    """A failing rank raises its failure word before its caller hears of the failure (and may
+    reuse the tensor it lent): a read that finishes after that cannot be trusted."""
+    a, b = pair("lend6")
+    try:
+        src = torch.ones(a.slot_bytes * 2, dtype=torch.uint8)
+        a.lend(1, hdr(0, 1, 0, src.numel()), src)
+        _, got = b.recv(0)
+        a.mark_failed()
+        with pytest.raises(PeerGone, match="rank 0's copy of the group failed while its lent frame was read"):
+            got.read_into(torch.empty_like(src))
+        b.release(0)
+    finally:
+        a.close()
+        b.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 import torch
 
+from ..transport.cma import Lent
 from ..transport.frame import DEFAULT_FRAME_BYTES as FRAME_BYTES
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check, make_header
 from .reduce_ops import Reducer
@@ -133,6 +134,9 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
 
 
 _P2P = int(Kind.P2P)
+# collectives whose receives only copy: their frames may be lent (transport.lend_bytes), every
+# rank then cutting them at that size (the kind, unlike one rank's schedule, is the same on all)
+_LENDABLE = frozenset(int(k) for k in (Kind.ALLGATHER, Kind.BROADCAST, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL))
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
 
@@ -141,7 +145,7 @@ class Execution:
 
     __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
-                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter")
+                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lend_min", "_lend_safe")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
@@ -159,6 +163,12 @@ class Execution:
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
         self.itemsize = itemsize = dtype.itemsize
+        # lending (see transport/cma.py): frames of lend_min bytes or more are lent, not copied
+        self.lend_min = 0
+        lend_bytes = getattr(self.transport, "lend_bytes", 0)  # (duck-typed transports: none)
+        if lend_bytes and stamp._kind in _LENDABLE:
+            frame_bytes, self.lend_min = lend_bytes, self.transport.lend_min
+        self._lend_safe = True
         self.frame_elems = max(1, frame_bytes // itemsize)
         self.rounds = frame_plan(schedule, itemsize, self.frame_elems)
         self._tviews = tmp_views
@@ -218,10 +228,26 @@ class Execution:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
             self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
+            if self.lend_min and sends and recvs:
+                self._lend_safe = not self._overlap(sends, recvs)
             if sends:
                 self.round_had_sends = True
             if sends or recvs:
                 return True
+
+    def _overlap(self, sends, recvs) -> bool:
+        """Whether a receive of this round writes where a send of it reads (an in-place call):
+        a lent frame must stay unchanged until its reader is done, so such a round lends copies."""
+        isz, bufs = self.itemsize, self.bufs
+        out = [(bufs[b].data_ptr() + a * isz, nb) for _, q in sends for b, a, _, nb in q if nb]
+        for _, q in recvs:
+            for step, off, n in q:
+                d = step.dst
+                lo = bufs[d.buf].data_ptr() + (d.start + off) * isz
+                hi = lo + n * isz
+                if any(lo < s + nb and s < hi for s, nb in out):
+                    return True
+        return False
 
     # -- progress --------------------------------------------------------------------------
     def progress(self) -> bool:
@@ -251,7 +277,12 @@ class Execution:
                 else:
                     payload = _EMPTY
                 chunk = self.sent_chunks.get(peer, 0)
-                if not self.transport.send(peer, self.stamp.header(self.rank, peer, chunk, nb), payload):
+                header = self.stamp.header(self.rank, peer, chunk, nb)
+                if self.lend_min and nb >= self.lend_min:
+                    ok = self.transport.lend(peer, header, payload if self._lend_safe else payload.clone())
+                else:
+                    ok = self.transport.send(peer, header, payload)
+                if not ok:
                     break
                 self.sent_chunks[peer] = chunk + 1
                 q.popleft()
@@ -294,6 +325,13 @@ class Execution:
     def _deliver(self, step: Recv, off: int, n: int, payload: torch.Tensor) -> None:
         if n == 0:
             return
+        if type(payload) is Lent:  # the sender's own bytes: one copy straight into place
+            if not step.reduce:
+                d = step.dst
+                payload.read_into(self._view(d) if off == 0 and n == d.count else
+                                  self.bufs[d.buf][d.start + off:d.start + off + n])
+                return
+            payload = payload.clone()
         dt = self.stamp.dtype
         incoming = payload if payload.dtype is dt else payload.view(dt)
         d = step.dst

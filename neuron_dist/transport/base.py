@@ -49,6 +49,10 @@ class PeerGone(TransportError):
 
 class Transport(abc.ABC):
     name = "abstract"
+    # single-copy lending (shm only, see cma.py): the largest frame `lend` takes, 0 where the
+    # transport cannot lend; frames under `lend_min` bytes are sent as copies
+    lend_bytes = 0
+    lend_min = 0
 
     @staticmethod
     def publish_error(store, key: str, rank: int, why: str) -> None:
@@ -81,6 +85,12 @@ class Transport(abc.ABC):
         1-D tensor over those bytes: uint8, or already viewed as the header's dtype where the
         transport keeps such views (shared memory); readers view it as they need. The payload view
         stays valid until `release(peer)`; call it before the next `recv(peer)`."""
+
+    def lend(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
+        """`send`, except that the peer reads `payload` from this process's memory itself: the
+        caller leaves it unchanged until `unflushed` no longer names the peer. Only called where
+        `lend_bytes` is set."""
+        raise NotImplementedError(f"the {self.name} transport does not lend frames")
 
     def release(self, peer: int) -> None:
         """Done with the last frame returned by recv(peer)."""

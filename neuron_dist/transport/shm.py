@@ -21,6 +21,15 @@ sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a s
 doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
 1 ms, so a wake-up lost to store/load reordering costs at most that.
 
+Lending. For the collectives that only move data, the executor may `lend` a frame instead of
+sending it (see `cma.py`): the slot then holds the header and, in the slot header's last 8
+bytes, the address of the sender's bytes; the receiver gets a `cma.Lent` from `recv` and reads
+them straight into place. The sender keeps the memory until the receiver releases the slot
+(`unflushed` names the peer until then; the release rings the sender). A lent frame may be
+larger than a slot (up to `lend_bytes`). Lending is on only when every pair of the transport's
+ranks passed a read probe at set-up and none set NEURON_DIST_SHM_LEND=0, so every rank cuts
+those collectives into the same frames.
+
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
 soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
 nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
@@ -35,14 +44,16 @@ import logging
 import mmap
 import os
 import signal
+import struct
 import threading
 import time
 import warnings
+from collections import deque
 
 import torch
 
 from ..config import env_int
-from . import frame
+from . import cma, frame
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -54,12 +65,17 @@ SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
 MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
-_pack_into = frame.HEADER.pack_into
+LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
+_SLOT_HEADER = struct.Struct(frame.HEADER.format + "Q")  # the frame header, then a lent frame's address
+assert _SLOT_HEADER.size == SLOT_HEADER
+_pack_into = _SLOT_HEADER.pack_into
+_LENT_AT = frame.HEADER_SIZE
+_unpack_lent = struct.Struct("<Q").unpack_from
 _U8 = torch.uint8
 _CODE_DTYPE = frame.CODE_DTYPE  # a received slot is handed out viewed as its frame's dtype
 
 # control block offsets
-_DOORBELL, _SLEEPING, _CLOSED, _PID, _FAILED = 0, 4, 8, 16, 24
+_DOORBELL, _SLEEPING, _CLOSED, _PID, _FAILED, _BASE = 0, 4, 8, 16, 24, 32
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
@@ -184,6 +200,7 @@ class _Segment:
         self.closed = ctypes.c_int32.from_buffer(self.mm, _CLOSED)
         self.pid = ctypes.c_int64.from_buffer(self.mm, _PID)
         self.failed = ctypes.c_int32.from_buffer(self.mm, _FAILED)
+        self.owner_base = ctypes.c_int64.from_buffer(self.mm, _BASE)  # the segment's address in its owner
         self.bytes = torch.frombuffer(self.mm, dtype=torch.uint8)
         self.rings = []
         for i in range(npeers):
@@ -205,7 +222,7 @@ class _Segment:
 
     def close(self) -> None:
         self.rings, self.bytes = [], None
-        self.doorbell = self.sleeping = self.closed = self.pid = self.failed = None
+        self.doorbell = self.sleeping = self.closed = self.pid = self.failed = self.owner_base = None
         try:
             self.mm.close()
         except BufferError:  # a payload view is still alive somewhere; the GC unmaps it later
@@ -267,6 +284,7 @@ class ShmTransport(Transport):
             self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
             raise TransportError(why) from None
         self.mine.pid.value = os.getpid()
+        self.mine.owner_base.value = self.mine.base
         ctx.store.set(f"{key}/{self.rank}", path)
         self.theirs: dict[int, _Segment] = {}
         wait = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
@@ -279,11 +297,24 @@ class ShmTransport(Transport):
                     if failed:
                         raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
                     self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
-                ctx.store.set(f"{key}/{self.rank}/mapped", "1")
+                # "lend" once this rank can read every peer's memory (cma.probe), else why not
+                self._probe_result = self._probe_lending()
+                ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
                 for p in self.peers:
                     _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
+                views = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
         finally:
             self._unlink()
+        no = [(self.rank, self._probe_result)] if self._probe_result != "lend" else []
+        no += [(p, v) for p, v in views.items() if v != "lend"]
+        self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0  # the same answer on every rank
+        self.lend_min = self.slot_bytes // 2  # smaller frames are copied through the slot
+        self.lent: dict[int, deque] = {}      # peer -> (head after the frame, tensor) lent, not yet released
+        self.held_lent: set[int] = set()      # peers whose frame now held here is lent
+        self.lent_frames = 0                  # frames lent so far (tests and debugging)
+        if self.peers:
+            log.debug("rank %d: single-copy lending %s", self.rank, "on" if not no else
+                      "off: " + "; ".join(f"rank {r}: {v}" for r, v in no))
         self.peer_pid = {p: self.theirs[p].pid.value for p in self.peers}
         # sender side: my ring inside each peer's segment; receiver side: peers' rings in mine
         self.out = {p: self.theirs[p].rings[self.index[self.rank]] for p in self.peers}
@@ -297,6 +328,20 @@ class ShmTransport(Transport):
                   self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10,
                   round(self.spin * 1e6), f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
                   if self.oversubscribed else "")
+
+    def _probe_lending(self) -> str:
+        """"lend" if lending is allowed here and this rank can read each peer's memory."""
+        if os.environ.get("NEURON_DIST_SHM_LEND", "1").strip() == "0":
+            why = "NEURON_DIST_SHM_LEND=0"
+        else:
+            why = None
+            for p in self.peers:
+                seg = self.theirs[p]
+                why = cma.probe(seg.pid.value, seg.owner_base.value + _PID, seg.pid.value.to_bytes(8, "little"))
+                if why:
+                    why = f"cannot read rank {p}'s memory: {why}"
+                    break
+        return why or "lend"
 
     def _unlink(self) -> None:
         path = self.mine.path
@@ -320,7 +365,7 @@ class ShmTransport(Transport):
             return False
         off, body, cuts = slots[h % self.nslots]
         seg = self.theirs[peer]
-        _pack_into(seg.mm, off, frame.MAGIC, frame.VERSION, *header)
+        _pack_into(seg.mm, off, frame.MAGIC, frame.VERSION, *header, 0)
         if n:
             dt = payload.dtype
             dst = cuts.get((n, dt))
@@ -332,6 +377,41 @@ class ShmTransport(Transport):
         self.head[peer] = h + 1
         seg.ring()
         return True
+
+    def lend(self, peer, header, payload):
+        """Like `send`, but the slot carries the address of `payload` (contiguous, any size up to
+        `lend_bytes`), which the peer reads itself: the caller keeps `payload` unchanged until
+        `unflushed` no longer names the peer (a reference is kept here until then)."""
+        head, tail, slots = self.out[peer]
+        h = self.head[peer]
+        if h - tail.value >= self.nslots:
+            self.blocked.add(peer)
+            return False
+        off = slots[h % self.nslots][0]
+        seg = self.theirs[peer]
+        _pack_into(seg.mm, off, frame.MAGIC, frame.VERSION, *header, payload.data_ptr())
+        q = self.lent.get(peer)
+        if q is None:
+            q = self.lent[peer] = deque()
+        q.append((h + 1, payload))
+        self.lent_frames += 1
+        self.blocked.discard(peer)
+        head.value = h + 1
+        self.head[peer] = h + 1
+        seg.ring()
+        return True
+
+    def unflushed(self):
+        """The first peer that has yet to release a frame this rank lent it."""
+        if self.lent:
+            for p in list(self.lent):
+                q, released = self.lent[p], self.out[p][1].value
+                while q and q[0][0] <= released:
+                    q.popleft()
+                if q:
+                    return p
+                del self.lent[p]
+        return None
 
     def recv(self, peer):
         head, tail, slots = self.inn[peer]
@@ -345,11 +425,20 @@ class ShmTransport(Transport):
         if h.src != peer or h.dst != self.rank:
             raise frame.FrameError(f"rank {self.rank}: frame in the ring from rank {peer} claims to come from "
                                    f"rank {h.src} to rank {h.dst}")
+        dt = _CODE_DTYPE.get(h.dtype, _U8)
+        if self.lend_bytes:
+            addr = _unpack_lent(self.mine.mm, off + _LENT_AT)[0]
+            if addr:
+                if h.nbytes > self.lend_bytes:
+                    raise frame.FrameError(f"rank {self.rank}: lent frame from rank {peer} claims {h.nbytes} bytes, "
+                                           f"more than a lent frame may hold ({self.lend_bytes})")
+                self.held.add(peer)
+                self.held_lent.add(peer)
+                return h, cma.Lent(self.peer_pid[peer], addr, h.nbytes, dt, peer, self.theirs[peer].failed)
         if h.nbytes > self.slot_bytes:
             raise frame.FrameError(f"rank {self.rank}: frame from rank {peer} claims {h.nbytes} bytes, "
                                    f"more than a slot holds")
         self.held.add(peer)
-        dt = _CODE_DTYPE.get(h.dtype, _U8)
         view = cuts.get((h.nbytes, dt))
         if view is None:  # typed as the header says (frame.unpack checked nbytes is whole elements)
             view = _cut(cuts, body, h.nbytes, dt)
@@ -363,9 +452,13 @@ class ShmTransport(Transport):
         self.tail[peer] = t
         head, tail, _ = self.inn[peer]
         tail.value = t
-        # only a sender that found the ring full waits for a free slot: wake the peer only then
-        # (a wake-up for a peer that waits on data is spurious and, on a busy host, costly)
-        if head.value - (t - 1) >= self.nslots:
+        # only a sender that found the ring full waits for a free slot, or one that lent the
+        # frame: wake the peer only then (a wake-up for a peer that waits on data is spurious
+        # and, on a busy host, costly)
+        if peer in self.held_lent:
+            self.held_lent.discard(peer)
+            self.theirs[peer].ring()
+        elif head.value - (t - 1) >= self.nslots:
             self.theirs[peer].ring()
 
     def _ready(self) -> bool:
@@ -374,6 +467,9 @@ class ShmTransport(Transport):
                 return True
         for p in self.blocked:
             if self.head[p] - self.out[p][1].value < self.nslots:
+                return True
+        for p, q in self.lent.items():
+            if q and self.out[p][1].value >= q[0][0]:
                 return True
         return False
 
@@ -418,7 +514,11 @@ class ShmTransport(Transport):
                 return
 
     def flush(self, timeout):
-        """Sends copy into the ring at once: nothing ever refers to caller memory."""
+        """Until every lent frame is released (or `timeout`): copied sends never refer to
+        caller memory."""
+        deadline = time.monotonic() + timeout
+        while self.unflushed() is not None and time.monotonic() < deadline:
+            self.wait(min(0.001, max(0.0, deadline - time.monotonic())))
 
     def mark_failed(self):
         """Set this rank's "failed" word and ring every peer: an ABORT frame does not fit a ring
@@ -457,6 +557,7 @@ class ShmTransport(Transport):
         except (AttributeError, ValueError):
             pass
         self.out, self.inn = {}, {}
+        self.lent = {}
         for seg in self.theirs.values():
             seg.close()
         self.mine.close()
