@@ -532,6 +532,15 @@ def p2p(rank, world):
     return 5
 
 
+def _gather_checked(ins, rank, world, root, check, what):
+    """dist.gather of `ins[rank]` to `root`, whose blocks `check` compares with every rank's input."""
+    outs = [torch.empty_like(ins[rank]) for _ in range(world)] if rank == root else None
+    dist.gather(ins[rank], gather_list=outs, dst=root)
+    if rank == root:
+        for r in range(world):
+            check(outs[r], ins[r], f"{what} block {r}")
+
+
 def move_only_dtypes(rank, world):
     """float8 and uint16/32/64 are moved bit for bit (broadcast, all-gather in both forms,
     all-to-all, gather, scatter, send/recv, Gloo's send/recv beside ours) and never reduced: every
@@ -567,11 +576,7 @@ def move_only_dtypes(rank, world):
             dist.all_to_all_single(got, blocks[rank])
             same_bits(got, torch.cat([b[rank * count:(rank + 1) * count] for b in blocks]), f"all_to_all {dtype}")
             root = count % world
-            gl = [torch.empty(count, dtype=dtype) for _ in range(world)] if rank == root else None
-            dist.gather(ins[rank], gather_list=gl, dst=root)
-            if rank == root:
-                for r in range(world):
-                    same_bits(gl[r], ins[r], f"gather {dtype} block {r}")
+            _gather_checked(ins, rank, world, root, same_bits, f"gather {dtype}")
             sc = torch.empty(count, dtype=dtype)
             dist.scatter(sc, scatter_list=[blocks[root][r * count:(r + 1) * count].clone() for r in range(world)]
                          if rank == root else None, src=root)
@@ -757,11 +762,7 @@ def lent_frames(rank, world):
         dist.all_to_all_single(both, both)
         same(both, want, f"lent all_to_all in place {dtype}")
         root = world - 1
-        outs = [torch.empty(n, dtype=dtype) for _ in range(world)] if rank == root else None
-        dist.gather(ins[rank], gather_list=outs, dst=root)
-        if rank == root:
-            for r in range(world):
-                same(outs[r], ins[r], f"lent gather {dtype} block {r}")
+        _gather_checked(ins, rank, world, root, same, f"lent gather {dtype}")
         got = torch.empty(n, dtype=dtype)
         dist.scatter(got, scatter_list=ins if rank == root else None, src=root)
         same(got, ins[rank], f"lent scatter {dtype}")
