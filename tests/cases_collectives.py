@@ -721,8 +721,8 @@ def no_reference_cycles(rank, world):
 def lent_frames(rank, world):
     """Large frames of the collectives that only move data, which the shm transport lends (the
     receiver reads the sender's memory once, transport/cma.py), against a reference and Gloo:
-    every form, in place included (an all-to-all whose output is its input makes the sender lend
-    a copy), and nothing left lent afterwards."""
+    every form, in place included, point-to-point messages larger than the ring (a shorter message
+    into a larger buffer, from any source), and nothing left lent afterwards."""
     t = dist.distributed_c10d._get_default_group().group.transport
     lending = bool(t.lend_bytes)
     if t.name == "shm" and world > 1 and not lending:  # only a failed probe or the setting turns it off
@@ -767,8 +767,56 @@ def lent_frames(rank, world):
         dist.scatter(got, scatter_list=ins if rank == root else None, src=root)
         same(got, ins[rank], f"lent scatter {dtype}")
         checks += 6
+    if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
+        nxt, prv = (rank + 1) % world, (rank - 1) % world
+        m = 3 << 18  # 3 MiB of float32
+        lent_before_p2p = getattr(t, "lent_frames", 0)
+        for dtype in (torch.float32, torch.bfloat16):
+            mine, theirs = values(rank, m, dtype, "sum", 23), values(prv, m, dtype, "sum", 23)
+            got = torch.empty(m, dtype=dtype)
+            for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, got, prv)]):
+                w.wait()
+            same(got, theirs, f"lent send/recv ring {dtype}")
+            roomy = torch.full((m + 1000,), 7, dtype=dtype)  # a shorter message fills the front
+            reqs = [dist.irecv(roomy, prv, tag=5), dist.isend(mine, nxt, tag=5)]
+            for w in reqs:
+                w.wait()
+            same(roomy[:m], theirs, f"lent send/recv into a larger buffer {dtype}")
+            same(roomy[m:], torch.full((1000,), 7, dtype=dtype), f"lent send/recv leaves the rest {dtype}")
+            if rank == 0:  # from any source
+                for _ in range(world - 1):
+                    src = dist.recv(got, tag=6)
+                    same(got, values(src, m, dtype, "sum", 24), f"lent recv from any source {dtype}")
+            else:
+                dist.send(values(rank, m, dtype, "sum", 24), 0, tag=6)
+            checks += 3
+        assert not lending or t.lent_frames > lent_before_p2p, f"rank {rank}: no point-to-point frame was lent"
+    if world >= 4:  # a large isend lent to a rank that posts its receive only after a ring
+        # collective in which it never reads from the sender: the sender's collective must not wait
+        # for that frame (each op watches its own lent frames, not the transport's)
+        import os
+        order = dist.distributed_c10d._get_default_group().group.order
+        sender, target = order[0], order[2]  # two apart on the ring: neither reads from the other
+        big = values(sender, 3 << 18, torch.float32, "sum", 25)
+        small = torch.full((4099,), float(rank))
+        flat = torch.empty(world * 4099)
+        os.environ["NEURON_DIST_ALGO"] = "allgather:ring"
+        try:
+            w = dist.isend(big, target, tag=8) if rank == sender else None
+            dist.all_gather_into_tensor(flat, small)
+            if rank == target:
+                got = torch.empty_like(big)
+                dist.recv(got, sender, tag=8)
+                same(got, big, "lent isend behind a ring collective")
+            if w is not None:
+                w.wait()
+        finally:
+            del os.environ["NEURON_DIST_ALGO"]
+        same(flat, torch.cat([torch.full((4099,), float(r)) for r in range(world)]), "ring all-gather beside it")
+        checks += 1
     dist.barrier()
-    assert t.unflushed() is None, f"rank {rank}: a frame is still lent to rank {t.unflushed()}"
+    if lending:
+        assert t.still_lent() is None, f"rank {rank}: a frame is still lent to rank {t.still_lent()}"
     if lending:
         assert t.lent_frames > lent0, f"rank {rank}: lending is on but no frame was lent"
     return checks

@@ -392,17 +392,17 @@ def test_a_lent_frame_is_read_in_place_and_held_until_released():
         assert a.lend_bytes == b.lend_bytes == shm.LEND_FRAME_BYTES, a._probe_result
         n = 3 * a.slot_bytes + 5  # larger than a slot: only a lent frame carries it
         src = torch.arange(n, dtype=torch.int64).to(torch.uint8)
-        assert a.lend(1, hdr(0, 1, 0, n), src)
-        assert a.unflushed() == 1  # lent, not yet read
+        ticket = a.lend(1, hdr(0, 1, 0, n), src)
+        assert ticket and not a.released(1, ticket) and a.still_lent() == 1  # lent, not yet read
         h, got = b.recv(0)
         assert isinstance(got, cma.Lent) and h.nbytes == n == got.nbytes
         dst = torch.empty(n, dtype=torch.uint8)
         got.read_into(dst)
         assert torch.equal(dst, src) and torch.equal(got.clone(), src)
-        assert a.unflushed() == 1  # still lent until the receiver releases the slot
+        assert not a.released(1, ticket)  # still lent until the receiver releases the slot
         b.release(0)
         a.wait(5.0)  # the release rang the lender: no sleep to the time-out
-        assert a.unflushed() is None and not a.lent
+        assert a.released(1, ticket) and a.still_lent() is None and not a.lent
         a.send(1, hdr(0, 1, 1, 4), torch.ones(4, dtype=torch.uint8))  # a copied frame after it
         h, got = b.recv(0)
         assert isinstance(got, torch.Tensor) and torch.equal(got, torch.ones(4, dtype=torch.uint8))

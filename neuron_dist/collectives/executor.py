@@ -135,7 +135,8 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
 
 _P2P = int(Kind.P2P)
 # collectives whose receives only copy: their frames may be lent (transport.lend_bytes), every
-# rank then cutting them at that size (the kind, unlike one rank's schedule, is the same on all)
+# rank then cutting them at that size (the kind, unlike one rank's schedule, is the same on all);
+# and point-to-point messages larger than the transport's eager_bytes
 _LENDABLE = frozenset(int(k) for k in (Kind.ALLGATHER, Kind.BROADCAST, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL))
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
@@ -145,7 +146,7 @@ class Execution:
 
     __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
-                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lend_min", "_lend_safe")
+                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lend_min", "_lend_safe", "_lent")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
@@ -166,9 +167,13 @@ class Execution:
         # lending (see transport/cma.py): frames of lend_min bytes or more are lent, not copied
         self.lend_min = 0
         lend_bytes = getattr(self.transport, "lend_bytes", 0)  # (duck-typed transports: none)
-        if lend_bytes and stamp._kind in _LENDABLE:
+        if lend_bytes and (stamp._kind in _LENDABLE or
+                           stamp._kind == _P2P and stamp.seq > self.transport.eager_bytes):
+            # (a message larger than what the ring holds already waits for its receiver, so
+            # lending it changes nothing a caller sees; the size rule is one both ends know)
             frame_bytes, self.lend_min = lend_bytes, self.transport.lend_min
         self._lend_safe = True
+        self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
         self.frame_elems = max(1, frame_bytes // itemsize)
         self.rounds = frame_plan(schedule, itemsize, self.frame_elems)
         self._tviews = tmp_views
@@ -208,6 +213,12 @@ class Execution:
         view = self._view
         while True:
             if self.round_had_sends:
+                if self._lent:  # frames this op lent: read and released by their peers?
+                    for peer, ticket in self._lent:
+                        if not self.transport.released(peer, ticket):
+                            self.waiting_on = peer
+                            return False
+                    self._lent.clear()
                 peer = self.transport.unflushed()
                 if peer is not None:
                     self.waiting_on = peer
@@ -280,6 +291,8 @@ class Execution:
                 header = self.stamp.header(self.rank, peer, chunk, nb)
                 if self.lend_min and nb >= self.lend_min:
                     ok = self.transport.lend(peer, header, payload if self._lend_safe else payload.clone())
+                    if ok:
+                        self._lent.append((peer, ok))
                 else:
                     ok = self.transport.send(peer, header, payload)
                 if not ok:

@@ -50,9 +50,11 @@ class PeerGone(TransportError):
 class Transport(abc.ABC):
     name = "abstract"
     # single-copy lending (shm only, see cma.py): the largest frame `lend` takes, 0 where the
-    # transport cannot lend; frames under `lend_min` bytes are sent as copies
+    # transport cannot lend; frames under `lend_min` bytes are sent as copies; point-to-point
+    # messages are lent only above `eager_bytes` (what a send may leave with no receive posted)
     lend_bytes = 0
     lend_min = 0
+    eager_bytes = 0
 
     @staticmethod
     def publish_error(store, key: str, rank: int, why: str) -> None:
@@ -87,9 +89,13 @@ class Transport(abc.ABC):
         stays valid until `release(peer)`; call it before the next `recv(peer)`."""
 
     def lend(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
-        """`send`, except that the peer reads `payload` from this process's memory itself: the
-        caller leaves it unchanged until `unflushed` no longer names the peer. Only called where
-        `lend_bytes` is set."""
+        """`send`, except that the peer reads `payload` from this process's memory itself.
+        Returns a ticket (0: not now, retry after `wait`); the caller leaves `payload` unchanged
+        until `released(peer, ticket)`. Only called where `lend_bytes` is set."""
+        raise NotImplementedError(f"the {self.name} transport does not lend frames")
+
+    def released(self, peer: int, ticket: int) -> bool:
+        """Whether `peer` is done with the frame `lend` returned `ticket` for."""
         raise NotImplementedError(f"the {self.name} transport does not lend frames")
 
     def release(self, peer: int) -> None:

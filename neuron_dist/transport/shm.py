@@ -21,14 +21,14 @@ sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a s
 doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
 1 ms, so a wake-up lost to store/load reordering costs at most that.
 
-Lending. For the collectives that only move data, the executor may `lend` a frame instead of
-sending it (see `cma.py`): the slot then holds the header and, in the slot header's last 8
-bytes, the address of the sender's bytes; the receiver gets a `cma.Lent` from `recv` and reads
-them straight into place. The sender keeps the memory until the receiver releases the slot
-(`unflushed` names the peer until then; the release rings the sender). A lent frame may be
-larger than a slot (up to `lend_bytes`). Lending is on only when every pair of the transport's
-ranks passed a read probe at set-up and none set NEURON_DIST_SHM_LEND=0, so every rank cuts
-those collectives into the same frames.
+Lending. For the collectives that only move data, and point-to-point messages larger than the
+ring (`eager_bytes`), the executor may `lend` a frame instead of sending it (see `cma.py`): the
+slot then holds the header and, in the slot header's last 8 bytes, the address of the sender's
+bytes; the receiver gets a `cma.Lent` from `recv` and reads them straight into place. The sender
+keeps the memory until the receiver releases the slot (`released` says when, per ticket; the
+release rings the sender). A lent frame may be larger than a slot (up to `lend_bytes`).
+Lending is on only when every pair of the transport's ranks passed a read probe at set-up and
+none set NEURON_DIST_SHM_LEND=0, so every rank cuts those messages into the same frames.
 
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
 soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
@@ -309,6 +309,7 @@ class ShmTransport(Transport):
         no += [(p, v) for p, v in views.items() if v != "lend"]
         self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0  # the same answer on every rank
         self.lend_min = self.slot_bytes // 2  # smaller frames are copied through the slot
+        self.eager_bytes = self.nslots * self.slot_bytes  # a send this large fills the ring: it waits anyway
         self.lent: dict[int, deque] = {}      # peer -> (head after the frame, tensor) lent, not yet released
         self.held_lent: set[int] = set()      # peers whose frame now held here is lent
         self.lent_frames = 0                  # frames lent so far (tests and debugging)
@@ -380,13 +381,16 @@ class ShmTransport(Transport):
 
     def lend(self, peer, header, payload):
         """Like `send`, but the slot carries the address of `payload` (contiguous, any size up to
-        `lend_bytes`), which the peer reads itself: the caller keeps `payload` unchanged until
-        `unflushed` no longer names the peer (a reference is kept here until then)."""
+        `lend_bytes`), which the peer reads itself. Returns a ticket (0: the ring is full, try
+        later): the caller keeps `payload` unchanged until `released(peer, ticket)` (a reference
+        is kept here until then). Each op watches its own tickets: a transport-wide "anything
+        still lent" would have a collective wait for a large isend to a peer that posts its
+        receive only after that collective."""
         head, tail, slots = self.out[peer]
         h = self.head[peer]
         if h - tail.value >= self.nslots:
             self.blocked.add(peer)
-            return False
+            return 0
         off = slots[h % self.nslots][0]
         seg = self.theirs[peer]
         _pack_into(seg.mm, off, frame.MAGIC, frame.VERSION, *header, payload.data_ptr())
@@ -399,18 +403,23 @@ class ShmTransport(Transport):
         head.value = h + 1
         self.head[peer] = h + 1
         seg.ring()
-        return True
+        return h + 1
 
-    def unflushed(self):
-        """The first peer that has yet to release a frame this rank lent it."""
-        if self.lent:
-            for p in list(self.lent):
-                q, released = self.lent[p], self.out[p][1].value
-                while q and q[0][0] <= released:
-                    q.popleft()
-                if q:
-                    return p
-                del self.lent[p]
+    def released(self, peer, ticket) -> bool:
+        """Whether `peer` has released the frame `lend` gave `ticket` (and so every one before)."""
+        done = self.out[peer][1].value
+        q = self.lent.get(peer)
+        while q and q[0][0] <= done:
+            q.popleft()  # drop the references to what was read
+        return done >= ticket
+
+    def still_lent(self):
+        """The first peer that has yet to release a frame this rank lent it, or None."""
+        for p in list(self.lent):
+            q = self.lent[p]
+            if q and not self.released(p, q[-1][0]):
+                return p
+            del self.lent[p]
         return None
 
     def recv(self, peer):
@@ -517,7 +526,7 @@ class ShmTransport(Transport):
         """Until every lent frame is released (or `timeout`): copied sends never refer to
         caller memory."""
         deadline = time.monotonic() + timeout
-        while self.unflushed() is not None and time.monotonic() < deadline:
+        while self.still_lent() is not None and time.monotonic() < deadline:
             self.wait(min(0.001, max(0.0, deadline - time.monotonic())))
 
     def mark_failed(self):
