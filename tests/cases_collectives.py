@@ -731,8 +731,9 @@ def lent_frames(rank, world):
             f"rank {rank}: lending off: {t._probe_result}"
     lent0 = getattr(t, "lent_frames", 0)
     checks = 0
+    from neuron_dist.transport.shm import LEND_STEP_OVERSUBSCRIBED
     for dtype in (torch.float32, torch.bfloat16):
-        n = BIG
+        n = LEND_STEP_OVERSUBSCRIBED // dtype.itemsize + 1001  # blocks lent with or without a core per rank
         ins = [values(r, n, dtype, "sum", 21) for r in range(world)]
         flat = torch.empty(world * n, dtype=dtype)
         dist.all_gather_into_tensor(flat, ins[rank])
@@ -767,6 +768,7 @@ def lent_frames(rank, world):
         dist.scatter(got, scatter_list=ins if rank == root else None, src=root)
         same(got, ins[rank], f"lent scatter {dtype}")
         checks += 6
+    assert not lending or t.lent_frames > lent0, f"rank {rank}: lending is on but no collective frame was lent"
     if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         m = 3 << 18  # 3 MiB of float32
@@ -817,6 +819,4 @@ def lent_frames(rank, world):
     dist.barrier()
     if lending:
         assert t.still_lent() is None, f"rank {rank}: a frame is still lent to rank {t.still_lent()}"
-    if lending:
-        assert t.lent_frames > lent0, f"rank {rank}: lending is on but no frame was lent"
     return checks

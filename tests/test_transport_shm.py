@@ -425,6 +425,14 @@ def test_lending_is_on_for_all_or_for_none(monkeypatch):
     finally:
         for t in ts:
             t.close()
+    monkeypatch.setattr(shm.ShmTransport, "_probe_lending",  # one rank asks for larger steps: all agree on it
+                        lambda self: "lend 4194304" if self.rank == 1 else real(self))
+    ts = pair("lend2b", size=3)
+    try:
+        assert [t.lend_from for t in ts] == [4 << 20] * 3 and all(t.lend_bytes for t in ts)
+    finally:
+        for t in ts:
+            t.close()
     monkeypatch.undo()
     monkeypatch.setenv("NEURON_DIST_SHM_LEND", "0")
     ts = pair("lend3")
@@ -502,3 +510,23 @@ def test_a_frame_lent_by_a_rank_that_failed_meanwhile_is_refused():
     finally:
         a.close()
         b.close()
+
+
+def test_frame_plan_lends_large_steps_and_copies_the_rest():
+    """Steps of at least `lend_from` bytes are cut into lent-size frames and lent, but for a tail
+    under `lend_min`; smaller steps are cut at the slot's frame size and copied. A step's two ends
+    move the same count, so sender and receiver cut it alike."""
+    from neuron_dist.collectives.executor import frame_plan
+    from neuron_dist.collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
+    K, M = 1 << 10, 1 << 20
+    sizes = (100 * K, M, 3 * M, 8 * M + 100 * K, 8 * M + 300 * K)
+    sched = Schedule("t").add(*[Send(1, Chunk(IN, 0, n)) for n in sizes], *[Recv(1, Chunk(OUT, 0, n)) for n in sizes])
+    (_, sends, recvs), = frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K))
+    got = [(n, lent) for _, _, n, _, lent in sends[0][1]]
+    assert got == [(100 * K, False), (512 * K, False), (512 * K, False),  # under 2 MiB: slot frames
+                   (3 * M, True),                                           # one lent frame
+                   (4 * M, True), (4 * M, True), (100 * K, False),          # a short tail is copied
+                   (4 * M, True), (4 * M, True), (300 * K, True)]
+    assert [n for _, _, n in recvs[0][1]] == [n for n, _ in got]  # the receiver cuts the same frames
+    (_, sends, _), = frame_plan(sched, 1, 512 * K)  # no lending: every step in slot frames, copied
+    assert not any(lent for *_, lent in sends[0][1]) and max(n for _, _, n, _, _ in sends[0][1]) == 512 * K

@@ -101,19 +101,29 @@ class Mailbox:
             self.held[peer] = (key, header, payload)
 
 
-def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
-    """The schedule cut into frames, once per (schedule, itemsize, frame size): per round,
-    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, element offset, elements, bytes),
-    ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...))."""
-    key = (itemsize, frame_elems)
+def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0)) -> tuple:
+    """The schedule cut into frames, once per (schedule, itemsize, frame size, lending): per round,
+    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, element offset, elements, bytes,
+    lent), ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...)).
+
+    `lend` = (elements per lent frame, bytes from which a step is lent, bytes from which a frame
+    of such a step is lent): a step of at least the second is cut into lent-size frames, and
+    those of at least the third are lent (a shorter tail is copied: it fits a slot); smaller
+    steps are cut at `frame_elems` and copied. A step's sender and receiver move the same
+    number of elements, so both cut it alike."""
+    key = (itemsize, frame_elems, lend)
     plan = schedule.plans.get(key)
     if plan is not None:
         return plan
+    lend_elems, lend_from, lend_min = lend
 
-    def frames(count):  # frame boundaries (offset, n) of `count` elements; one empty frame for 0
+    def frames(count):  # (offset, n, lent) of `count` elements; one empty frame for 0
         if count == 0:
-            return [(0, 0)]
-        return [(o, min(frame_elems, count - o)) for o in range(0, count, frame_elems)]
+            return [(0, 0, False)]
+        if lend_elems and count * itemsize >= lend_from:
+            return [(o, min(lend_elems, count - o), min(lend_elems, count - o) * itemsize >= lend_min)
+                    for o in range(0, count, lend_elems)]
+        return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
 
     rounds = []
     for steps in schedule.rounds:
@@ -123,9 +133,9 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int) -> tuple:
         for s in steps:
             if isinstance(s, Send):
                 sends.setdefault(s.peer, []).extend(
-                    (s.src.buf, s.src.start + off, n, n * itemsize) for off, n in frames(s.src.count))
+                    (s.src.buf, s.src.start + off, n, n * itemsize, lent) for off, n, lent in frames(s.src.count))
             elif isinstance(s, Recv):
-                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n in frames(s.dst.count))
+                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count))
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = tuple(rounds)
@@ -146,7 +156,7 @@ class Execution:
 
     __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
-                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lend_min", "_lend_safe", "_lent")
+                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lending", "_lend_safe", "_lent")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
@@ -164,18 +174,19 @@ class Execution:
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
         self.itemsize = itemsize = dtype.itemsize
-        # lending (see transport/cma.py): frames of lend_min bytes or more are lent, not copied
-        self.lend_min = 0
-        lend_bytes = getattr(self.transport, "lend_bytes", 0)  # (duck-typed transports: none)
-        if lend_bytes and (stamp._kind in _LENDABLE or
-                           stamp._kind == _P2P and stamp.seq > self.transport.eager_bytes):
+        # lending (see transport/cma.py): large steps are cut into large frames the peer reads
+        # from this process (frame_plan says which); the rest is copied through the transport
+        lend, t = (0, 0, 0), self.transport
+        lend_bytes = getattr(t, "lend_bytes", 0)  # (duck-typed transports: none)
+        if lend_bytes and (stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes):
             # (a message larger than what the ring holds already waits for its receiver, so
             # lending it changes nothing a caller sees; the size rule is one both ends know)
-            frame_bytes, self.lend_min = lend_bytes, self.transport.lend_min
+            lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min)
+        self.lending = bool(lend[0])
         self._lend_safe = True
         self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
         self.frame_elems = max(1, frame_bytes // itemsize)
-        self.rounds = frame_plan(schedule, itemsize, self.frame_elems)
+        self.rounds = frame_plan(schedule, itemsize, self.frame_elems, lend)
         self._tviews = tmp_views
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
@@ -239,7 +250,7 @@ class Execution:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
             self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
-            if self.lend_min and sends and recvs:
+            if self.lending and sends and recvs:
                 self._lend_safe = not self._overlap(sends, recvs)
             if sends:
                 self.round_had_sends = True
@@ -250,7 +261,7 @@ class Execution:
         """Whether a receive of this round writes where a send of it reads (an in-place call):
         a lent frame must stay unchanged until its reader is done, so such a round lends copies."""
         isz, bufs = self.itemsize, self.bufs
-        out = [(bufs[b].data_ptr() + a * isz, nb) for _, q in sends for b, a, _, nb in q if nb]
+        out = [(bufs[b].data_ptr() + a * isz, nb) for _, q in sends for b, a, _, nb, lent in q if lent]
         for _, q in recvs:
             for step, off, n in q:
                 d = step.dst
@@ -281,7 +292,7 @@ class Execution:
         for peer in list(self.sends):
             q = self.sends[peer]
             while q:
-                b, a, n, nb = q[0]
+                b, a, n, nb, lent = q[0]
                 if nb:  # the frame's slice of the buffer, in its own dtype (transports move bytes)
                     t = self.bufs[b]
                     payload = t if a == 0 and n == t.numel() else t[a:a + n]
@@ -289,7 +300,7 @@ class Execution:
                     payload = _EMPTY
                 chunk = self.sent_chunks.get(peer, 0)
                 header = self.stamp.header(self.rank, peer, chunk, nb)
-                if self.lend_min and nb >= self.lend_min:
+                if lent:
                     ok = self.transport.lend(peer, header, payload if self._lend_safe else payload.clone())
                     if ok:
                         self._lent.append((peer, ok))

@@ -66,6 +66,7 @@ DEFAULT_SLOTS = 4
 MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
+LEND_STEP_OVERSUBSCRIBED = 2 << 20  # the smallest step lent where local ranks outnumber cores
 _SLOT_HEADER = struct.Struct(frame.HEADER.format + "Q")  # the frame header, then a lent frame's address
 assert _SLOT_HEADER.size == SLOT_HEADER
 _pack_into = _SLOT_HEADER.pack_into
@@ -238,6 +239,16 @@ def _cut(cuts: dict, body: torch.Tensor, nbytes: int, dtype: torch.dtype) -> tor
     return view
 
 
+def _lend_step(record: str) -> int | None:
+    """The step size a rank's "mapped" record asks lending to start at; None: it cannot lend."""
+    if record.startswith("lend "):
+        try:
+            return max(0, int(record[5:]))
+        except ValueError:
+            return None
+    return None
+
+
 def ring_offset(i: int, nslots: int, slot_bytes: int) -> int:
     return LINE + i * (2 * LINE + nslots * (SLOT_HEADER + slot_bytes))
 
@@ -297,7 +308,8 @@ class ShmTransport(Transport):
                     if failed:
                         raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
                     self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
-                # "lend" once this rank can read every peer's memory (cma.probe), else why not
+                # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
+                # else why not
                 self._probe_result = self._probe_lending()
                 ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
                 for p in self.peers:
@@ -305,10 +317,14 @@ class ShmTransport(Transport):
                 views = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
         finally:
             self._unlink()
-        no = [(self.rank, self._probe_result)] if self._probe_result != "lend" else []
-        no += [(p, v) for p, v in views.items() if v != "lend"]
-        self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0  # the same answer on every rank
-        self.lend_min = self.slot_bytes // 2  # smaller frames are copied through the slot
+        views[self.rank] = self._probe_result
+        steps = {r: _lend_step(v) for r, v in views.items()}
+        no = [(r, views[r]) for r, b in sorted(steps.items()) if b is None]
+        # the same answers on every rank, from the same records: whether to lend, and from
+        # which step size (the largest any rank asked for)
+        self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0
+        self.lend_from = max((b for b in steps.values() if b), default=0)
+        self.lend_min = self.slot_bytes // 2  # a lent step's shorter tail frame is copied through a slot
         self.eager_bytes = self.nslots * self.slot_bytes  # a send this large fills the ring: it waits anyway
         self.lent: dict[int, deque] = {}      # peer -> (head after the frame, tensor) lent, not yet released
         self.held_lent: set[int] = set()      # peers whose frame now held here is lent
@@ -331,7 +347,8 @@ class ShmTransport(Transport):
                   if self.oversubscribed else "")
 
     def _probe_lending(self) -> str:
-        """"lend" if lending is allowed here and this rank can read each peer's memory."""
+        """"lend <bytes>" if lending is allowed here and this rank can read each peer's memory
+        (the step size from which this rank would lend), else why not."""
         if os.environ.get("NEURON_DIST_SHM_LEND", "1").strip() == "0":
             why = "NEURON_DIST_SHM_LEND=0"
         else:
@@ -342,7 +359,13 @@ class ShmTransport(Transport):
                 if why:
                     why = f"cannot read rank {p}'s memory: {why}"
                     break
-        return why or "lend"
+        if why:
+            return why
+        # ranks that outnumber the cores: a lent step makes the sender wait for readers that
+        # share its core, which lost 2-3x at 256 KiB-1 MiB blocks here (all-to-all, broadcast at
+        # world 4 on 2 cores) and won from 2-4 MiB; with a core each, lending wins from 512 KiB
+        step = LEND_STEP_OVERSUBSCRIBED if self.oversubscribed else self.slot_bytes // 2
+        return f"lend {step}"
 
     def _unlink(self) -> None:
         path = self.mine.path
