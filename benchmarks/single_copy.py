@@ -6,14 +6,15 @@ bytes from the other at the same time, both ways:
 
   cma        each reads the peer's buffer straight into its own (process_vm_readv): one copy
   two copies each copies its buffer into a shared slot, then the peer's slot into its own buffer
-             (what neuron_dist's shm transport does per frame)
+             (what neuron_dist's shm transport does per frame it does not lend)
   one copy   a plain local copy of SIZE bytes, for scale
 
-Open MPI reads large messages this way (its `cma` component). RESULTS.md ("Single-copy reads")
-records why neuron_dist does not: on the benchmark VM the kernel's read was slower than two
-user-space copies at a frame's size, and no faster at 2 MiB.
+Open MPI reads large messages this way (its `cma` component), and so does neuron_dist's shm
+transport for the frames it lends (`neuron_dist/transport/cma.py`, whose read this times). On
+the first two benchmark VMs the kernel's read was slower than two user-space copies at a frame's
+size (RESULTS.md, "Single-copy reads"); on the Xeon host it is about twice as fast ("Seventeenth
+pass").
 """
-import ctypes
 import multiprocessing as mp
 import mmap
 import os
@@ -22,21 +23,9 @@ import time
 
 import torch
 
+from neuron_dist.transport.cma import read as _cma_read  # the read the shm transport lends through
+
 ITERS = 200
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-class _iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def _cma_read(pid: int, addr: int, dst: int, n: int) -> None:
-    local, remote = _iovec(dst, n), _iovec(addr, n)
-    got = _libc.process_vm_readv(pid, ctypes.byref(local), ctypes.c_ulong(1), ctypes.byref(remote),
-                                 ctypes.c_ulong(1), ctypes.c_ulong(0))
-    if got != n:
-        e = ctypes.get_errno()
-        raise OSError(e, f"process_vm_readv read {got} of {n} bytes: {os.strerror(e)}")
 
 
 def _rank(rank: int, n: int, shm, barrier, addrs, pids, out) -> None:

@@ -16,6 +16,8 @@ NEURON_DIST_SHM_SLOTS  slots per shared-memory ring, one ring per peer pair and 
 NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory doorbell before it
                        sleeps on a futex (default 50; 20, with sched_yield, when local ranks
                        outnumber cores)
+NEURON_DIST_SHM_LEND   0 (or false/off/no) turns single-copy lending off (default on where every
+                       local pair can read the other's memory: transport/cma.py)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
 NEURON_DIST_CHECK      1 (or true/on/yes; 0/false/off/no: off): check a fingerprint of every collective across ranks before running it
                        (also on with TORCH_DISTRIBUTED_DEBUG=DETAIL)

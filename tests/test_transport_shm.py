@@ -372,6 +372,15 @@ def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound)
     assert not leftovers("badenv")
 
 
+def test_a_lending_switch_that_is_not_one_is_rejected(monkeypatch):
+    """NEURON_DIST_SHM_LEND reads as the project's other switches: a value that is neither on
+    nor off is an error at set-up, before a segment exists, not a silent choice."""
+    monkeypatch.setenv("NEURON_DIST_SHM_LEND", "maybe")
+    with pytest.raises(ValueError, match="NEURON_DIST_SHM_LEND='maybe': expected"):
+        shm.ShmTransport(ctx(0, 2, dist.HashStore(), "badlend"))
+    assert not leftovers("badlend")
+
+
 def test_wake_ends_a_wait_from_another_thread():
     """wake() (the caller's thread queued an op for the engine) ends a wait in progress on
     another thread, and one that comes before the wait ends the next wait at once: a send
@@ -439,7 +448,6 @@ def test_lending_is_on_for_all_or_for_none(monkeypatch):
     try:
         assert [t.lend_bytes for t in ts] == [0, 0] and ts[0]._probe_result == "NEURON_DIST_SHM_LEND=0"
         with pytest.raises(frame.FrameError, match="more than a slot"):  # so no frame may exceed a slot
-            ts[0].lend = shm.ShmTransport.lend.__get__(ts[0])
             ts[0].lend(1, hdr(0, 1, 0, ts[0].slot_bytes + 64), torch.ones(8, dtype=torch.uint8))
             ts[1].recv(0)
     finally:

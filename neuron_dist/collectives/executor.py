@@ -250,8 +250,8 @@ class Execution:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
             self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
-            if self.lending and sends and recvs:
-                self._lend_safe = not self._overlap(sends, recvs)
+            if self.lending:
+                self._lend_safe = not (sends and recvs and self._overlap(sends, recvs))
             if sends:
                 self.round_had_sends = True
             if sends or recvs:

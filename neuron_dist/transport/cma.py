@@ -2,10 +2,11 @@
 
 Why: a frame through a shared-memory slot is copied twice, into the slot by the sender and out
 of it by the receiver. For the collectives that only move data (all-gather, broadcast,
-all-to-all, gather, scatter) the shm transport can instead *lend* a frame: the slot carries the
-address of the sender's own bytes, the receiver copies them straight into its output with one
-kernel copy, and the sender's round waits until the receiver has released the slot (the
-transport's `unflushed`). Open MPI's smsc/cma component moves large messages the same way.
+all-to-all, gather, scatter) and point-to-point messages larger than the ring, the shm transport
+can instead *lend* a frame: the slot carries the address of the sender's own bytes, the receiver
+copies them straight into its output with one kernel copy, and the sender's op waits until the
+receiver has released the slot (the transport's `released`). Open MPI's smsc/cma component moves
+large messages the same way.
 
 Whether it pays depends on the host: on two earlier VMs the kernel's copy ran at half of
 `copy_`'s speed and lending lost (benchmarks/RESULTS.md, "Single-copy reads"); on the Xeon host
@@ -96,6 +97,3 @@ class Lent:
         out = torch.empty(self.nbytes // self.dtype.itemsize, dtype=self.dtype)
         self.read_into(out)
         return out
-
-    def view(self, dtype: torch.dtype) -> torch.Tensor:
-        return self.clone().view(dtype)

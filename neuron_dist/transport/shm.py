@@ -52,7 +52,7 @@ from collections import deque
 
 import torch
 
-from ..config import env_int
+from ..config import env, env_flag, env_int
 from . import cma, frame
 from .base import Transport, TransportContext, TransportError, process_dead
 
@@ -278,6 +278,8 @@ class ShmTransport(Transport):
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
         self.oversubscribed = len(self.peers) + 1 > ncpu
         self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
+        # single-copy lending, on unless set off (unset or empty: the default, as for the settings above)
+        self.lend_allowed = not (env("NEURON_DIST_SHM_LEND") or "").strip() or env_flag("NEURON_DIST_SHM_LEND")
         self.closed = False
         self._woken = False  # set by wake() (another thread of this rank): the next wait returns
         # the members of this transport, in one order every rank agrees on
@@ -314,12 +316,12 @@ class ShmTransport(Transport):
                 ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
                 for p in self.peers:
                     _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
-                views = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
+                records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
         finally:
             self._unlink()
-        views[self.rank] = self._probe_result
-        steps = {r: _lend_step(v) for r, v in views.items()}
-        no = [(r, views[r]) for r, b in sorted(steps.items()) if b is None]
+        records[self.rank] = self._probe_result
+        steps = {r: _lend_step(v) for r, v in records.items()}
+        no = [(r, records[r]) for r, b in sorted(steps.items()) if b is None]
         # the same answers on every rank, from the same records: whether to lend, and from
         # which step size (the largest any rank asked for)
         self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0
@@ -349,7 +351,7 @@ class ShmTransport(Transport):
     def _probe_lending(self) -> str:
         """"lend <bytes>" if lending is allowed here and this rank can read each peer's memory
         (the step size from which this rank would lend), else why not."""
-        if os.environ.get("NEURON_DIST_SHM_LEND", "1").strip() == "0":
+        if not self.lend_allowed:
             why = "NEURON_DIST_SHM_LEND=0"
         else:
             why = None
