@@ -721,8 +721,9 @@ def no_reference_cycles(rank, world):
 def lent_frames(rank, world):
     """Large frames of the collectives that only move data, which the shm transport lends (the
     receiver reads the sender's memory once, transport/cma.py), against a reference and Gloo:
-    every form, in place included, point-to-point messages larger than the ring (a shorter message
-    into a larger buffer, from any source), and nothing left lent afterwards."""
+    every form, in place included, the all-gather half of a ring all-reduce, point-to-point
+    messages larger than the ring (a shorter message into a larger buffer, from any source), and
+    nothing left lent afterwards."""
     t = dist.distributed_c10d._get_default_group().group.transport
     lending = bool(t.lend_bytes)
     if t.name == "shm" and world > 1 and not lending:  # only a failed probe or the setting turns it off
@@ -769,6 +770,31 @@ def lent_frames(rank, world):
         same(got, ins[rank], f"lent scatter {dtype}")
         checks += 6
     assert not lending or t.lent_frames > lent0, f"rank {rank}: lending is on but no collective frame was lent"
+    if world > 1:  # the ring all-reduce lends its all-gather half (marked steps; the reducing half is copied)
+        import os
+        lent_before_ar = getattr(t, "lent_frames", 0)
+        os.environ["NEURON_DIST_ALGO"] = "allreduce:ring"
+        try:
+            for dtype in (torch.float32, torch.bfloat16):
+                n = world * (LEND_STEP_OVERSUBSCRIBED // dtype.itemsize + 1001)
+                for op in ("sum", "avg", "max"):
+                    ins = [values(r, n, dtype, op, 26) for r in range(world)]
+                    x = ins[rank].clone()
+                    dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()))
+                    same(x, reference(ins, op, dtype), f"lent ring all_reduce {op} {dtype}")
+                    g = ins[rank].clone()
+                    if gloo_ran(lambda: dist.all_reduce(g, op=getattr(dist.ReduceOp, op.upper()), group=R.GLOO)):
+                        same(x, g, f"lent ring all_reduce {op} vs gloo {dtype}")
+                    checks += 1
+                ins = [values(r, n, dtype, "sum", 27) for r in range(world)]  # async: the buffer is
+                x = ins[rank].clone()                                          # lent until the wait ends
+                w = dist.all_reduce(x, async_op=True)
+                w.wait()
+                same(x, reference(ins, "sum", dtype), f"lent ring all_reduce async {dtype}")
+                checks += 1
+        finally:
+            del os.environ["NEURON_DIST_ALGO"]
+        assert not lending or t.lent_frames > lent_before_ar, f"rank {rank}: no all-reduce frame was lent"
     if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         m = 3 << 18  # 3 MiB of float32

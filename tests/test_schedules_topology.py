@@ -148,6 +148,28 @@ def test_count_mismatch_and_unreceived_reported():
         simulate([a, Schedule("x")], [np.zeros(2), np.zeros(2)], inplace=True)
 
 
+def test_lend_marks_pair_up():
+    """A step marked lendable is cut into the transport's lent frames at both ends, so a Send and
+    its Recv must carry the same mark; a reducing Recv reads through a copy and is never marked.
+    The ring all-reduce marks its all-gather half, and its schedules pair up at every size."""
+    a = Schedule("x").add(Send(1, Chunk(OUT, 0, 2), lend=True))
+    b = Schedule("x").add(Recv(0, Chunk(OUT, 0, 2)))
+    assert a.lends and not b.lends and Schedule("y").extend(a).lends
+    with pytest.raises(ScheduleError, match="recv lend=False from rank 0, whose send has lend=True"):
+        simulate([a, b], [np.zeros(2), np.zeros(2)], inplace=True)
+    with pytest.raises(ValueError, match="reducing recv"):
+        Recv(0, Chunk(OUT, 0, 2), reduce=True, lend=True)
+    from neuron_dist.collectives import ring
+    for n in (2, 3, 4):
+        order = list(range(n))[::-1]
+        scheds = [ring.allreduce(order, r, 10) for r in range(n)]
+        marked = [s for r in scheds[0].rounds for s in r if isinstance(s, (Send, Recv)) and s.lend]
+        assert scheds[0].lends and len(marked) == 2 * (n - 1)  # the all-gather half, each way
+        X = [np.arange(10.0) * (r + 1) for r in range(n)]
+        res = simulate(scheds, X, inplace=True)
+        assert all(np.array_equal(o, np.arange(10.0) * n * (n + 1) / 2) for o in res.outs)
+
+
 def test_simulate_torch_buffers():
     torch = pytest.importorskip("torch")
     topo = place("trn2", 1, 6)

@@ -538,3 +538,10 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
     assert [n for _, _, n in recvs[0][1]] == [n for n, _ in got]  # the receiver cuts the same frames
     (_, sends, _), = frame_plan(sched, 1, 512 * K)  # no lending: every step in slot frames, copied
     assert not any(lent for *_, lent in sends[0][1]) and max(n for _, _, n, _, _ in sends[0][1]) == 512 * K
+    # a collective whose other steps reduce (a ring all-reduce) lends only the steps marked lend,
+    # at both ends
+    marked = Schedule("t").add(Send(1, Chunk(IN, 0, 3 * M)), Send(1, Chunk(IN, 0, 3 * M), lend=True),
+                               Recv(1, Chunk(OUT, 0, 3 * M), reduce=True), Recv(1, Chunk(OUT, 0, 3 * M), lend=True))
+    (_, sends, recvs), = frame_plan(marked, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True)
+    assert [(n, lent) for _, _, n, _, lent in sends[0][1]] == [(512 * K, False)] * 6 + [(3 * M, True)]
+    assert [n for _, _, n in recvs[0][1]] == [512 * K] * 6 + [3 * M]

@@ -101,7 +101,8 @@ class Mailbox:
             self.held[peer] = (key, header, payload)
 
 
-def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0)) -> tuple:
+def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0),
+               marked_only: bool = False) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size, lending): per round,
     (local steps as (is_copy, src, dst), sends as ((peer, ((buf, element offset, elements, bytes,
     lent), ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...)).
@@ -109,18 +110,19 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
     `lend` = (elements per lent frame, bytes from which a step is lent, bytes from which a frame
     of such a step is lent): a step of at least the second is cut into lent-size frames, and
     those of at least the third are lent (a shorter tail is copied: it fits a slot); smaller
-    steps are cut at `frame_elems` and copied. A step's sender and receiver move the same
-    number of elements, so both cut it alike."""
-    key = (itemsize, frame_elems, lend)
+    steps are cut at `frame_elems` and copied. `marked_only`: only steps marked `lend` (a
+    collective whose other steps reduce); otherwise every step. A step's sender and receiver
+    move the same number of elements and carry the same mark, so both cut it alike."""
+    key = (itemsize, frame_elems, lend, marked_only)
     plan = schedule.plans.get(key)
     if plan is not None:
         return plan
     lend_elems, lend_from, lend_min = lend
 
-    def frames(count):  # (offset, n, lent) of `count` elements; one empty frame for 0
+    def frames(count, marked):  # (offset, n, lent) of `count` elements; one empty frame for 0
         if count == 0:
             return [(0, 0, False)]
-        if lend_elems and count * itemsize >= lend_from:
+        if lend_elems and (marked or not marked_only) and count * itemsize >= lend_from:
             return [(o, min(lend_elems, count - o), min(lend_elems, count - o) * itemsize >= lend_min)
                     for o in range(0, count, lend_elems)]
         return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
@@ -133,9 +135,10 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
         for s in steps:
             if isinstance(s, Send):
                 sends.setdefault(s.peer, []).extend(
-                    (s.src.buf, s.src.start + off, n, n * itemsize, lent) for off, n, lent in frames(s.src.count))
+                    (s.src.buf, s.src.start + off, n, n * itemsize, lent)
+                    for off, n, lent in frames(s.src.count, s.lend))
             elif isinstance(s, Recv):
-                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count))
+                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count, s.lend))
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = tuple(rounds)
@@ -176,17 +179,20 @@ class Execution:
         self.itemsize = itemsize = dtype.itemsize
         # lending (see transport/cma.py): large steps are cut into large frames the peer reads
         # from this process (frame_plan says which); the rest is copied through the transport
-        lend, t = (0, 0, 0), self.transport
+        lend, t, marked_only = (0, 0, 0), self.transport, False
         lend_bytes = getattr(t, "lend_bytes", 0)  # (duck-typed transports: none)
-        if lend_bytes and (stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes):
-            # (a message larger than what the ring holds already waits for its receiver, so
-            # lending it changes nothing a caller sees; the size rule is one both ends know)
-            lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min)
+        if lend_bytes:
+            if stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes:
+                # (a message larger than what the ring holds already waits for its receiver, so
+                # lending it changes nothing a caller sees; the size rule is one both ends know)
+                lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min)
+            elif schedule.lends:  # e.g. the all-gather half of a ring all-reduce
+                lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), True
         self.lending = bool(lend[0])
         self._lend_safe = True
         self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
         self.frame_elems = max(1, frame_bytes // itemsize)
-        self.rounds = frame_plan(schedule, itemsize, self.frame_elems, lend)
+        self.rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
         self._tviews = tmp_views
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}

@@ -35,23 +35,26 @@ def reduce_scatter_rounds(order: list[int], rank: int, blocks: list[tuple[int, i
     return s
 
 
-def all_gather_rounds(order: list[int], rank: int, blocks: list[tuple[int, int]], buf: int) -> Schedule:
-    """Given block `rank` of `buf`, after these n-1 rounds every block of `buf` is filled."""
+def all_gather_rounds(order: list[int], rank: int, blocks: list[tuple[int, int]], buf: int,
+                      lend: bool = False) -> Schedule:
+    """Given block `rank` of `buf`, after these n-1 rounds every block of `buf` is filled.
+    lend=True marks the steps lendable (for a collective whose other steps reduce)."""
     n, p, nxt, prv = _positions(order, rank)
     s = Schedule("ring")
     for step in range(n - 1):
         send_b = order[(p - step) % n]
         recv_b = order[(p - step - 1) % n]
         sb, rb = blocks[send_b], blocks[recv_b]
-        s.add(Send(nxt, Chunk(buf, sb[0], sb[1])), Recv(prv, Chunk(buf, rb[0], rb[1])))
+        s.add(Send(nxt, Chunk(buf, sb[0], sb[1]), lend=lend), Recv(prv, Chunk(buf, rb[0], rb[1]), lend=lend))
     return s
 
 
 def allreduce(order: list[int], rank: int, count: int) -> Schedule:
-    """In place on OUT (IN is OUT): reduce-scatter then all-gather, 2(n-1) rounds."""
+    """In place on OUT (IN is OUT): reduce-scatter then all-gather, 2(n-1) rounds. The
+    all-gather half only copies, so its steps may be lent (one copy instead of two)."""
     blocks = split(count, len(order))
     s = reduce_scatter_rounds(order, rank, blocks, OUT, OUT)
-    s.extend(all_gather_rounds(order, rank, blocks, OUT))
+    s.extend(all_gather_rounds(order, rank, blocks, OUT, lend=True))
     s.algorithm = "ring"
     return s
 

@@ -41,21 +41,29 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class Send:
+    """Send `src` to `peer`. lend=True: the receiver only copies it (its Recv says lend=True too),
+    so a transport that lends (single-copy, transport/cma.py) may let the peer read it in place;
+    collectives that only move data lend every step without marks."""
     peer: int
     src: Chunk
+    lend: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming)."""
+    """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming).
+    lend=True pairs with the matching Send's: both ends cut the step into frames alike."""
     peer: int
     dst: Chunk
     reduce: bool = False
     base: Chunk | None = None
+    lend: bool = False
 
     def __post_init__(self):
         if self.base is not None and (not self.reduce or self.base.count != self.dst.count):
             raise ValueError(f"bad recv base {self}")
+        if self.lend and self.reduce:
+            raise ValueError(f"a reducing recv reads its frames through a copy, not lent: {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,8 @@ class Schedule:
     algorithm: str
     rounds: list[tuple[Step, ...]] = field(default_factory=list)
     tmp_count: int = 0
+    # whether some Send/Recv is marked lend=True (executors then plan lending for those steps)
+    lends: bool = False
     # executors' precomputed frame plans, per (itemsize, frame size): a schedule reused for many
     # calls (cached per argument set) is cut into frames once
     plans: dict = field(default_factory=dict, compare=False, repr=False)
@@ -97,12 +107,14 @@ class Schedule:
         if steps:
             self.rounds.append(tuple(steps))
             self.plans.clear()
+            self.lends = self.lends or any(getattr(s, "lend", False) for s in steps)
         return self
 
     def extend(self, other: "Schedule") -> "Schedule":
         self.plans.clear()
         self.rounds.extend(other.rounds)
         self.tmp_count = max(self.tmp_count, other.tmp_count)
+        self.lends = self.lends or other.lends
         return self
 
     def peers(self) -> set[int]:

@@ -82,7 +82,7 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
             if isinstance(s, Send):
                 if not 0 <= s.peer < n or s.peer == r:
                     raise ScheduleError(f"rank {r} round {pc[r]}: send to bad peer {s.peer}")
-                queues.setdefault((r, s.peer), deque()).append(_copy(view(r, s.src)))
+                queues.setdefault((r, s.peer), deque()).append((_copy(view(r, s.src)), s.lend))
                 transfers.append((r, s.peer, s.src.count * itemsize))
             elif isinstance(s, Recv):
                 if not 0 <= s.peer < n or s.peer == r:
@@ -108,10 +108,13 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
                     blocked_peers.add(s.peer)
                     keep.append(s)
                     continue
-                data = q.popleft()
+                data, lend = q.popleft()
                 if len(data) != s.dst.count:
                     raise ScheduleError(f"rank {r} round {pc[r]}: receives {s.dst.count} elements "
                                         f"from rank {s.peer}, which sent {len(data)}")
+                if lend != s.lend:  # the two ends would cut the step into different frames
+                    raise ScheduleError(f"rank {r} round {pc[r]}: recv lend={s.lend} from rank "
+                                        f"{s.peer}, whose send has lend={lend}")
                 d = view(r, s.dst)
                 if s.reduce:
                     b = view(r, s.base) if s.base is not None else d
