@@ -770,31 +770,39 @@ def lent_frames(rank, world):
         same(got, ins[rank], f"lent scatter {dtype}")
         checks += 6
     assert not lending or t.lent_frames > lent0, f"rank {rank}: lending is on but no collective frame was lent"
-    if world > 1:  # the ring all-reduce lends its all-gather half (marked steps; the reducing half is copied)
+    if world > 1:  # all-reduces lend the steps that only copy (marked by their builders): the ring's and
+        # the torus' all-gather half, the direct schedule's whole vectors (received into scratch,
+        # reduced after), the recursive-doubling answer to a folded-in rank (world 3)
         import os
-        lent_before_ar = getattr(t, "lent_frames", 0)
-        os.environ["NEURON_DIST_ALGO"] = "allreduce:ring"
         try:
-            for dtype in (torch.float32, torch.bfloat16):
-                n = world * (LEND_STEP_OVERSUBSCRIBED // dtype.itemsize + 1001)
-                for op in ("sum", "avg", "max"):
-                    ins = [values(r, n, dtype, op, 26) for r in range(world)]
-                    x = ins[rank].clone()
-                    dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()))
-                    same(x, reference(ins, op, dtype), f"lent ring all_reduce {op} {dtype}")
-                    g = ins[rank].clone()
-                    if gloo_ran(lambda: dist.all_reduce(g, op=getattr(dist.ReduceOp, op.upper()), group=R.GLOO)):
-                        same(x, g, f"lent ring all_reduce {op} vs gloo {dtype}")
+            for algo in ("ring", "direct", "rdh", "torus"):
+                os.environ["NEURON_DIST_ALGO"] = f"allreduce:{algo}"
+                lent_before_ar = getattr(t, "lent_frames", 0)
+                for dtype in (torch.float32, torch.bfloat16):
+                    n = world * (LEND_STEP_OVERSUBSCRIBED // dtype.itemsize + 1001)
+                    for op in (("sum", "avg", "max") if algo == "ring" else ("sum",)):
+                        ins = [values(r, n, dtype, op, 26) for r in range(world)]
+                        x = ins[rank].clone()
+                        dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()))
+                        same(x, reference(ins, op, dtype), f"lent {algo} all_reduce {op} {dtype}")
+                        g = ins[rank].clone()
+                        if gloo_ran(lambda: dist.all_reduce(g, op=getattr(dist.ReduceOp, op.upper()), group=R.GLOO)):
+                            same(x, g, f"lent {algo} all_reduce {op} vs gloo {dtype}")
+                        checks += 1
+                    ins = [values(r, n, dtype, "sum", 27) for r in range(world)]  # async: the buffer
+                    x = ins[rank].clone()                                          # is lent until the wait
+                    w = dist.all_reduce(x, async_op=True)
+                    w.wait()
+                    same(x, reference(ins, "sum", dtype), f"lent {algo} all_reduce async {dtype}")
                     checks += 1
-                ins = [values(r, n, dtype, "sum", 27) for r in range(world)]  # async: the buffer is
-                x = ins[rank].clone()                                          # lent until the wait ends
-                w = dist.all_reduce(x, async_op=True)
-                w.wait()
-                same(x, reference(ins, "sum", dtype), f"lent ring all_reduce async {dtype}")
-                checks += 1
+                if lending and algo in ("ring", "direct"):  # every rank lends
+                    assert t.lent_frames > lent_before_ar, f"rank {rank}: no frame of a {algo} all-reduce was lent"
+                if lending and algo == "rdh" and world == 3:  # the rank that folded one in lends it the answer
+                    lent = torch.tensor([t.lent_frames - lent_before_ar])
+                    dist.all_reduce(lent, group=R.GLOO)
+                    assert lent.item() > 0, f"rank {rank}: no frame of the rdh all-reduce was lent"
         finally:
             del os.environ["NEURON_DIST_ALGO"]
-        assert not lending or t.lent_frames > lent_before_ar, f"rank {rank}: no all-reduce frame was lent"
     if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         m = 3 << 18  # 3 MiB of float32

@@ -167,14 +167,14 @@ def allreduce(rank: int, n: int, count: int, eager_count: int = 0) -> Schedule:
         if count <= eager_count:
             return Schedule("direct").add(Send(peer, whole)).add(Recv(peer, whole, reduce=True))
         theirs = Chunk(TMP, 0, count)
-        return (Schedule("direct", tmp_count=count)
-                .add(Send(peer, whole), Recv(peer, theirs))
+        return (Schedule("direct", tmp_count=count)  # (received as a copy: lendable)
+                .add(Send(peer, whole, lend=True), Recv(peer, theirs, lend=True))
                 .add(LocalReduce(theirs, whole)))
     s = Schedule("direct", tmp_count=count * n)
     slot = lambda r: Chunk(TMP, r * count, count)
     s.add(Copy(whole, slot(rank)),
-          *[Send(r, whole) for r in range(n) if r != rank],
-          *[Recv(r, slot(r)) for r in range(n) if r != rank])
+          *[Send(r, whole, lend=True) for r in range(n) if r != rank],
+          *[Recv(r, slot(r), lend=True) for r in range(n) if r != rank])
     s.add(Copy(slot(0), whole), *[LocalReduce(slot(r), whole) for r in range(1, n)])
     return s
 

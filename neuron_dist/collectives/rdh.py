@@ -26,7 +26,7 @@ def rdh_allreduce(rank: int, order: Sequence[int], count: int) -> Schedule:
     extra = P - P2
     if pos >= P2:                                   # fold in, wait for the answer
         partner = order[pos - P2]
-        return sched.add(Send(partner, data)).add(Recv(partner, data))
+        return sched.add(Send(partner, data)).add(Recv(partner, data, lend=True))  # the answer: a copy
     if pos < extra:
         sched.add(Recv(order[pos + P2], data, reduce=True))
     k = 1
@@ -35,7 +35,7 @@ def rdh_allreduce(rank: int, order: Sequence[int], count: int) -> Schedule:
         sched.add(Copy(data, tmp), Send(partner, tmp), Recv(partner, data, reduce=True))
         k <<= 1
     if pos < extra:
-        sched.add(Send(order[pos + P2], data))
+        sched.add(Send(order[pos + P2], data, lend=True))
     return sched
 
 

@@ -52,14 +52,15 @@ def rs_ring(pos: int, line: Sequence[int], blocks: Blocks, direction: int = 1,
 
 
 def ag_ring(pos: int, line: Sequence[int], blocks: Blocks, direction: int = 1) -> list[tuple]:
-    """Rounds of a ring all-gather on `line`: block `pos` is this rank's, afterwards all are."""
+    """Rounds of a ring all-gather on `line`: block `pos` is this rank's, afterwards all are.
+    Its steps only copy, so they are marked lendable (for an all-reduce's all-gather half)."""
     p = len(line)
     nxt, prv = line[(pos + direction) % p], line[(pos - direction) % p]
     rounds = []
     for s in range(p - 1):
         sb, rb = (pos - direction * s) % p, (pos - direction * (s + 1)) % p
-        rounds.append(tuple([Send(nxt, c) for c in blocks[sb] if c.count] +
-                            [Recv(prv, c) for c in blocks[rb] if c.count]))
+        rounds.append(tuple([Send(nxt, c, lend=True) for c in blocks[sb] if c.count] +
+                            [Recv(prv, c, lend=True) for c in blocks[rb] if c.count]))
     return rounds
 
 
