@@ -149,7 +149,8 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
 _P2P = int(Kind.P2P)
 # collectives whose receives only copy: their frames may be lent (transport.lend_bytes), every
 # rank then cutting them at that size (the kind, unlike one rank's schedule, is the same on all);
-# and point-to-point messages larger than the transport's eager_bytes
+# point-to-point messages larger than the transport's eager_bytes; and in other collectives the
+# steps whose Send and Recv are both marked `lend` (a step's two ends carry the same mark)
 _LENDABLE = frozenset(int(k) for k in (Kind.ALLGATHER, Kind.BROADCAST, Kind.GATHER, Kind.SCATTER, Kind.ALLTOALL))
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 

@@ -21,7 +21,8 @@ sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a s
 doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
 1 ms, so a wake-up lost to store/load reordering costs at most that.
 
-Lending. For the collectives that only move data, and point-to-point messages larger than the
+Lending. For the collectives that only move data, the steps of others that only copy (marked
+`lend` in their schedules), and point-to-point messages larger than the
 ring (`eager_bytes`), the executor may `lend` a frame instead of sending it (see `cma.py`): the
 slot then holds the header and, in the slot header's last 8 bytes, the address of the sender's
 bytes; the receiver gets a `cma.Lent` from `recv` and reads them straight into place. The sender
