@@ -529,19 +529,25 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
     K, M = 1 << 10, 1 << 20
     sizes = (100 * K, M, 3 * M, 8 * M + 100 * K, 8 * M + 300 * K)
     sched = Schedule("t").add(*[Send(1, Chunk(IN, 0, n)) for n in sizes], *[Recv(1, Chunk(OUT, 0, n)) for n in sizes])
-    (_, sends, recvs), = frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K))
+    plan = frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K))
+    (_, sends, recvs), = plan
+    assert plan.lends  # (an executor checks rounds for in-place lending only where a plan lends)
     got = [(n, lent) for _, _, n, _, lent in sends[0][1]]
     assert got == [(100 * K, False), (512 * K, False), (512 * K, False),  # under 2 MiB: slot frames
                    (3 * M, True),                                           # one lent frame
                    (4 * M, True), (4 * M, True), (100 * K, False),          # a short tail is copied
                    (4 * M, True), (4 * M, True), (300 * K, True)]
     assert [n for _, _, n in recvs[0][1]] == [n for n, _ in got]  # the receiver cuts the same frames
-    (_, sends, _), = frame_plan(sched, 1, 512 * K)  # no lending: every step in slot frames, copied
+    plan = frame_plan(sched, 1, 512 * K)  # no lending: every step in slot frames, copied
+    (_, sends, _), = plan
     assert not any(lent for *_, lent in sends[0][1]) and max(n for _, _, n, _, _ in sends[0][1]) == 512 * K
+    assert not plan.lends and not frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True).lends
     # a collective whose other steps reduce (a ring all-reduce) lends only the steps marked lend,
     # at both ends
     marked = Schedule("t").add(Send(1, Chunk(IN, 0, 3 * M)), Send(1, Chunk(IN, 0, 3 * M), lend=True),
                                Recv(1, Chunk(OUT, 0, 3 * M), reduce=True), Recv(1, Chunk(OUT, 0, 3 * M), lend=True))
-    (_, sends, recvs), = frame_plan(marked, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True)
+    plan = frame_plan(marked, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True)
+    (_, sends, recvs), = plan
+    assert plan.lends
     assert [(n, lent) for _, _, n, _, lent in sends[0][1]] == [(512 * K, False)] * 6 + [(3 * M, True)]
     assert [n for _, _, n in recvs[0][1]] == [512 * K] * 6 + [3 * M]

@@ -141,9 +141,16 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                 recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count, s.lend))
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
-    plan = tuple(rounds)
+    plan = Plan(rounds)
+    plan.lends = any(lent for _, sends, _ in rounds for _, q in sends for *_, lent in q)
     schedule.plans[key] = plan
     return plan
+
+
+class Plan(tuple):
+    """frame_plan's rounds, and `lends`: whether any frame of them is lent (a plan that lends
+    none runs without the per-round in-place check)."""
+    lends = False
 
 
 _P2P = int(Kind.P2P)
@@ -189,11 +196,11 @@ class Execution:
                 lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min)
             elif schedule.lends:  # e.g. the all-gather half of a ring all-reduce
                 lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), True
-        self.lending = bool(lend[0])
+        self.frame_elems = max(1, frame_bytes // itemsize)
+        self.rounds = rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
+        self.lending = rounds.lends
         self._lend_safe = True
         self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
-        self.frame_elems = max(1, frame_bytes // itemsize)
-        self.rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
         self._tviews = tmp_views
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
