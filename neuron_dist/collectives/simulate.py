@@ -4,7 +4,9 @@ Honours the round semantics of `schedule.py`: a round's local steps run first, t
 post their slices (as they stand then) to per-(src, dst) FIFO queues and its receives complete
 in order as matching messages arrive. A rank blocked on a receive whose message has not been sent
 yet waits; when no rank can move and some have not finished, `Deadlock` names every waiting
-rank, its round and the peer it waits on. Every message is recorded as (src, dst, bytes).
+rank, its round and the peer it waits on. Every message is recorded as (src, dst, bytes). A
+receive that disagrees with its send on the count, or on the `lend` mark (the two ends would
+cut the step into different frames), is a `ScheduleError`.
 """
 from __future__ import annotations
 
