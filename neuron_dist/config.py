@@ -64,9 +64,12 @@ _OFF = ("", "0", "false", "off", "no")
 _ON = ("1", "true", "on", "yes")
 
 
-def env_flag(name: str) -> bool:
-    """A switch: 1/true/on/yes or 0/false/off/no (unset: off); anything else is an error."""
+def env_flag(name: str, default: bool = False) -> bool:
+    """A switch: 1/true/on/yes or 0/false/off/no (unset or empty: `default`); anything else is
+    an error."""
     raw = (env(name) or "").strip().lower()
+    if not raw:
+        return default
     if raw in _OFF:
         return False
     if raw in _ON:

@@ -17,6 +17,15 @@ def test_env_flag(monkeypatch, value, on):
     assert config.env_flag("ND_TEST_FLAG") is on
 
 
+@pytest.mark.parametrize("value, on", [(None, True), ("", True), ("  ", True), ("0", False), ("no", False), ("1", True)])
+def test_env_flag_default_applies_only_when_unset_or_empty(monkeypatch, value, on):
+    if value is None:
+        monkeypatch.delenv("ND_TEST_FLAG", raising=False)
+    else:
+        monkeypatch.setenv("ND_TEST_FLAG", value)
+    assert config.env_flag("ND_TEST_FLAG", default=True) is on
+
+
 def test_env_flag_rejects_other_values(monkeypatch):
     monkeypatch.setenv("ND_TEST_FLAG", "maybe")
     with pytest.raises(ValueError, match="ND_TEST_FLAG='maybe'"):

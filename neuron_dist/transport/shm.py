@@ -53,7 +53,7 @@ from collections import deque
 
 import torch
 
-from ..config import env, env_flag, env_int
+from ..config import env_flag, env_int
 from . import cma, frame
 from .base import Transport, TransportContext, TransportError, process_dead
 
@@ -279,8 +279,8 @@ class ShmTransport(Transport):
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
         self.oversubscribed = len(self.peers) + 1 > ncpu
         self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
-        # single-copy lending, on unless set off (unset or empty: the default, as for the settings above)
-        self.lend_allowed = not (env("NEURON_DIST_SHM_LEND") or "").strip() or env_flag("NEURON_DIST_SHM_LEND")
+        # single-copy lending, on unless set off
+        self.lend_allowed = env_flag("NEURON_DIST_SHM_LEND", default=True)
         self.closed = False
         self._woken = False  # set by wake() (another thread of this rank): the next wait returns
         # the members of this transport, in one order every rank agrees on
