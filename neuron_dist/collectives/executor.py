@@ -190,12 +190,13 @@ class Execution:
         lend, t, marked_only = (0, 0, 0), self.transport, False
         lend_bytes = getattr(t, "lend_bytes", 0)  # (duck-typed transports: none)
         if lend_bytes:
-            if stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes:
-                # (a message larger than what the ring holds already waits for its receiver, so
-                # lending it changes nothing a caller sees; the size rule is one both ends know)
-                lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min)
-            elif schedule.lends:  # e.g. the all-gather half of a ring all-reduce
-                lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), True
+            # every step of a collective that only moves data, and of a point-to-point message
+            # larger than what the ring holds (it already waits for its receiver, so lending it
+            # changes nothing a caller sees; the size rule is one both ends know); elsewhere the
+            # steps the schedule marks (e.g. the all-gather half of a ring all-reduce)
+            every = stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes
+            if every or schedule.lends:
+                lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), not every
         self.frame_elems = max(1, frame_bytes // itemsize)
         self.rounds = rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
         self.lending = rounds.lends
