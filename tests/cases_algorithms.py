@@ -3,28 +3,11 @@ NEURON_DIST_ALGO, on real processes, on the default placement and on a 2-node pl
 (ranks of one host told they sit on two modelled nodes)."""
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
-
 import torch
 import torch.distributed as dist
 
-from rankctx import reference, same, values
+from rankctx import env, reference, same, values
 from neuron_dist.collectives.algorithms import algorithms_for
-
-
-@contextmanager
-def env(**kv):
-    old = {k: os.environ.get(k) for k in kv}
-    os.environ.update({k: str(v) for k, v in kv.items()})
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _run_all(rank, world, group, tag):

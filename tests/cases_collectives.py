@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import rankctx as R
-from rankctx import DTYPES, c10d_op, factor, gloo_ran, ops_for, reference, same, values
+from rankctx import DTYPES, c10d_op, env, factor, gloo_ran, ops_for, reference, same, values
 
 COUNTS = (0, 1, 7, 1003)
 BIG = 300_001  # > one 512 KiB frame in fp32: exercises pipelined frames
@@ -773,11 +773,9 @@ def lent_frames(rank, world):
     if world > 1:  # all-reduces lend the steps that only copy (marked by their builders): the ring's and
         # the torus' all-gather half, the direct schedule's whole vectors (received into scratch,
         # reduced after), the recursive-doubling answer to a folded-in rank (world 3)
-        import os
-        try:
-            for algo in ("ring", "direct", "rdh", "torus"):
-                os.environ["NEURON_DIST_ALGO"] = f"allreduce:{algo}"
-                lent_before_ar = getattr(t, "lent_frames", 0)
+        for algo in ("ring", "direct", "rdh", "torus"):
+            lent_before_ar = getattr(t, "lent_frames", 0)
+            with env(NEURON_DIST_ALGO=f"allreduce:{algo}"):
                 for dtype in (torch.float32, torch.bfloat16):
                     n = world * (LEND_STEP_OVERSUBSCRIBED // dtype.itemsize + 1001)
                     for op in (("sum", "avg", "max") if algo == "ring" else ("sum",)):
@@ -795,14 +793,12 @@ def lent_frames(rank, world):
                     w.wait()
                     same(x, reference(ins, "sum", dtype), f"lent {algo} all_reduce async {dtype}")
                     checks += 1
-                if lending and algo in ("ring", "direct"):  # every rank lends
-                    assert t.lent_frames > lent_before_ar, f"rank {rank}: no frame of a {algo} all-reduce was lent"
-                if lending and algo == "rdh" and world == 3:  # the rank that folded one in lends it the answer
-                    lent = torch.tensor([t.lent_frames - lent_before_ar])
-                    dist.all_reduce(lent, group=R.GLOO)
-                    assert lent.item() > 0, f"rank {rank}: no frame of the rdh all-reduce was lent"
-        finally:
-            del os.environ["NEURON_DIST_ALGO"]
+            if lending and algo in ("ring", "direct"):  # every rank lends
+                assert t.lent_frames > lent_before_ar, f"rank {rank}: no frame of a {algo} all-reduce was lent"
+            if lending and algo == "rdh" and world == 3:  # the rank that folded one in lends it the answer
+                lent = torch.tensor([t.lent_frames - lent_before_ar])
+                dist.all_reduce(lent, group=R.GLOO)
+                assert lent.item() > 0, f"rank {rank}: no frame of the rdh all-reduce was lent"
     if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         m = 3 << 18  # 3 MiB of float32
@@ -830,14 +826,12 @@ def lent_frames(rank, world):
     if world >= 4:  # a large isend lent to a rank that posts its receive only after a ring
         # collective in which it never reads from the sender: the sender's collective must not wait
         # for that frame (each op watches its own lent frames, not the transport's)
-        import os
         order = dist.distributed_c10d._get_default_group().group.order
         sender, target = order[0], order[2]  # two apart on the ring: neither reads from the other
         big = values(sender, 3 << 18, torch.float32, "sum", 25)
         small = torch.full((4099,), float(rank))
         flat = torch.empty(world * 4099)
-        os.environ["NEURON_DIST_ALGO"] = "allgather:ring"
-        try:
+        with env(NEURON_DIST_ALGO="allgather:ring"):
             w = dist.isend(big, target, tag=8) if rank == sender else None
             dist.all_gather_into_tensor(flat, small)
             if rank == target:
@@ -846,8 +840,6 @@ def lent_frames(rank, world):
                 same(got, big, "lent isend behind a ring collective")
             if w is not None:
                 w.wait()
-        finally:
-            del os.environ["NEURON_DIST_ALGO"]
         same(flat, torch.cat([torch.full((4099,), float(r)) for r in range(world)]), "ring all-gather beside it")
         checks += 1
     dist.barrier()

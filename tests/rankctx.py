@@ -2,6 +2,9 @@
 every rank can regenerate for every other rank, and a float64/int64 reference reduction."""
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 
@@ -17,6 +20,22 @@ OPS = {
     "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX, "band": dist.ReduceOp.BAND,
     "bor": dist.ReduceOp.BOR, "bxor": dist.ReduceOp.BXOR,
 }
+
+
+@contextmanager
+def env(**kv):
+    """Set environment variables for the block (e.g. NEURON_DIST_ALGO to force an algorithm),
+    then restore what was there."""
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update({k: str(v) for k, v in kv.items()})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def ops_for(dtype: torch.dtype) -> list[str]:
