@@ -265,7 +265,7 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
 
 _MAX_TAG = 2**31 - 1  # c10d's `int tag`
 _PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
-_KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan
+_KEEP_SCRATCH = int(__import__("os").environ.get("KS", 64 << 10))  # scratch buffers up to this size are kept with their plan
 
 
 class _Plan:
@@ -279,16 +279,18 @@ class _Plan:
         self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
         self.tag = tag  # the frames' argument checksum (debug.call_tag of kind and desc)
 
-    def scratch(self, sched: Schedule, dtype: torch.dtype) -> torch.Tensor | None:
-        """The schedule's TMP buffer. A small one is kept for the next call with these arguments:
-        a group runs one collective at a time, so no two executions of a plan overlap."""
+    def scratch(self, sched: Schedule, dtype: torch.dtype, g: Group) -> torch.Tensor | None:
+        """The schedule's TMP buffer. A small one is kept for the next call with these arguments,
+        with the views cut from it: a group runs one collective at a time, so no two executions
+        of a plan overlap. A larger one is the group's shared scratch (collectives/scratch.py)."""
         if not sched.tmp_count:
             return None
         tmp = self._tmp
         if tmp is None:
-            tmp = torch.empty(sched.tmp_count, dtype=dtype)
-            if sched.tmp_count * tmp.element_size() <= _KEEP_SCRATCH:
-                self._tmp, self.tmp_views = tmp, {}
+            if sched.tmp_count * dtype.itemsize > _KEEP_SCRATCH:
+                return g.scratch.take(sched.tmp_count, dtype)
+            tmp = self._tmp = torch.empty(sched.tmp_count, dtype=dtype)
+            self.tmp_views = {}
         return tmp
 
     def schedule(self, g: Group) -> Schedule:
@@ -395,7 +397,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 if replaced is not None:
                     src = replaced
             sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            tmp = plan.scratch(sched, dtype)
+            tmp = plan.scratch(sched, dtype, g)
             return g.execution(op, sched, [src, out, tmp], plan.reduce, dtype, plan.tag,
                                plan.tmp_views if tmp is not None and tmp is plan._tmp else None)
 

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from .collectives.executor import Execution, Mailbox, Stamp
 from .collectives.schedule import Schedule
+from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
@@ -283,6 +284,7 @@ class Group(HangDiagnosis):
         from . import debug
         debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
         self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
+        self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
         try:  # a bad placement setting is published to the peers below, so they fail with it at once
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:
@@ -837,6 +839,7 @@ class Group(HangDiagnosis):
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first
+        self.scratch.clear()  # (an op still running keeps its own view of it)
         LIVE.discard(self)
         self._deaths.close()
         if not abort:

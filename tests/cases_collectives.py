@@ -718,6 +718,74 @@ def no_reference_cycles(rank, world):
     return 1
 
 
+def kept_scratch(rank, world):
+    """The group's shared scratch buffer (collectives/scratch.py), which every collective whose
+    schedule receives into scratch now reuses instead of allocating per call: results stay
+    exact through growing and shrinking sizes and changing dtypes, across algorithms, with many
+    async calls queued on it at once, and past the size limit (a buffer of the call's own); and
+    the buffer is kept (the same memory from call to call) within its limit."""
+    pg = dist.distributed_c10d._get_default_group()
+    scratch = pg.group.scratch
+    checks = 0
+    forms = (("allreduce", "direct"), ("allreduce", "rdh"), ("reduce_scatter", "ring"), ("reduce_scatter", "direct"))
+    for collective, algo in forms:
+        with env(NEURON_DIST_ALGO=f"{collective}:{algo}"):
+            for count, dtype in ((70_001, torch.float32), (300_001, torch.bfloat16), (40_001, torch.float64),
+                                 (300_001, torch.float32)):
+                ins = [values(r, count * world, dtype, "sum", 31) for r in range(world)]
+                want = reference(ins, "sum", dtype)
+                if collective == "allreduce":
+                    x = ins[rank].clone()
+                    dist.all_reduce(x)
+                    got, g = x, ins[rank].clone()
+                    ran = gloo_ran(lambda: dist.all_reduce(g, group=R.GLOO))
+                else:
+                    want = want[rank * count:(rank + 1) * count]
+                    got, g = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+                    dist.reduce_scatter_tensor(got, ins[rank])
+                    ran = gloo_ran(lambda: dist.reduce_scatter_tensor(g, ins[rank], group=R.GLOO))
+                same(got, want, f"{algo} {collective} {dtype} n={count}")
+                if ran:
+                    same(got, g, f"{algo} {collective} vs gloo {dtype} n={count}")
+                checks += 1
+            # many calls queued on the one buffer at once, each with its own inputs
+            xs = [values(rank, 90_001 * world, torch.float32, "sum", 40 + i) for i in range(6)]
+            wants = [reference([values(r, 90_001 * world, torch.float32, "sum", 40 + i) for r in range(world)],
+                               "sum", torch.float32) for i in range(6)]
+            if collective == "allreduce":
+                works = [dist.all_reduce(x, async_op=True) for x in xs]
+                outs = xs
+            else:
+                outs = [torch.empty(90_001) for _ in xs]
+                works = [dist.reduce_scatter_tensor(o, x, async_op=True) for o, x in zip(outs, xs)]
+                wants = [w[rank * 90_001:(rank + 1) * 90_001] for w in wants]
+            for w in works:
+                w.wait()
+            for i, (o, w) in enumerate(zip(outs, wants)):
+                same(o, w, f"{algo} {collective} async #{i}")
+                checks += 1
+    if world > 1:  # (one rank's direct all-reduce needs no scratch)
+        with env(NEURON_DIST_ALGO="allreduce:direct"):
+            x = values(rank, 300_001, torch.float32, "sum", 32)
+            dist.all_reduce(x)
+            kept, ptr = scratch.kept_bytes, scratch._buf.data_ptr()
+            assert kept >= 300_001 * 4, f"rank {rank}: scratch keeps {kept} bytes after a 1.2 MB direct all-reduce"
+            dist.all_reduce(x)
+            assert scratch._buf.data_ptr() == ptr, f"rank {rank}: the scratch buffer was not reused"
+            limit, scratch.limit = scratch.limit, 1 << 20  # past the limit: a buffer of the call's own
+            try:
+                ins = [values(r, 400_001, torch.float32, "sum", 33) for r in range(world)]
+                x = ins[rank].clone()
+                dist.all_reduce(x)
+                same(x, reference(ins, "sum", torch.float32), "direct all_reduce past the scratch limit")
+                assert scratch._buf.data_ptr() == ptr and scratch.kept_bytes == kept, \
+                    f"rank {rank}: a call past the limit replaced the kept buffer"
+            finally:
+                scratch.limit = limit
+            checks += 1
+    return checks
+
+
 def lent_frames(rank, world):
     """Large frames of the collectives that only move data, which the shm transport lends (the
     receiver reads the sender's memory once, transport/cma.py), against a reference and Gloo:

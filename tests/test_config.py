@@ -147,3 +147,35 @@ def test_a_frame_above_what_a_receiver_accepts_is_refused_at_init(transport):
     p = _init_alone(NEURON_DIST_FRAME_BYTES=str((1 << 30) + 4096), NEURON_DIST_TRANSPORT=transport)
     assert p.returncode != 0, p.stdout + p.stderr
     assert f"NEURON_DIST_FRAME_BYTES='{(1 << 30) + 4096}' must be at most {1 << 30}" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_negative_scratch_limit_is_refused_at_init():
+    p = _init_alone(NEURON_DIST_SCRATCH_BYTES="-1")
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "NEURON_DIST_SCRATCH_BYTES='-1' must be at least 0" in p.stderr, p.stderr[-2000:]
+
+
+def test_scratch_is_one_buffer_kept_within_its_limit():
+    """The collectives' shared scratch (collectives/scratch.py): one buffer, grown to a power of
+    two as calls need more, handed out viewed as the call's dtype; a call past the limit gets a
+    buffer of its own and leaves the kept one alone; limit 0 keeps nothing."""
+    import torch
+    from neuron_dist.collectives.scratch import Scratch
+    s = Scratch(4 << 20)
+    a = s.take(1000, torch.float32)
+    assert a.dtype == torch.float32 and a.numel() == 1000 and s.kept_bytes == 4096
+    b = s.take(500, torch.float64)  # fits: the same memory, another dtype
+    assert b.dtype == torch.float64 and b.numel() == 500 and b.data_ptr() == a.data_ptr()
+    c = s.take(3000, torch.bfloat16)  # 6000 bytes: grows to 8 KiB
+    assert s.kept_bytes == 8192 and c.numel() == 3000
+    c.fill_(1.5)
+    assert float(c.float().sum()) == 4500.0
+    big = s.take(5 << 20, torch.uint8)  # past the limit: its own buffer
+    assert big.numel() == 5 << 20 and s.kept_bytes == 8192 and big.data_ptr() != c.data_ptr()
+    s.take(3 << 20, torch.uint8)  # grows, capped at the limit
+    assert s.kept_bytes == 4 << 20
+    s.clear()
+    assert s.kept_bytes == 0
+    none = Scratch(0)
+    none.take(10, torch.float32)
+    assert none.kept_bytes == 0
