@@ -265,7 +265,7 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
 
 _MAX_TAG = 2**31 - 1  # c10d's `int tag`
 _PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
-_KEEP_SCRATCH = int(__import__("os").environ.get("KS", 64 << 10))  # scratch buffers up to this size are kept with their plan
+_KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan (larger: Group.scratch)
 
 
 class _Plan:

@@ -6,8 +6,8 @@ recursive doubling's and the torus' partial sums). Made afresh per call, a buffe
 few hundred KiB often came back from the kernel (whether depends on the process's heap, and
 changes from run to run), and the call then faulted every page in again, most of them inside the
 `process_vm_readv` of a lent frame: a default-policy 4 MiB all-reduce at two ranks, in the runs
-where that happened, took ~940 page faults and 4.3-4.5 ms per call against 1.5-2.3 ms without
-(benchmarks/RESULTS.md, "Nineteenth pass").
+where that happened, took 700-1,000 page faults and 4.0-5.3 ms per call; with the kept buffer no
+run faulted, and calls took 1.5-3.6 ms (benchmarks/RESULTS.md, "Nineteenth pass").
 
 Why one buffer per group is enough: a group runs one collective at a time (the engine admits
 the next only once the last is done), and a finished collective's buffers are no longer read by
