@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node 2 benchmarks/call_faults.py                      # all-reduce 1 and 4 MiB
     torchrun --nproc-per-node 2 benchmarks/call_faults.py --op reduce_scatter --sizes 1M,16M
+    torchrun --nproc-per-node 2 benchmarks/call_faults.py --op reduce_scatter --sizes 25M --reduce-op avg
 
 Prints, per size, the median over calls of the slowest rank's time, and rank 0's minor page
 faults per call (`getrusage`): a buffer the backend makes afresh per call and the kernel hands
@@ -27,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--op", choices=("allreduce", "reduce_scatter"), default="allreduce")
     ap.add_argument("--sizes", default="1M,4M", help="bytes of the (input) tensor, comma-separated")
+    ap.add_argument("--reduce-op", choices=("sum", "avg"), default="sum")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     a = ap.parse_args()
@@ -37,7 +39,9 @@ def main() -> None:
     for nbytes in map(size, a.sizes.split(",")):
         x = torch.ones(nbytes // 4)
         out = torch.empty(nbytes // 4 // world)
-        call = (lambda: dist.all_reduce(x)) if a.op == "allreduce" else (lambda: dist.reduce_scatter_tensor(out, x))
+        op = getattr(dist.ReduceOp, a.reduce_op.upper())
+        call = (lambda: dist.all_reduce(x, op=op)) if a.op == "allreduce" else \
+            (lambda: dist.reduce_scatter_single(out, x, op=op))
         for _ in range(a.warmup):
             dist.barrier(group=gloo)
             call()
@@ -53,7 +57,7 @@ def main() -> None:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=gloo)
         rows.append(f"{nbytes >> 10} KiB: {slowest.median().item() * 1e6:.0f} us, {faults:.0f} faults/call")
     if rank == 0:
-        print(f"{a.op} world {world}: " + "; ".join(rows), flush=True)
+        print(f"{a.op} {a.reduce_op} world {world}: " + "; ".join(rows), flush=True)
     dist.destroy_process_group()
 
 
