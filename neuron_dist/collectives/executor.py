@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 import torch
 
+from ..transport.bytecopy import copy_into
 from ..transport.cma import Lent
 from ..transport.frame import DEFAULT_FRAME_BYTES as FRAME_BYTES
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check, make_header
@@ -260,7 +261,7 @@ class Execution:
                 if is_copy:
                     s = view(src)
                     if s.data_ptr() != d.data_ptr():  # an in-place call (FSDP2's all-gather input
-                        d.copy_(s)                    # is its block of the output): nothing to copy
+                        copy_into(d, s)               # is its block of the output): nothing to copy
                 else:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
@@ -379,7 +380,7 @@ class Execution:
             base = dst if step.base is None else self.bufs[step.base.buf][step.base.start + off:step.base.start + off + n]
             self.reduce(dst, base, incoming)
         else:
-            dst.copy_(incoming)
+            copy_into(dst, incoming)
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)

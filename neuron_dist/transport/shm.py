@@ -55,6 +55,7 @@ import torch
 
 from ..config import env_flag, env_int
 from . import cma, frame
+from .bytecopy import copy_into
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -398,7 +399,7 @@ class ShmTransport(Transport):
             dst = cuts.get((n, dt))
             if dst is None:  # the slot viewed as the payload's dtype: copy_ then moves raw bytes
                 dst = _cut(cuts, body, n, dt)
-            dst.copy_(payload)
+            copy_into(dst, payload)
         self.blocked.discard(peer)
         head.value = h + 1
         self.head[peer] = h + 1
