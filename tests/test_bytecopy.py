@@ -39,8 +39,7 @@ def test_every_size_and_dtype_copies_exactly(moved, dtype):
         copy_into(dst, src)
         assert torch.equal(dst, src), (dtype, n)
         assert not whole[:3].any() and not whole[3 + n:].any(), f"{dtype} n={n}: wrote outside the slice"
-    big = [n for n in moved]
-    assert big == [MEMMOVE_FROM, MEMMOVE_FROM + 7 * size, 3 * MEMMOVE_FROM], big
+    assert moved == [MEMMOVE_FROM, MEMMOVE_FROM + 7 * size, 3 * MEMMOVE_FROM], moved
 
 
 def test_only_plain_large_byte_copies_take_memmove(moved):

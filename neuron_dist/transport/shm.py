@@ -397,7 +397,7 @@ class ShmTransport(Transport):
         if n:
             dt = payload.dtype
             dst = cuts.get((n, dt))
-            if dst is None:  # the slot viewed as the payload's dtype: copy_ then moves raw bytes
+            if dst is None:  # the slot viewed as the payload's dtype: the copy then moves raw bytes
                 dst = _cut(cuts, body, n, dt)
             copy_into(dst, payload)
         self.blocked.discard(peer)
