@@ -6,26 +6,12 @@ lending on and off, interleaved:
     TAG="old lend=1" NEURON_DIST_TUNING=host NEURON_DIST_SHM_LEND=1 PYTHONPATH=<checkout> \
         torchrun --nproc-per-node 2 ab_w2.py
 """
-import os, sys, time, torch, torch.distributed as dist
-import neuron_dist
-torch.set_num_threads(1)
-cores = sorted(os.sched_getaffinity(0)); os.sched_setaffinity(0, {cores[int(os.environ["LOCAL_RANK"]) % len(cores)]})
-dist.init_process_group("neuron")
-gloo = dist.new_group(backend="gloo")
-rank, n = dist.get_rank(), dist.get_world_size()
-def loop(f, iters, reps=7):
-    f()
-    best = []
-    for _ in range(reps):
-        dist.barrier(group=gloo)
-        t = time.perf_counter()
-        for _ in range(iters): f()
-        best.append((time.perf_counter() - t) / iters)
-    T = torch.tensor(best, dtype=torch.float64); dist.all_reduce(T, op=dist.ReduceOp.MAX, group=gloo)
-    return T.median().item() * 1e3
+import os, torch, torch.distributed as dist
+from ab_common import loop, setup
+gloo, rank, n = setup()
 i = torch.ones((32 << 20) // 4 // n); o = torch.empty((32 << 20) // 4)
 x = torch.ones((16 << 20) // 4)
-r = [loop(lambda: dist.all_gather_into_tensor(o, i), 10), loop(lambda: dist.all_reduce(x), 10)]
+r = [loop(lambda: dist.all_gather_into_tensor(o, i), 10, gloo), loop(lambda: dist.all_reduce(x), 10, gloo)]
 if rank == 0:
     print(os.environ.get("TAG", ""), f"allgather 32M {r[0]:.2f} ms; allreduce 16M {r[1]:.2f} ms", flush=True)
 dist.destroy_process_group()
