@@ -22,6 +22,7 @@ from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op 
 from .collectives import reduce_ops
 from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
+from .collectives.select import choose as _choose_algorithm
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
 from .group import Group, _dtype_name, coll_log
@@ -349,7 +350,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None) -> NeuronWork:
-        if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+        on = debug._ENABLED  # (read at group creation; the call only when reset since)
+        if on or (on is None and debug.enabled()):  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
             debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm)
@@ -387,7 +389,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         has finished (AVG, copy-back). `name` replaces the collective's in the description;
         `detail` is added to its arguments (see _plan)."""
         g = self.group
-        algo = algorithm or g.choose(collective, nbytes)
+        algo = algorithm or _choose_algorithm(collective, nbytes, g)  # (Group.choose, one call fewer)
         plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
 
         def start(op: Op) -> Execution:
@@ -418,8 +420,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # allreduce(tensors, op); a type check, as hasattr would build a ReduceOp to test for one
         if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
-        t = _one(tensors, "allreduce", self._r)
-        return self._allreduce_flat([t], opts, "allreduce")
+        if len(tensors) != 1:
+            _one(tensors, "allreduce", self._r)
+        return self._allreduce_flat(tensors, opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
@@ -428,13 +431,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._allreduce_flat(tensors, opts, "allreduce_coalesced")
 
     def _allreduce_flat(self, tensors, opts, what):
+        r = self.group.rank
         for t in tensors:
-            _check_tensor(t, what, self._r, written=True)
-        dtype = _same_dtype(tensors, what, self._r)
+            _check_tensor(t, what, r, written=True)
+        dtype = tensors[0].dtype if len(tensors) == 1 else _same_dtype(tensors, what, r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
-        _check_op(op_name, dtype, what, self._r)
+        if (op_name, dtype) not in reduce_ops.CHECKED:  # (the per-call path: a set lookup, no call)
+            _check_op(op_name, dtype, what, r)
         if len(tensors) == 1 and tensors[0].is_contiguous():
-            buf, back = _flat(tensors[0]), None
+            t = tensors[0]
+            buf, back = t if t.dim() == 1 else t.view(-1), None
         else:
             buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
             back = tensors
@@ -550,14 +556,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
         """`whole` must hold world_size x `part` elements of the same dtype (all-gather's output
         and input, reduce-scatter's input and output)."""
-        _check_tensor(whole, what, self._r, written=whole_is == "output")
-        _check_tensor(part, what, self._r, written=part_is == "output")
-        n = self.group.size
+        r, n = self.group.rank, self.group.size
+        _check_tensor(whole, what, r, written=whole_is == "output")
+        _check_tensor(part, what, r, written=part_is == "output")
         if whole.numel() != part.numel() * n:
-            raise ValueError(f"[rank {self._r}] {what}: {whole_is} has {whole.numel()} elements, expected "
+            raise ValueError(f"[rank {r}] {what}: {whole_is} has {whole.numel()} elements, expected "
                              f"world_size ({n}) x {part_is} ({part.numel()}) = {n * part.numel()}")
         if whole.dtype != part.dtype:
-            raise ValueError(f"[rank {self._r}] {what}: {whole_is} dtype {whole.dtype} != {part_is} dtype {part.dtype}")
+            raise ValueError(f"[rank {r}] {what}: {whole_is} dtype {whole.dtype} != {part_is} dtype {part.dtype}")
 
     def _check_per_rank(self, tensors, ref, what: str, role: str, ref_role: str) -> None:
         """`tensors` must be one per rank, each with `ref`'s element count and dtype."""
@@ -822,8 +828,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
-        t = _one(tensors, "send", self._r)
-        _check_tensor(t, "send", self._r)
+        r = self.group.rank
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "send", r)
+        _check_tensor(t, "send", r)
         self._peer(dstRank, "send")
         self._tag(tag, "send")
         g, bufs, count = self.group, [_flat(t), None, None], t.numel()
@@ -852,8 +859,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _recv(self, tensors, peer, tag):
         """A receive from `peer` (None: any source) into the front of the tensor: a message
         shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
-        t = _one(tensors, "recv", self._r)
-        _check_tensor(t, "recv", self._r, written=True)
+        r = self.group.rank
+        t = tensors[0] if len(tensors) == 1 else _one(tensors, "recv", r)
+        _check_tensor(t, "recv", r, written=True)
         self._tag(tag, "recv")
         # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:
         # its current values, so that a shorter message leaves the rest of the tensor as it was

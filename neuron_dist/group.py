@@ -417,7 +417,8 @@ class Group(HangDiagnosis):
             if not p2p:
                 op.seq = self._seq
                 self._seq += 1
-                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
+                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes,
+                                   _DTYPE_NAMES.get(op.dtype) or _dtype_name(op.dtype), op.algorithm)
                 self.records.append(op.record)
             # an unmarked receive may wait on a send this caller has yet to issue: it only takes
             # what has already arrived here, and the engine waits for the rest
@@ -471,10 +472,6 @@ class Group(HangDiagnosis):
             self._active.append(op)
             self._cv.notify()
 
-    def stamp(self, op: Op, dtype: torch.dtype, tag: int) -> Stamp:
-        seq = op.nbytes if op.kind == _P2P else op.seq
-        return Stamp(op.kind, dtype, self.token, self.group_id, seq, tag)
-
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
                   tmp_views: dict | None = None, arrived: bool = False) -> Execution:
         """The op's Execution. `tag`: a send/recv's user tag; a collective's checksum of its
@@ -484,8 +481,9 @@ class Group(HangDiagnosis):
         exited since, its data delivered (no check that the peers are alive)."""
         if not arrived:
             self._deaths.check(self, op)
-        return Execution(schedule, bufs, reduce, self.stamp(op, dtype, tag), self.rank, self.mailbox,
-                         self.frame_bytes, tmp_views)
+        # the frames' stamp: a message's size stands in a send/recv's sequence field
+        stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
+        return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:

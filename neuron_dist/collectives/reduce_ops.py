@@ -34,16 +34,16 @@ def _fn(op: str, dtype: torch.dtype):
     return table.get(op)
 
 
-_CHECKED: set = set()                    # (op, dtype) pairs that passed check()
+CHECKED: set = set()  # (op, dtype) pairs that passed check(); callers on a hot path may test it first
 _REDUCERS: dict = {}                     # (op, dtype) -> Reducer
 
 
 def check(op: str, dtype: torch.dtype) -> None:
     """Raise ValueError for op/dtype pairs that have no meaning, before any byte moves."""
-    if (op, dtype) in _CHECKED:
+    if (op, dtype) in CHECKED:
         return
     _check(op, dtype)
-    _CHECKED.add((op, dtype))
+    CHECKED.add((op, dtype))
 
 
 def _check(op: str, dtype: torch.dtype) -> None:
