@@ -35,7 +35,7 @@ def _fn(op: str, dtype: torch.dtype):
 
 
 CHECKED: set = set()  # (op, dtype) pairs that passed check(); callers on a hot path may test it first
-_REDUCERS: dict = {}                     # (op, dtype) -> Reducer
+_REDUCERS: dict = {}  # (op, dtype) -> Reducer
 
 
 def check(op: str, dtype: torch.dtype) -> None:
