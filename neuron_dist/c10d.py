@@ -230,6 +230,8 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_op(op_name: str, dtype: torch.dtype, what: str, rank: int) -> None:
     """reduce_ops.check, its error naming the rank and the call as every argument error does."""
+    if (op_name, dtype) in reduce_ops.CHECKED:  # every call after the first of its kind
+        return
     try:
         reduce_ops.check(op_name, dtype)
     except ValueError as e:
@@ -350,8 +352,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None) -> NeuronWork:
-        on = debug._ENABLED  # (read at group creation; the call only when reset since)
-        if on or (on is None and debug.enabled()):  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+        if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
             debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm)
@@ -420,9 +421,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # allreduce(tensors, op); a type check, as hasattr would build a ReduceOp to test for one
         if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
-        if len(tensors) != 1:
-            _one(tensors, "allreduce", self._r)
-        return self._allreduce_flat(tensors, opts, "allreduce")
+        return self._allreduce_flat([_one(tensors, "allreduce", self.group.rank)], opts, "allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
@@ -434,13 +433,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         r = self.group.rank
         for t in tensors:
             _check_tensor(t, what, r, written=True)
-        dtype = tensors[0].dtype if len(tensors) == 1 else _same_dtype(tensors, what, r)
+        dtype = _same_dtype(tensors, what, r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
-        if (op_name, dtype) not in reduce_ops.CHECKED:  # (the per-call path: a set lookup, no call)
-            _check_op(op_name, dtype, what, r)
+        _check_op(op_name, dtype, what, r)
         if len(tensors) == 1 and tensors[0].is_contiguous():
-            t = tensors[0]
-            buf, back = t if t.dim() == 1 else t.view(-1), None
+            buf, back = _flat(tensors[0]), None
         else:
             buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
             back = tensors
@@ -829,7 +826,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
         r = self.group.rank
-        t = tensors[0] if len(tensors) == 1 else _one(tensors, "send", r)
+        t = _one(tensors, "send", r)
         _check_tensor(t, "send", r)
         self._peer(dstRank, "send")
         self._tag(tag, "send")
@@ -860,7 +857,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         """A receive from `peer` (None: any source) into the front of the tensor: a message
         shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
         r = self.group.rank
-        t = tensors[0] if len(tensors) == 1 else _one(tensors, "recv", r)
+        t = _one(tensors, "recv", r)
         _check_tensor(t, "recv", r, written=True)
         self._tag(tag, "recv")
         # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:

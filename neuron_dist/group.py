@@ -417,8 +417,7 @@ class Group(HangDiagnosis):
             if not p2p:
                 op.seq = self._seq
                 self._seq += 1
-                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes,
-                                   _DTYPE_NAMES.get(op.dtype) or _dtype_name(op.dtype), op.algorithm)
+                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
                 self.records.append(op.record)
             # an unmarked receive may wait on a send this caller has yet to issue: it only takes
             # what has already arrived here, and the engine waits for the rest
