@@ -18,6 +18,17 @@ the same ranks: this backend, Gloo, and a Python backend that does nothing (its 
 returns a finished Work at once). The last is torch's own share of any Python backend's call
 (`dist.all_reduce`'s wrapper, the options object, the Work), so the rest of this backend's
 time is its own; at world 1 no byte moves and Gloo's number is its C++ path's share.
+
+    torchrun --nproc-per-node 1 benchmarks/call_anatomy.py --cold
+
+With --cold it first prints what a call costs back to back and right after 2 ms of other work
+(a busy loop, so the core never idles): for the same three groups, and for three primitives that
+belong to no backend (an empty Python call, a 4 KiB `torch.add(out=)`, a 4 KiB `copy_`). Where
+the host runs code slowly just after other work (the 2-vCPU EPYC VM of 2026-12-04, world 1: an
+empty Python call 5x its back-to-back time, a 4 KiB add 13x, this backend's all-reduce and a
+no-op Python backend's 5.5x; benchmarks/RESULTS.md, "Twenty-fifth pass"), this sets what any
+call costs when calls come one at a time, whatever the backend does: the cost then grows with
+the memory a call's code and data touch, not with what it waits for.
 """
 from __future__ import annotations
 
@@ -91,6 +102,47 @@ def _floor(call_on, rank: int, iters: int) -> None:
         print(f"# floor, back to back, us per call (median of 5 x {iters}): {cells}", flush=True)
 
 
+def _busy(seconds: float) -> None:
+    """Keep the core on other work (a loop over the clock) for `seconds`: no idle, no syscall."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _cold(call_on, rank: int, iters: int, gap: float = 0.002) -> None:
+    """Per call, the median of `iters` single timed calls back to back and the median of `iters`
+    calls each made right after `gap` seconds of other work, for the three groups of _floor and
+    three primitives of no backend; rank 0 prints one line each, with the ratio."""
+    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"),
+              "no-op Python backend": dist.new_group(backend=register_noop())}
+    a, b, out = torch.ones(1024), torch.ones(1024), torch.empty(1024)
+    calls = {name: (lambda g=g: call_on(g)) for name, g in groups.items()}
+    calls.update({"empty Python call": lambda: None,
+                  "torch.add 4 KiB (out=)": lambda: torch.add(a, b, out=out),
+                  "Tensor.copy_ 4 KiB": lambda: out.copy_(a)})
+    clock = time.perf_counter
+    if rank == 0:
+        print(f"# cold: us per call, median of {iters}; back to back, then each call right after "
+              f"{gap * 1e3:g} ms of other work (a busy loop)", flush=True)
+    for name, fn in calls.items():
+        for _ in range(20):
+            fn()
+        medians = []
+        for gap_s in (0.0, gap):
+            dist.barrier(group=groups["gloo"])
+            us = []
+            for _ in range(iters):
+                if gap_s:
+                    _busy(gap_s)
+                t0 = clock()
+                fn()
+                us.append((clock() - t0) * 1e6)
+            medians.append(sorted(us)[len(us) // 2])
+        if rank == 0:
+            warm, cold = medians
+            print(f"  {name:>24} {warm:>8.2f} {cold:>8.2f}  x{cold / warm:.1f}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bytes", default="4K", help="size (float32; all-gather: the output), e.g. 4K, 1M")
@@ -99,6 +151,8 @@ def main() -> None:
     p.add_argument("--pin", action="store_true", help="pin each rank to core LOCAL_RANK %% cores")
     p.add_argument("--floor", action="store_true",
                    help="first time the call through Gloo and a no-op Python backend as well (see above)")
+    p.add_argument("--cold", action="store_true",
+                   help="first time calls and primitives back to back and after 2 ms of other work (see above)")
     a = p.parse_args()
     if a.pin:
         cores = sorted(os.sched_getaffinity(0))
@@ -117,10 +171,12 @@ def main() -> None:
             dist.all_gather_into_tensor(x, part, group=group)
     if a.floor:
         _floor(call, rank, a.iters)
+    if a.cold:
+        _cold(call, rank, a.iters)
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
-             "after 1 ms sleep": lambda: time.sleep(0.001)}
+             "after 1 ms sleep": lambda: time.sleep(0.001), "after 2 ms busy": lambda: _busy(0.002)}
     if rank == 0:
         print(f"# call_anatomy: {a.op} {x.numel() * 4} B, world {world}, {a.iters} calls per mode; "
               f"us, median / p90")

@@ -1,6 +1,7 @@
 """The command-line tools' inputs: bench, bench_train and `python -m neuron_dist.topology` reject
 what they would hang, crash or silently misreport on, before any rank starts or any row prints.
-Most tests call the argument checks directly; two run a child process with one rank, no more."""
+Most tests call the argument checks directly; three run a child process with one rank, no more
+(the last, benchmarks/call_anatomy.py's --cold rows)."""
 import os
 import re
 import socket
@@ -302,3 +303,19 @@ def test_topology_rejects_bad_instance_files(tmp_path, capsys, field, value, msg
     p.write_text(json.dumps(d))
     rc, out, err = _topology(["predict", "all_reduce", "--instance", str(p), "--sizes", "8K,64M"], capsys)
     assert rc == 2 and out == "" and err.startswith("error: ") and msg in err, err
+
+
+def test_call_anatomy_cold_rows():
+    """`benchmarks/call_anatomy.py --cold` (one rank) prints, for the three groups and the three
+    primitives, the back-to-back median, the median right after other work, and their ratio."""
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                        str(ROOT / "benchmarks" / "call_anatomy.py"), "--cold", "--iters", "5"],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("neuron", "gloo", "no-op Python backend", "empty Python call", "torch.add 4 KiB (out=)",
+                 "Tensor.copy_ 4 KiB"):
+        m = re.search(rf"^ +{re.escape(name)} +([\d.]+) +([\d.]+)  x([\d.]+)$", p.stdout, re.M)
+        assert m, (name, p.stdout)
+        warm, cold, ratio = map(float, m.groups())
+        assert warm > 0 and cold > 0 and abs(ratio - cold / warm) <= 0.05 + 0.01 * ratio, m.group(0)
+    assert "after 2 ms busy" in p.stdout
