@@ -81,11 +81,15 @@ def register_noop() -> str:
     return NOOP
 
 
-def _floor(call_on, rank: int, iters: int) -> None:
+def _groups() -> dict:
+    """The same ranks as this backend's default group (None), a Gloo group and a no-op one."""
+    return {"neuron": None, "gloo": dist.new_group(backend="gloo"),
+            "no-op Python backend": dist.new_group(backend=register_noop())}
+
+
+def _floor(call_on, rank: int, iters: int, groups: dict) -> None:
     """Per call, back to back, through this backend, Gloo and the no-op Python backend: the
     median of 5 timed loops of `iters` calls each, the backends interleaved loop by loop."""
-    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"),
-              "no-op Python backend": dist.new_group(backend=register_noop())}
     us: dict[str, list[float]] = {k: [] for k in groups}
     for g in groups.values():
         for _ in range(50):
@@ -109,12 +113,10 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _cold(call_on, rank: int, iters: int, gap: float = 0.002) -> None:
+def _cold(call_on, rank: int, iters: int, groups: dict, gap: float = 0.002) -> None:
     """Per call, the median of `iters` single timed calls back to back and the median of `iters`
     calls each made right after `gap` seconds of other work, for the three groups of _floor and
     three primitives of no backend; rank 0 prints one line each, with the ratio."""
-    groups = {"neuron": None, "gloo": dist.new_group(backend="gloo"),
-              "no-op Python backend": dist.new_group(backend=register_noop())}
     a, b, out = torch.ones(1024), torch.ones(1024), torch.empty(1024)
     calls = {name: (lambda g=g: call_on(g)) for name, g in groups.items()}
     calls.update({"empty Python call": lambda: None,
@@ -169,10 +171,11 @@ def main() -> None:
     else:
         def call(group=None):
             dist.all_gather_into_tensor(x, part, group=group)
+    groups = _groups() if a.floor or a.cold else None
     if a.floor:
-        _floor(call, rank, a.iters)
+        _floor(call, rank, a.iters, groups)
     if a.cold:
-        _cold(call, rank, a.iters)
+        _cold(call, rank, a.iters, groups)
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
