@@ -43,6 +43,7 @@ import neuron_dist  # noqa: F401  registers "neuron"
 from neuron_dist.bench import parse_size
 
 CLK = time.CLOCK_MONOTONIC
+BUSY_S = 0.002  # the other work before a call in --cold and the "after 2 ms busy" mode
 NOOP = "noop_python_backend"
 
 
@@ -113,7 +114,7 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _cold(call_on, rank: int, iters: int, groups: dict, gap: float = 0.002) -> None:
+def _cold(call_on, rank: int, iters: int, groups: dict, gap: float = BUSY_S) -> None:
     """Per call, the median of `iters` single timed calls back to back and the median of `iters`
     calls each made right after `gap` seconds of other work, for the three groups of _floor and
     three primitives of no backend; rank 0 prints one line each, with the ratio."""
@@ -179,7 +180,7 @@ def main() -> None:
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),
-             "after 1 ms sleep": lambda: time.sleep(0.001), "after 2 ms busy": lambda: _busy(0.002)}
+             "after 1 ms sleep": lambda: time.sleep(0.001), "after 2 ms busy": lambda: _busy(BUSY_S)}
     if rank == 0:
         print(f"# call_anatomy: {a.op} {x.numel() * 4} B, world {world}, {a.iters} calls per mode; "
               f"us, median / p90")
