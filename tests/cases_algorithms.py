@@ -49,6 +49,45 @@ def _run_all(rank, world, group, tag):
     return checks
 
 
+def reductions_agree_bitwise(rank, world):
+    """SUM, MAX and MIN over signed zeros and NaNs of either sign, every all-reduce algorithm
+    forced: NaN wherever some rank holds one (torch.maximum's rule for MAX and MIN), the
+    reference's value elsewhere, and the same bytes on every rank (compared over Gloo). The ops
+    are commutative in value only (torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; the
+    sign of NaN + -NaN is the first operand's), so ranks that reduce the same two vectors in
+    opposite orders end apart (schedule.py, "Operand order"). 200,003 float32 elements: the
+    two-rank direct form through scratch as well as the one-frame form."""
+    import rankctx
+    choices = torch.tensor([0.0, -0.0, 1.0, -1.0, float("nan"), -float("nan")], dtype=torch.float64)
+    checks = 0
+    for algo in algorithms_for("allreduce"):
+        with env(NEURON_DIST_ALGO=f"allreduce:{algo}"):
+            for dtype in (torch.float32, torch.bfloat16, torch.float64):
+                for count in (5, 1001) + ((200_003,) if dtype == torch.float32 and algo == "direct" else ()):
+                    ins = []
+                    for r in range(world):
+                        g = torch.Generator().manual_seed(r * 7919 + count)
+                        ins.append(choices[torch.randint(0, 6, (count,), generator=g)].to(dtype))
+                    for op, name in ((dist.ReduceOp.SUM, "sum"), (dist.ReduceOp.MAX, "max"),
+                                     (dist.ReduceOp.MIN, "min")):
+                        what = f"allreduce:{algo} {name} {dtype} n={count}"
+                        x = ins[rank].clone()
+                        dist.all_reduce(x, op=op)
+                        stack = torch.stack([i.double() for i in ins])
+                        want = getattr(stack, {"sum": "sum", "max": "amax", "min": "amin"}[name])(0).to(dtype)
+                        torch.testing.assert_close(x, want, rtol=0, atol=0, equal_nan=True,
+                                                   msg=lambda m: f"{what}: {m}")
+                        mine = x.view(torch.uint8)
+                        everyone = [torch.empty_like(mine) for _ in range(world)]
+                        dist.all_gather(everyone, mine, group=rankctx.GLOO)
+                        for r in range(world):
+                            apart = (everyone[r] != mine).view(count, dtype.itemsize).any(1).nonzero()
+                            assert not len(apart), (f"rank {rank}: {what}: rank {r} holds other bits at "
+                                                    f"{len(apart)} elements, the first {int(apart[0])}")
+                        checks += 1
+    return checks
+
+
 def group_src(group, root):
     """The global rank of `group`'s rank `root` (broadcast's src is global)."""
     return root if group is None else dist.get_global_rank(group, root)

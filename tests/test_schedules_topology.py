@@ -4,6 +4,7 @@ traffic where the group covers whole chips and tori."""
 import numpy as np
 import pytest
 
+from neuron_dist.collectives.algorithms import BUILDERS, Spec, build
 from neuron_dist.collectives.hierarchical import (hierarchical_allgather, hierarchical_allreduce,
                                                    hierarchical_reduce_scatter)
 from neuron_dist.collectives.rdh import rdh_allreduce_topo
@@ -185,6 +186,27 @@ def test_rdh_bitwise_identical_results():
     res = simulate([rdh_allreduce_topo(r, topo, 33) for r in range(12)], X, inplace=True)
     assert all(np.array_equal(o, res.outs[0]) for o in res.outs)
     assert np.allclose(res.outs[0], np.sum([rng2 for rng2 in np.random.default_rng(1).standard_normal((12, 33))], axis=0))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9, 12, 16])
+@pytest.mark.parametrize("algo", sorted(a for c, a in BUILDERS if c == "allreduce"))
+def test_allreduce_bit_identical_under_any_operand_order(algo, n):
+    """Every all-reduce builder ends bit-identical on every rank even for an op that is not
+    commutative (schedule.py, "Operand order"): op(a, b) = 2a + b. The reduce ops are
+    commutative in value only (torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; NaN +
+    -NaN takes the first operand's sign), so a pair of ranks that both reduce the same two vectors in opposite orders ends apart; this op
+    shows it on any data. Both forms of the two-rank direct schedule (one frame; scratch), with
+    no placement, on one node and on two (the grid and hierarchical schedules need one)."""
+    rng = np.random.default_rng(n)
+    topos = [None, place("trn2", 1, n)] + ([place("trn2", 2, n // 2)] if n % 2 == 0 else [])
+    for count, eager in ((5, 5), (5, 4), (1, 0), (3 * n + 1, 1 << 10)):
+        X = [rng.integers(-8, 9, count).astype(np.float64) for _ in range(n)]
+        for t in topos:
+            scheds = [build(Spec("allreduce", r, n, count, eager_count=eager, topo=t), algo) for r in range(n)]
+            res = simulate(scheds, [x.copy() for x in X], inplace=True, op=lambda a, b: 2 * a + b)
+            for r, o in enumerate(res.outs):
+                assert np.array_equal(o.view(np.int64), res.outs[0].view(np.int64)), \
+                    (algo, n, count, eager, t and len({s.node for s in t.slots}), r, o, res.outs[0])
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])

@@ -2,7 +2,7 @@
 one-round all-reduce / all-gather / reduce-scatter for latency-bound sizes.
 
 Direct reductions combine contributions in group-rank order on every rank, so all ranks end
-bit-identical and, at two ranks, equal to Gloo's result.
+bit-identical and, at two ranks, a sum equal to Gloo's.
 """
 from __future__ import annotations
 
@@ -151,8 +151,8 @@ def allreduce(rank: int, n: int, count: int, eager_count: int = 0) -> Schedule:
     """One round: everyone sends its vector to everyone; each rank then reduces all n vectors
     in rank order. n-1 messages of the full size per rank: for latency-bound sizes only.
 
-    Two ranks need no rank-order staging: x + y == y + x exactly in IEEE arithmetic (and for
-    every other reduce op), so each adds the peer's vector to its own and both end equal. When
+    Two ranks need no staging: each reduces the peer's vector into its own, rank 0's operand
+    first on both (schedule.py, "Operand order"), so both compute the same op(x0, x1). When
     the vector fits what the transport takes without the peer receiving (`eager_count`
     elements: one frame), the send goes in a round of its own and the next round reduces the
     peer's frame straight into OUT (a round starts once the previous round's sends no longer
@@ -165,11 +165,12 @@ def allreduce(rank: int, n: int, count: int, eager_count: int = 0) -> Schedule:
     if n == 2:
         peer = 1 - rank
         if count <= eager_count:
-            return Schedule("direct").add(Send(peer, whole)).add(Recv(peer, whole, reduce=True))
+            return (Schedule("direct").add(Send(peer, whole))
+                    .add(Recv(peer, whole, reduce=True, incoming_first=rank == 1)))
         theirs = Chunk(TMP, 0, count)
         return (Schedule("direct", tmp_count=count)  # (received as a copy: lendable)
                 .add(Send(peer, whole, lend=True), Recv(peer, theirs, lend=True))
-                .add(LocalReduce(theirs, whole)))
+                .add(LocalReduce(theirs, whole, src_first=rank == 1)))
     s = Schedule("direct", tmp_count=count * n)
     slot = lambda r: Chunk(TMP, r * count, count)
     s.add(Copy(whole, slot(rank)),

@@ -105,7 +105,7 @@ class Mailbox:
 def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0),
                marked_only: bool = False) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size, lending): per round,
-    (local steps as (is_copy, src, dst), sends as ((peer, ((buf, element offset, elements, bytes,
+    (local steps as (is_copy, src, dst, src_first), sends as ((peer, ((buf, element offset, elements, bytes,
     lent), ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...)).
 
     `lend` = (elements per lent frame, bytes from which a step is lent, bytes from which a frame
@@ -130,7 +130,8 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
 
     rounds = []
     for steps in schedule.rounds:
-        local = tuple((isinstance(s, Copy), s.src, s.dst) for s in steps if isinstance(s, (Copy, LocalReduce)))
+        local = tuple((isinstance(s, Copy), s.src, s.dst, isinstance(s, LocalReduce) and s.src_first)
+                      for s in steps if isinstance(s, (Copy, LocalReduce)))
         sends: dict[int, list] = {}
         recvs: dict[int, list] = {}
         for s in steps:
@@ -256,12 +257,14 @@ class Execution:
                 self.done = True
                 return True
             local, sends, recvs = self.rounds[self.round]
-            for is_copy, src, dst in local:
+            for is_copy, src, dst, src_first in local:
                 d = view(dst)
                 if is_copy:
                     s = view(src)
                     if s.data_ptr() != d.data_ptr():  # an in-place call (FSDP2's all-gather input
                         copy_into(d, s)               # is its block of the output): nothing to copy
+                elif src_first:
+                    self.reduce(d, view(src), d)
                 else:
                     self.reduce(d, d, view(src))
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
@@ -378,7 +381,10 @@ class Execution:
         dst = self._view(d) if off == 0 and n == d.count else self.bufs[d.buf][d.start + off:d.start + off + n]
         if step.reduce:
             base = dst if step.base is None else self.bufs[step.base.buf][step.base.start + off:step.base.start + off + n]
-            self.reduce(dst, base, incoming)
+            if step.incoming_first:  # operand order: see schedule.py
+                self.reduce(dst, incoming, base)
+            else:
+                self.reduce(dst, base, incoming)
         else:
             copy_into(dst, incoming)
 

@@ -3,8 +3,9 @@
 Ranks are taken in `order` (a ring order, so that the first rounds pair ranks of one chip).
 With P not a power of two, the P - P2 ranks beyond the largest power of two P2 first fold their
 data into a partner, which runs the doubling rounds for both and hands the result back.
-Every pair reduces in the same two operands, so all ranks end with bitwise-equal results for a
-commutative op. Each exchange sends from a TMP copy, never from the slice being reduced.
+In every round both ranks of a pair reduce the same two operands, the one from the lower position
+in `order` first (schedule.py, "Operand order"), so all ranks end bit-identical. Each exchange
+sends from a TMP copy, never from the slice being reduced.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def rdh_allreduce(rank: int, order: Sequence[int], count: int) -> Schedule:
     k = 1
     while k < P2:
         partner = order[pos ^ k]
-        sched.add(Copy(data, tmp), Send(partner, tmp), Recv(partner, data, reduce=True))
+        sched.add(Copy(data, tmp), Send(partner, tmp),
+                  Recv(partner, data, reduce=True, incoming_first=bool(pos & k)))
         k <<= 1
     if pos < extra:
         sched.add(Send(order[pos + P2], data, lend=True))

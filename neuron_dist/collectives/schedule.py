@@ -18,6 +18,14 @@ Round semantics (the contract every executor implements):
 A schedule must be deadlock-free with bounded transport buffers: whenever a rank sends to a peer,
 that peer either receives it in the same round or reaches the matching Recv without waiting on
 the sender. All schedules here pair their exchanges within a round.
+
+Operand order. A reducing step computes op(a, b) with its own data first unless it says
+otherwise (`Recv.incoming_first`, `LocalReduce.src_first`). Where several ranks compute the same
+element (a pair that swaps vectors and both reduce, as direct all-reduce at two ranks and
+recursive doubling do), each must put the same operand first: the reduce ops are commutative in
+value but not always bit for bit (torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; NaN +
+-NaN takes the first operand's sign), and ranks must end bit-identical. The simulator checks this for every builder with an op that is
+not commutative at all.
 """
 from __future__ import annotations
 
@@ -51,17 +59,21 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Recv:
-    """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming).
+    """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming),
+    or op(incoming, base or dst) with incoming_first (see "Operand order" above).
     lend=True pairs with the matching Send's: both ends cut the step into frames alike."""
     peer: int
     dst: Chunk
     reduce: bool = False
     base: Chunk | None = None
     lend: bool = False
+    incoming_first: bool = False
 
     def __post_init__(self):
         if self.base is not None and (not self.reduce or self.base.count != self.dst.count):
             raise ValueError(f"bad recv base {self}")
+        if self.incoming_first and not self.reduce:
+            raise ValueError(f"incoming_first orders a reduction's operands; this recv copies: {self}")
         if self.lend and self.reduce:
             raise ValueError(f"a reducing recv reads its frames through a copy, not lent: {self}")
 
@@ -78,9 +90,10 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class LocalReduce:
-    """dst = op(dst, src)."""
+    """dst = op(dst, src), or op(src, dst) with src_first (see "Operand order" above)."""
     src: Chunk
     dst: Chunk
+    src_first: bool = False
 
     def __post_init__(self):
         if self.src.count != self.dst.count:

@@ -47,8 +47,9 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
              op: Callable | None = None, inplace: bool = False) -> SimResult:
     """Run `schedules[r]` as rank r. `ins[r]`: rank r's IN buffer (1-D numpy array or torch
     tensor); `outs[r]`: its OUT buffer (allocated like IN when None); inplace=True makes OUT the
-    same buffer as IN (all-reduce). `op(a, b)` is the reduction (default: addition). Returns the
-    OUT buffers and the transfers."""
+    same buffer as IN (all-reduce). `op(a, b)` is the reduction (default: addition), its operands in
+    the order the steps give (schedule.py, "Operand order"). Returns the OUT buffers and the
+    transfers."""
     n = len(schedules)
     if op is None:
         op = np.add if not n or isinstance(ins[0], np.ndarray) else _torch_add
@@ -78,7 +79,7 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
                 view(r, s.dst)[...] = _copy(view(r, s.src))
             elif isinstance(s, LocalReduce):
                 d = view(r, s.dst)
-                d[...] = op(d, view(r, s.src))
+                d[...] = op(view(r, s.src), d) if s.src_first else op(d, view(r, s.src))
         recvs = []
         for s in steps:
             if isinstance(s, Send):
@@ -120,7 +121,7 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
                 d = view(r, s.dst)
                 if s.reduce:
                     b = view(r, s.base) if s.base is not None else d
-                    d[...] = op(b, data)
+                    d[...] = op(data, b) if s.incoming_first else op(b, data)
                 else:
                     d[...] = data
                 moved = True
