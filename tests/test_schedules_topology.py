@@ -194,9 +194,10 @@ def test_allreduce_bit_identical_under_any_operand_order(algo, n):
     """Every all-reduce builder ends bit-identical on every rank even for an op that is not
     commutative (schedule.py, "Operand order"): op(a, b) = 2a + b. The reduce ops are
     commutative in value only (torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; NaN +
-    -NaN takes the first operand's sign), so a pair of ranks that both reduce the same two vectors in opposite orders ends apart; this op
-    shows it on any data. Both forms of the two-rank direct schedule (one frame; scratch), with
-    no placement, on one node and on two (the grid and hierarchical schedules need one)."""
+    -NaN takes the first operand's sign), so a pair of ranks that both reduce the same two
+    vectors in opposite orders ends apart; this op shows it on any data. Both forms of the
+    two-rank direct schedule (one frame; scratch), with no placement, on one node and on two
+    (the grid and hierarchical schedules need one)."""
     rng = np.random.default_rng(n)
     topos = [None, place("trn2", 1, n)] + ([place("trn2", 2, n // 2)] if n % 2 == 0 else [])
     for count, eager in ((5, 5), (5, 4), (1, 0), (3 * n + 1, 1 << 10)):

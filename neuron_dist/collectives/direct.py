@@ -2,7 +2,7 @@
 one-round all-reduce / all-gather / reduce-scatter for latency-bound sizes.
 
 Direct reductions combine contributions in group-rank order on every rank, so all ranks end
-bit-identical and, at two ranks, a sum equal to Gloo's.
+bit-identical, and at two ranks a sum equals Gloo's.
 """
 from __future__ import annotations
 

@@ -105,8 +105,9 @@ class Mailbox:
 def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0),
                marked_only: bool = False) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size, lending): per round,
-    (local steps as (is_copy, src, dst, src_first), sends as ((peer, ((buf, element offset, elements, bytes,
-    lent), ...)), ...), receives as ((peer, ((step, element offset, elements), ...)), ...)).
+    (local steps as (is_copy, src, dst, src_first), sends as ((peer, ((buf, element offset,
+    elements, bytes, lent), ...)), ...), receives as ((peer, ((step, element offset, elements),
+    ...)), ...)).
 
     `lend` = (elements per lent frame, bytes from which a step is lent, bytes from which a frame
     of such a step is lent): a step of at least the second is cut into lent-size frames, and

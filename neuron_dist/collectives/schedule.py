@@ -19,13 +19,14 @@ A schedule must be deadlock-free with bounded transport buffers: whenever a rank
 that peer either receives it in the same round or reaches the matching Recv without waiting on
 the sender. All schedules here pair their exchanges within a round.
 
-Operand order. A reducing step computes op(a, b) with its own data first unless it says
-otherwise (`Recv.incoming_first`, `LocalReduce.src_first`). Where several ranks compute the same
-element (a pair that swaps vectors and both reduce, as direct all-reduce at two ranks and
-recursive doubling do), each must put the same operand first: the reduce ops are commutative in
-value but not always bit for bit (torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; NaN +
--NaN takes the first operand's sign), and ranks must end bit-identical. The simulator checks this for every builder with an op that is
-not commutative at all.
+Operand order. A reducing step computes op(a, b) with the rank's own data first (a Recv's base or
+dst, a LocalReduce's dst) unless it says otherwise (`Recv.incoming_first`,
+`LocalReduce.src_first`). Where several ranks compute the same element (a pair that swaps
+vectors and both reduce, as direct all-reduce at two ranks and recursive doubling do), each must
+put the same operand first: the reduce ops are commutative in value but not always bit for bit
+(torch.maximum(+0.0, -0.0) is -0.0 and its mirror +0.0; NaN + -NaN takes the first operand's
+sign), and ranks must end bit-identical. tests/test_schedules_topology.py runs every all-reduce
+builder in the simulator with an op that is not commutative at all.
 """
 from __future__ import annotations
 
