@@ -12,6 +12,7 @@ from neuron_dist.collectives.schedule import OUT, Chunk, Recv, Schedule, Send
 from neuron_dist.collectives.simulate import Deadlock, ScheduleError, simulate
 from neuron_dist.collectives.torus import torus_allgather, torus_allreduce, torus_reduce_scatter
 from neuron_dist.topology import GroupTopology, get_instance, link_kind, place
+from neuron_dist.topology.graph import ring_order
 from neuron_dist.topology.placement import make_slot
 
 SIZES = [1, 2, 3, 4, 5, 8, 16, 32, 64, 128]
@@ -197,13 +198,17 @@ def test_allreduce_bit_identical_under_any_operand_order(algo, n):
     -NaN takes the first operand's sign), so a pair of ranks that both reduce the same two
     vectors in opposite orders ends apart; this op shows it on any data. Both forms of the
     two-rank direct schedule (one frame; scratch), with no placement, on one node and on two
-    (the grid and hierarchical schedules need one)."""
+    (the grid and hierarchical schedules need one), with the placement's ring order as a group
+    passes it (at 12 and 16 ranks not the identity, so recursive doubling pairs ranks out of
+    rank order)."""
     rng = np.random.default_rng(n)
     topos = [None, place("trn2", 1, n)] + ([place("trn2", 2, n // 2)] if n % 2 == 0 else [])
     for count, eager in ((5, 5), (5, 4), (1, 0), (3 * n + 1, 1 << 10)):
         X = [rng.integers(-8, 9, count).astype(np.float64) for _ in range(n)]
         for t in topos:
-            scheds = [build(Spec("allreduce", r, n, count, eager_count=eager, topo=t), algo) for r in range(n)]
+            order = tuple(ring_order(t)) if t else ()
+            scheds = [build(Spec("allreduce", r, n, count, order=order, eager_count=eager, topo=t), algo)
+                      for r in range(n)]
             res = simulate(scheds, [x.copy() for x in X], inplace=True, op=lambda a, b: 2 * a + b)
             for r, o in enumerate(res.outs):
                 assert np.array_equal(o.view(np.int64), res.outs[0].view(np.int64)), \
