@@ -168,6 +168,23 @@ def test_three_ranks_each_pair_has_its_own_ring():
             t.close()
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_segment_holds_one_ring_per_peer(size):
+    """What README "Memory is bounded" states: per rank and group, one inbound ring per local
+    peer of NEURON_DIST_SHM_SLOTS slots (4) of a frame (512 KiB) and its 64-byte header, plus
+    two lines of ring indices and the 64-byte control block; no ring for the rank itself (the
+    pages are reserved with posix_fallocate, so an unused ring would cost real memory)."""
+    ts = pair(f"t6s{size}", size=size)
+    try:
+        ring = 2 * shm.LINE + 4 * (shm.SLOT_HEADER + (512 << 10))
+        for t in ts:
+            assert len(t.mine.mm) == shm.LINE + (size - 1) * ring, (len(t.mine.mm), size)
+            assert all(len(seg.mm) == len(t.mine.mm) for seg in t.theirs.values())
+    finally:
+        for t in ts:
+            t.close()
+
+
 def test_check_peer_sees_a_closed_peer():
     a, b = pair("t7")
     assert b.check_peer(0) is None

@@ -251,6 +251,13 @@ def _lend_step(record: str) -> int | None:
     return None
 
 
+def ring_index(owner: int, sender: int) -> int:
+    """Which ring of the owner's segment carries the sender's frames (both given as their index
+    among the transport's members, sorted by rank): the sender's place among the owner's peers.
+    A segment holds no ring for its owner."""
+    return sender - (sender > owner)
+
+
 def ring_offset(i: int, nslots: int, slot_bytes: int) -> int:
     return LINE + i * (2 * LINE + nslots * (SLOT_HEADER + slot_bytes))
 
@@ -286,8 +293,8 @@ class ShmTransport(Transport):
         self._woken = False  # set by wake() (another thread of this rank): the next wait returns
         # the members of this transport, in one order every rank agrees on
         members = sorted(self.peers + [self.rank])
-        self.index = {r: i for i, r in enumerate(members)}   # my inbound ring from r is ring index[r]
-        npeers = len(members)  # one ring per member (my own stays unused: simpler addressing)
+        self.index = {r: i for i, r in enumerate(members)}
+        npeers = len(self.peers)  # one inbound ring per peer (see ring_index)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
         path = os.path.join(SHM_DIR, f"nd-{ctx.job_id}-{self.rank}-{os.getpid()}")
         try:
@@ -338,8 +345,9 @@ class ShmTransport(Transport):
                       "off: " + "; ".join(f"rank {r}: {v}" for r, v in no))
         self.peer_pid = {p: self.theirs[p].pid.value for p in self.peers}
         # sender side: my ring inside each peer's segment; receiver side: peers' rings in mine
-        self.out = {p: self.theirs[p].rings[self.index[self.rank]] for p in self.peers}
-        self.inn = {p: self.mine.rings[self.index[p]] for p in self.peers}
+        ix = self.index
+        self.out = {p: self.theirs[p].rings[ring_index(ix[p], ix[self.rank])] for p in self.peers}
+        self.inn = {p: self.mine.rings[ring_index(ix[self.rank], ix[p])] for p in self.peers}
         self.head = {p: 0 for p in self.peers}   # my sends to p (I am the only writer)
         self.tail = {p: 0 for p in self.peers}   # my receives from p (I am the only writer)
         self.held: set[int] = set()              # peers whose last frame is still lent out
