@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,6 +184,53 @@ def test_a_segment_holds_one_ring_per_peer(size):
     finally:
         for t in ts:
             t.close()
+
+
+def test_ranks_that_disagree_on_the_ring_both_fail_at_once_saying_why(monkeypatch):
+    """Rank 0 set up with 2 slots per ring, rank 1 with 4: the segments differ in size. Each rank
+    fails within the set-up, not at a time-out, with an error naming both ranks and the setting,
+    whichever of them finds the mismatch first (the other reads why from the store, also when
+    the finder's segment is already gone), and nothing is left in /dev/shm."""
+    store, errs = dist.HashStore(), {}
+
+    def make(r):
+        try:
+            shm.ShmTransport(ctx(r, 2, store, "t6m")).close()
+        except TransportError as e:
+            errs[r] = str(e)
+
+    monkeypatch.setenv("NEURON_DIST_SHM_SLOTS", "2")
+    a = threading.Thread(target=make, args=(0,))
+    a.start()
+    for _ in range(2000):  # rank 0's segment is made (its size read from the setting) before rank 1 starts
+        if store.check(["shm/0"]):
+            break
+        threading.Event().wait(0.005)
+    monkeypatch.setenv("NEURON_DIST_SHM_SLOTS", "4")
+    b = threading.Thread(target=make, args=(1,))
+    b.start()
+    a.join(20)
+    b.join(20)
+    assert not a.is_alive() and not b.is_alive()
+    assert set(errs) == {0, 1}, errs
+    for r, why in errs.items():
+        assert why.startswith(f"rank {r}: ") and f"rank {1 - r}" in why and "NEURON_DIST_SHM_SLOTS" in why, why
+    assert not leftovers("t6m")
+
+
+def test_a_peer_segment_that_is_gone_is_named_with_its_cause():
+    """A peer whose set-up failed unlinks its segment after publishing why; a rank that then
+    finds the segment gone reports the peer and that cause (or says none was given)."""
+    for cause, want in (("error: rank 1: it broke", "rank 0: no shared memory with rank 1: rank 1: it broke"),
+                        (None, "rank 0: no shared memory with rank 1: rank 1's segment is gone")):
+        store = dist.HashStore()
+        store.set("shm/1", os.path.join(shm.SHM_DIR, "nd-t6g-1-0"))  # never made
+        if cause:
+            store.set("shm/1/mapped", cause)
+        with pytest.raises(TransportError, match=re.escape(want)):
+            shm.ShmTransport(ctx(0, 2, store, "t6g"))
+        assert store.get("shm/0/mapped").decode().startswith("error: rank 0: no shared memory with rank 1")
+    assert not leftovers("t6g")
 
 
 def test_check_peer_sees_a_closed_peer():

@@ -192,8 +192,9 @@ class _Segment:
             fd = os.open(path, os.O_RDWR)
             try:
                 if os.fstat(fd).st_size != nbytes:
-                    raise TransportError(f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, "
-                                         f"expected {nbytes}: peers disagree on NEURON_DIST_SHM_SLOTS/FRAME_BYTES")
+                    raise TransportError(f"it has {os.fstat(fd).st_size} bytes where this rank expects {nbytes}: "
+                                         f"the ranks disagree on NEURON_DIST_SHM_SLOTS or NEURON_DIST_FRAME_BYTES "
+                                         f"(or run different versions of neuron_dist)")
                 self.mm = mmap.mmap(fd, nbytes)
             finally:
                 os.close(fd)
@@ -318,7 +319,12 @@ class ShmTransport(Transport):
                     failed = self.setup_error(where)
                     if failed:
                         raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
-                    self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
+                    try:
+                        self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
+                    except (OSError, TransportError) as e:
+                        why = self._unmappable(ctx.store, key, p, e)
+                        ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
+                        raise TransportError(why) from None
                 # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
                 # else why not
                 self._probe_result = self._probe_lending()
@@ -326,6 +332,10 @@ class ShmTransport(Transport):
                 for p in self.peers:
                     _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
                 records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
+                for p, record in records.items():
+                    failed = self.setup_error(record)
+                    if failed:
+                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
         finally:
             self._unlink()
         records[self.rank] = self._probe_result
@@ -378,6 +388,17 @@ class ShmTransport(Transport):
         # world 4 on 2 cores) and won from 2-4 MiB; with a core each, lending wins from 512 KiB
         step = LEND_STEP_OVERSUBSCRIBED if self.oversubscribed else self.slot_bytes // 2
         return f"lend {step}"
+
+    def _unmappable(self, store, key: str, p: int, e: BaseException) -> str:
+        """Why this rank cannot map peer p's segment, for every rank to read. A segment that is
+        gone was unlinked by its owner on the way out of a failed set-up, after publishing why
+        (in its "mapped" record), unless a signal ended it."""
+        if isinstance(e, FileNotFoundError):
+            record = store.get(f"{key}/{p}/mapped").decode() if store.check([f"{key}/{p}/mapped"]) else ""
+            cause = self.setup_error(record) or (f"rank {p}'s segment is gone: its process ended or failed "
+                                                 f"its set-up without saying why")
+            return f"rank {self.rank}: no shared memory with rank {p}: {cause}"
+        return f"rank {self.rank}: cannot map rank {p}'s shared-memory segment: {e}"
 
     def _unlink(self) -> None:
         path = self.mine.path
