@@ -280,7 +280,7 @@ class _Plan:
         self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
         self.spec_args, self.itemsize, self._sched, self._tmp = spec_args, itemsize, None, None
         self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
-        self.tag = tag  # the frames' argument checksum (debug.call_tag of kind and desc)
+        self.tag = tag  # the frames' argument checksum (debug.call_tag of kind, desc and algorithm)
 
     def scratch(self, sched: Schedule, dtype: torch.dtype, g: Group) -> torch.Tensor | None:
         """The schedule's TMP buffer. A small one is kept for the next call with these arguments,
@@ -376,7 +376,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if len(self._plans) >= _PLAN_CACHE:
                 self._plans.clear()
             plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
-                                            dtype.itemsize, debug.call_tag(kind, desc))
+                                            dtype.itemsize, debug.call_tag(kind, desc, algo))
             coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", self.group.rank,
                            self._name, desc, algo)
         return plan

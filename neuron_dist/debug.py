@@ -54,9 +54,11 @@ def _normalised(kind: Kind, desc: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def call_tag(kind: Kind, desc: str) -> int:
-    """32-bit checksum of a collective's arguments, carried in its frames' tag field."""
-    return zlib.crc32(_normalised(kind, desc).encode()) or 1
+def call_tag(kind: Kind, desc: str, algorithm: str = "") -> int:
+    """32-bit checksum of a collective's arguments and of the algorithm this rank chose for it,
+    carried in its frames' tag field: ranks whose NEURON_DIST_ALGO or NEURON_DIST_TUNING differ
+    run different schedules, and their first frame says so instead of a size that does not fit."""
+    return zlib.crc32(f"{_normalised(kind, desc)} {algorithm}".encode()) or 1
 
 
 def fingerprint(kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, size: int) -> bytes:

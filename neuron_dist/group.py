@@ -474,8 +474,9 @@ class Group(HangDiagnosis):
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
                   tmp_views: dict | None = None, arrived: bool = False) -> Execution:
         """The op's Execution. `tag`: a send/recv's user tag; a collective's checksum of its
-        arguments (`debug.call_tag`, kept with the adapter's plan), so a receiver whose peer
-        called it differently (reduce op, root, sizes) fails its frame check instead of mixing data.
+        arguments and chosen algorithm (`debug.call_tag`, kept with the adapter's plan), so a
+        receiver whose peer called it differently (reduce op, root, sizes) or chose another
+        algorithm fails its frame check instead of mixing data.
         `arrived`: a receive built once its message's first frame is here, whose sender may have
         exited since, its data delivered (no check that the peers are alive)."""
         if not arrived:

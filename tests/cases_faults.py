@@ -370,6 +370,17 @@ def _mismatched_call(case: str, rank: int, group) -> None:
             dist.broadcast(t, src=0, group=group)
     elif case == "op":
         dist.all_reduce(torch.ones(64), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=group)
+    elif case == "algorithm":  # the same call, but NEURON_DIST_ALGO forces another algorithm on rank 1
+        import os
+        before = os.environ.get("NEURON_DIST_ALGO")
+        os.environ["NEURON_DIST_ALGO"] = "allreduce:ring" if rank == 1 else "allreduce:direct"
+        try:
+            dist.all_reduce(torch.ones(64), group=group)
+        finally:
+            if before is None:
+                del os.environ["NEURON_DIST_ALGO"]
+            else:
+                os.environ["NEURON_DIST_ALGO"] = before
     elif case == "root":
         dist.broadcast(torch.ones(64), src=0 if rank == 0 else 1, group=group)
     elif case == "crossed_root":  # each of ranks 0 and 1 takes the other for the root

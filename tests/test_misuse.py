@@ -8,12 +8,12 @@ import pytest
 from pool import free_port, rank_line, run_scripts
 
 TIMEOUT = 10.0
-# without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops and roots via the
-# argument checksum; two ranks that both believe they are a broadcast's root meet each other's
+# without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops, roots and the
+# algorithm each rank chose via the argument checksum; two ranks that both believe they are a broadcast's root meet each other's
 # data where they expect the confirmation receivers send on entry; two ranks that each take the
 # other for the root meet each other's confirmation where they expect data; in a reduce or a
 # gather each rank's first frame to the next rank carries its root).
-PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "alltoall_splits", "alltoall_self_splits", "root",
+PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "algorithm", "alltoall_splits", "alltoall_self_splits", "root",
          "crossed_root", "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
          "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
@@ -31,6 +31,8 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
             assert "sends itself 2 elements but expects 1 from itself" in x["msg"], x["msg"]
         if case == "dtype_same_bytes":
             assert "different arguments (sizes, dtypes," in x["msg"], x["msg"]
+        if case == "algorithm":  # the chosen algorithm is in the argument checksum: named, not a size misfit
+            assert "different arguments" in x["msg"] and "NEURON_DIST_ALGO" in x["msg"], x["msg"]
 
 
 def test_reduce_roots_disagreeing_at_three_ranks_fail_fast(pools):

@@ -178,5 +178,7 @@ def check(got: Header, want: Header, payload_nbytes: int) -> None:
         if got.kind == want.kind and got.kind != Kind.P2P and got.tag != want.tag:
             raise FrameError(f"rank {want.dst} and rank {got.src} called {Kind(got.kind).name.lower()} seq "
                              f"{got.seq} with different arguments (sizes, dtypes, reduce op, root or packed "
-                             f"layout differ: argument checksums {want.tag:#x} here, {got.tag:#x} there)")
+                             f"layout differ, or the algorithm each chose: NEURON_DIST_ALGO and "
+                             f"NEURON_DIST_TUNING must be alike on every rank; argument checksums "
+                             f"{want.tag:#x} here, {got.tag:#x} there)")
         raise FrameError(f"rank {want.dst} expected {want.describe()} but received {got.describe()}")
