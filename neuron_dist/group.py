@@ -310,13 +310,16 @@ class Group(HangDiagnosis):
             _forced_bind_addr()
         except GroupError as e:
             placement, placement_error = None, placement_error or e
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus()}
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus(), "frame_bytes": self.frame_bytes}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
-        if bad:
+        # every rank cuts messages into frames of this size, and each checks the peer's frames
+        # against its own cut: ranks that differ would fail at their first collective, on sizes
+        frames = [p.get("frame_bytes") for p in self.peers_info]
+        if bad or len(set(frames)) > 1:
             if rank == 0:  # this process may host the store: stay until every peer has read the records
                 try:
                     store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
@@ -324,8 +327,12 @@ class Group(HangDiagnosis):
                     pass
             if placement_error is not None:
                 raise placement_error
-            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
-                f"{self._who(r)} could not place itself: {why}" for r, why in bad))
+            if bad:
+                raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
+                    f"{self._who(r)} could not place itself: {why}" for r, why in bad))
+            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on "
+                             f"NEURON_DIST_FRAME_BYTES (" + ", ".join(f"rank {r}: {f}" for r, f in enumerate(frames))
+                             + "); set it alike on every rank")
         self.hosts = [p["host"] for p in self.peers_info]
         self.topology, self.order = self._build_topology()
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)

@@ -464,6 +464,37 @@ def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0, members=None
     return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=usable, runtime_error=isdist)
 
 
+def frame_bytes_mismatch(rank, world):
+    """Rank 1 makes a group with another NEURON_DIST_FRAME_BYTES: every rank's new_group fails at
+    once naming the setting and each rank's value (before, ranks met at their first collective,
+    on frame sizes), and the next group, made alike, works."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    before = os.environ.get("NEURON_DIST_FRAME_BYTES")
+    if rank == 1:
+        os.environ["NEURON_DIST_FRAME_BYTES"] = str(256 << 10)
+    t0 = time.monotonic()
+    try:
+        g = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+        dist.all_reduce(torch.ones(1 << 18), group=g)  # two frames of one size, one of the other
+        err = ("ok", "")
+    except Exception as e:  # noqa: BLE001
+        err = (type(e).__name__, str(e))
+    finally:
+        if before is None:
+            os.environ.pop("NEURON_DIST_FRAME_BYTES", None)
+        else:
+            os.environ["NEURON_DIST_FRAME_BYTES"] = before
+    elapsed = time.monotonic() - t0
+    g = dist.new_group(list(range(world)))
+    t = torch.ones(4)
+    dist.all_reduce(t, group=g)
+    dist.destroy_process_group(g)
+    return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=bool((t == world).all()))
+
+
 def transport_error_in_wait(rank, world):
     """An exception from the transport's wait (an MPI error on a dead peer, a malformed frame)
     raised in the engine thread's loop, outside any op: it killed the engine, and every pending

@@ -35,6 +35,15 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
             assert "different arguments" in x["msg"] and "NEURON_DIST_ALGO" in x["msg"], x["msg"]
 
 
+def test_ranks_that_disagree_on_the_frame_size_fail_at_group_creation(pools):
+    res = pools(2).run("cases_faults:frame_bytes_mismatch")
+    for r, x in enumerate(res):
+        assert x["kind"] == "GroupError", (r, x)
+        assert "disagree on NEURON_DIST_FRAME_BYTES (rank 0: 524288, rank 1: 262144)" in x["msg"], x["msg"]
+        assert x["elapsed"] < TIMEOUT / 2, f"rank {r}: took {x['elapsed']:.1f}s"
+        assert x["usable"], f"rank {r}: a group made alike afterwards did not work"
+
+
 def test_reduce_roots_disagreeing_at_three_ranks_fail_fast(pools):
     """Ranks 0 and 1 reduce to rank 0, rank 2 to rank 1: every rank waited for the time-out
     before each rank's first frame to the next carried its root. Now ranks 2 and 0 (whose
