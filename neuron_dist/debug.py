@@ -54,7 +54,7 @@ def _normalised(kind: Kind, desc: str) -> str:
 
 
 @lru_cache(maxsize=4096)
-def call_tag(kind: Kind, desc: str, algorithm: str = "") -> int:
+def call_tag(kind: Kind, desc: str, algorithm: str) -> int:
     """32-bit checksum of a collective's arguments and of the algorithm this rank chose for it,
     carried in its frames' tag field: ranks whose NEURON_DIST_ALGO or NEURON_DIST_TUNING differ
     run different schedules, and their first frame says so instead of a size that does not fit."""

@@ -371,16 +371,9 @@ def _mismatched_call(case: str, rank: int, group) -> None:
     elif case == "op":
         dist.all_reduce(torch.ones(64), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=group)
     elif case == "algorithm":  # the same call, but NEURON_DIST_ALGO forces another algorithm on rank 1
-        import os
-        before = os.environ.get("NEURON_DIST_ALGO")
-        os.environ["NEURON_DIST_ALGO"] = "allreduce:ring" if rank == 1 else "allreduce:direct"
-        try:
+        from rankctx import env
+        with env(NEURON_DIST_ALGO="allreduce:ring" if rank == 1 else "allreduce:direct"):
             dist.all_reduce(torch.ones(64), group=group)
-        finally:
-            if before is None:
-                del os.environ["NEURON_DIST_ALGO"]
-            else:
-                os.environ["NEURON_DIST_ALGO"] = before
     elif case == "root":
         dist.broadcast(torch.ones(64), src=0 if rank == 0 else 1, group=group)
     elif case == "crossed_root":  # each of ranks 0 and 1 takes the other for the root
@@ -468,25 +461,17 @@ def frame_bytes_mismatch(rank, world):
     """Rank 1 makes a group with another NEURON_DIST_FRAME_BYTES: every rank's new_group fails at
     once naming the setting and each rank's value (before, ranks met at their first collective,
     on frame sizes), and the next group, made alike, works."""
-    import os
-
     import torch
     import torch.distributed as dist
-    before = os.environ.get("NEURON_DIST_FRAME_BYTES")
-    if rank == 1:
-        os.environ["NEURON_DIST_FRAME_BYTES"] = str(256 << 10)
+    from rankctx import env
     t0 = time.monotonic()
-    try:
-        g = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
-        dist.all_reduce(torch.ones(1 << 18), group=g)  # two frames of one size, one of the other
-        err = ("ok", "")
-    except Exception as e:  # noqa: BLE001
-        err = (type(e).__name__, str(e))
-    finally:
-        if before is None:
-            os.environ.pop("NEURON_DIST_FRAME_BYTES", None)
-        else:
-            os.environ["NEURON_DIST_FRAME_BYTES"] = before
+    with env(**({"NEURON_DIST_FRAME_BYTES": 256 << 10} if rank == 1 else {})):
+        try:
+            g = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+            dist.all_reduce(torch.ones(1 << 18), group=g)  # two frames of one size, one of the other
+            err = ("ok", "")
+        except Exception as e:  # noqa: BLE001
+            err = (type(e).__name__, str(e))
     elapsed = time.monotonic() - t0
     g = dist.new_group(list(range(world)))
     t = torch.ones(4)

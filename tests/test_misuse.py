@@ -9,13 +9,14 @@ from pool import free_port, rank_line, run_scripts
 
 TIMEOUT = 10.0
 # without the check: what the frames can tell (sizes, dtypes, kinds, reduce ops, roots and the
-# algorithm each rank chose via the argument checksum; two ranks that both believe they are a broadcast's root meet each other's
-# data where they expect the confirmation receivers send on entry; two ranks that each take the
-# other for the root meet each other's confirmation where they expect data; in a reduce or a
-# gather each rank's first frame to the next rank carries its root).
-PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "algorithm", "alltoall_splits", "alltoall_self_splits", "root",
-         "crossed_root", "scatter_root", "crossed_scatter_root", "reduce_root", "crossed_reduce_root", "gather_root",
-         "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
+# algorithm each rank chose via the argument checksum; two ranks that both believe they are a
+# broadcast's root meet each other's data where they expect the confirmation receivers send on
+# entry; two ranks that each take the other for the root meet each other's confirmation where
+# they expect data; in a reduce or a gather each rank's first frame to the next rank carries its
+# root).
+PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "algorithm", "alltoall_splits",
+         "alltoall_self_splits", "root", "crossed_root", "scatter_root", "crossed_scatter_root", "reduce_root",
+         "crossed_reduce_root", "gather_root", "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
 CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 

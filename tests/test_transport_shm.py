@@ -202,10 +202,7 @@ def test_ranks_that_disagree_on_the_ring_both_fail_at_once_saying_why(monkeypatc
     monkeypatch.setenv("NEURON_DIST_SHM_SLOTS", "2")
     a = threading.Thread(target=make, args=(0,))
     a.start()
-    for _ in range(2000):  # rank 0's segment is made (its size read from the setting) before rank 1 starts
-        if store.check(["shm/0"]):
-            break
-        threading.Event().wait(0.005)
+    shm._wait_for(store, "shm/0", 10)  # rank 0's segment is made (its size read from the setting) first
     monkeypatch.setenv("NEURON_DIST_SHM_SLOTS", "4")
     b = threading.Thread(target=make, args=(1,))
     b.start()

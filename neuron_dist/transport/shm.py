@@ -318,7 +318,7 @@ class ShmTransport(Transport):
                     where = ctx.store.get(f"{key}/{p}").decode()
                     failed = self.setup_error(where)
                     if failed:
-                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
+                        raise TransportError(self._no_shm(p, failed))
                     try:
                         self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
                     except (OSError, TransportError) as e:
@@ -335,7 +335,7 @@ class ShmTransport(Transport):
                 for p, record in records.items():
                     failed = self.setup_error(record)
                     if failed:
-                        raise TransportError(f"rank {self.rank}: no shared memory with rank {p}: {failed}")
+                        raise TransportError(self._no_shm(p, failed))
         finally:
             self._unlink()
         records[self.rank] = self._probe_result
@@ -397,8 +397,11 @@ class ShmTransport(Transport):
             record = store.get(f"{key}/{p}/mapped").decode() if store.check([f"{key}/{p}/mapped"]) else ""
             cause = self.setup_error(record) or (f"rank {p}'s segment is gone: its process ended or failed "
                                                  f"its set-up without saying why")
-            return f"rank {self.rank}: no shared memory with rank {p}: {cause}"
+            return self._no_shm(p, cause)
         return f"rank {self.rank}: cannot map rank {p}'s shared-memory segment: {e}"
+
+    def _no_shm(self, p: int, cause: str) -> str:
+        return f"rank {self.rank}: no shared memory with rank {p}: {cause}"
 
     def _unlink(self) -> None:
         path = self.mine.path
