@@ -7,7 +7,8 @@
 # cut short keeps what it measured, and all of $RES to $OUT/tables.tgz at the end. A failed
 # two-rank smoke run ends it at once (the image's torch is not the pinned one). Then the target's
 # runs (all-reduce, all-gather, reduce-scatter from 1 MiB at 8 and 16 ranks) and, in the time
-# left, the other collectives of the tables from 4 KiB.
+# left, the other collectives of the tables from 4 KiB (`run_16core.sh tables`, the default), or
+# the 16-rank rows again beside settings they may depend on (`run_16core.sh variants`).
 set -u
 RES=${RES:-benchmarks/results/sixteen-cores}
 LOG=${OUT:+$OUT/log.txt}
@@ -48,10 +49,26 @@ run() {  # run NAME TIMEOUT ARGS...: one bench invocation, if the budget still a
 }
 
 run smoke_w2 60 -g 2 --ops allreduce -b 4K -e 1M -f 16 -n 5 -w 2 --no-progress || exit 1
-run core_w8 120 -g 8 --ops allreduce,allgather,reduce_scatter -b 1M -e 64M -f 4 --vs gloo -n 10 -w 3
-run core_w16 180 -g 16 --ops allreduce,allgather,reduce_scatter -b 1M -e 64M -f 4 --vs gloo -n 10 -w 3
-run rest_w8 90 -g 8 --ops broadcast,alltoall,sendrecv -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3
-run rest_w16 120 -g 16 --ops broadcast,alltoall,sendrecv -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3
-run small_w16 60 -g 16 --ops allreduce,allgather,reduce_scatter -b 4K -e 256K -f 4 --vs gloo -n 10 -w 3
+CORE="--ops allreduce,allgather,reduce_scatter -b 1M -e 64M -f 4 --vs gloo -n 10 -w 3"
+case "${1:-tables}" in
+tables)
+    run core_w8 120 -g 8 $CORE
+    run core_w16 180 -g 16 $CORE
+    run rest_w8 90 -g 8 --ops broadcast,alltoall,sendrecv -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3
+    run rest_w16 120 -g 16 --ops broadcast,alltoall,sendrecv -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3
+    run small_w16 60 -g 16 --ops allreduce,allgather,reduce_scatter -b 4K -e 256K -f 4 --vs gloo -n 10 -w 3
+    ;;
+variants)  # what the 16-rank rows depend on: the spin before sleeping, the ring, the frame size
+    run again_w16 60 -g 16 $CORE
+    NEURON_DIST_SHM_SPIN_US=1000 run spin1000_w16 60 -g 16 $CORE
+    NEURON_DIST_SHM_SPIN_US=10000 run spin10000_w16 60 -g 16 $CORE
+    NEURON_DIST_ALGO=allreduce:ring run ring_w16 40 -g 16 --ops allreduce -b 1M -e 64M -f 4 --vs gloo -n 10 -w 3
+    NEURON_DIST_FRAME_BYTES=2097152 run frame2m_w16 60 -g 16 $CORE
+    NEURON_DIST_SHM_SPIN_US=1000 run spin1000_w8 50 -g 8 $CORE
+    NEURON_DIST_SHM_SPIN_US=10000 run spin10000_w8 50 -g 8 $CORE
+    run loop_w16 60 -g 16 ${CORE/-n 10/-n 20} --loop
+    NEURON_DIST_SHM_SPIN_US=10000 run loop_spin10000_w16 60 -g 16 ${CORE/-n 10/-n 20} --loop
+    ;;
+esac
 echo "/dev/shm after: $(ls /dev/shm | head)" | tee -a "$LOG"
 [ -n "${OUT:-}" ] && tar czf "$OUT/tables.tgz" -C "$RES" .
