@@ -8,7 +8,8 @@
 # two-rank smoke run ends it at once (the image's torch is not the pinned one). Then the target's
 # runs (all-reduce, all-gather, reduce-scatter from 1 MiB at 8 and 16 ranks) and, in the time
 # left, the other collectives of the tables from 4 KiB (`run_16core.sh tables`, the default), or
-# the 16-rank rows again beside settings they may depend on (`run_16core.sh variants`).
+# the 16-rank rows again beside settings they may depend on (`run_16core.sh variants`), or the
+# target's rows again between two measurements of the copy rates (`run_16core.sh repeat`).
 set -u
 RES=${RES:-benchmarks/results/sixteen-cores}
 LOG=${OUT:+$OUT/log.txt}
@@ -68,6 +69,16 @@ variants)  # what the 16-rank rows depend on: the spin before sleeping, the ring
     NEURON_DIST_SHM_SPIN_US=10000 run spin10000_w8 50 -g 8 $CORE
     run loop_w16 60 -g 16 ${CORE/-n 10/-n 20} --loop
     NEURON_DIST_SHM_SPIN_US=10000 run loop_spin10000_w16 60 -g 16 ${CORE/-n 10/-n 20} --loop
+    ;;
+repeat)  # the target's rows once more, between two measurements of the host's copy rates
+    membw() {  # the shared collbench.py (../shared/tools, carried as .tools/) measures them
+        [ -f .tools/collbench.py ] || return 0
+        timeout 60 python3 .tools/collbench.py --membw -n 10 --json "$RES/membw_$1.json" 2>&1 | tee "$RES/membw_$1.txt" | tee -a "$LOG"
+    }
+    membw start
+    run core_w8 60 -g 8 $CORE
+    run core_w16 60 -g 16 $CORE
+    membw end
     ;;
 esac
 echo "/dev/shm after: $(ls /dev/shm | head)" | tee -a "$LOG"
