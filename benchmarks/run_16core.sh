@@ -9,7 +9,8 @@
 # runs (all-reduce, all-gather, reduce-scatter from 1 MiB at 8 and 16 ranks) and, in the time
 # left, the other collectives of the tables from 4 KiB (`run_16core.sh tables`, the default), or
 # the 16-rank rows again beside settings they may depend on (`run_16core.sh variants`), or the
-# target's rows again between two measurements of the copy rates (`run_16core.sh repeat`).
+# target's rows again between two measurements of the copy rates (`run_16core.sh repeat`), or
+# each algorithm forced at 1-16 MiB (`run_16core.sh algos`).
 set -u
 RES=${RES:-benchmarks/results/sixteen-cores}
 LOG=${OUT:+$OUT/log.txt}
@@ -79,6 +80,15 @@ repeat)  # the target's rows once more, between two measurements of the host's c
     run core_w8 60 -g 8 $CORE
     run core_w16 60 -g 16 $CORE
     membw end
+    ;;
+algos)  # 1-16 MiB, where the rows are latency-bound: each algorithm forced on all three
+    SIZES="-b 1M -e 16M -f 4 --vs gloo -n 10 -w 3"
+    for g in 16 8; do
+        for a in ring direct torus; do
+            NEURON_DIST_ALGO="allreduce:$a;allgather:$a;reduce_scatter:$a" run ${a}_w$g 40 -g $g --ops allreduce,allgather,reduce_scatter $SIZES
+        done
+        NEURON_DIST_ALGO="allreduce:rdh" run rdh_w$g 30 -g $g --ops allreduce $SIZES
+    done
     ;;
 esac
 echo "/dev/shm after: $(ls /dev/shm | head)" | tee -a "$LOG"
