@@ -92,4 +92,4 @@ algos)  # 1-16 MiB, where the rows are latency-bound: each algorithm forced on a
     ;;
 esac
 echo "/dev/shm after: $(ls /dev/shm | head)" | tee -a "$LOG"
-[ -n "${OUT:-}" ] && tar czf "$OUT/tables.tgz" -C "$RES" .
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/tables.tgz" -C "$RES" .; fi
