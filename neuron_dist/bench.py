@@ -15,9 +15,11 @@ preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = al
 collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
 broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call.
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
-see the same machine, and `ratio` is neuron's busbw over Gloo's. `model` is the busbw that
-`neuron_dist.topology.estimate` predicts for the algorithm the backend picks (its model policy,
-NEURON_DIST_ALGO honoured) on the modelled instance (`--instance`, default $NEURON_DIST_INSTANCE
+see the same machine, and `ratio` is neuron's busbw over Gloo's. `ran` is the algorithm the
+backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
+NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
+`neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
+model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`, default $NEURON_DIST_INSTANCE
 or trn2.48xlarge, ranks placed one per core): the device the backend is tuned for, not this
 host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The exit status is 1 if
 any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
@@ -97,6 +99,20 @@ def human(n: int) -> str:
         if n >= 1 << s and n % (1 << s) == 0:
             return f"{n >> s}{unit}"
     return str(n)
+
+
+def last_record(pg):
+    """The group's latest flight record (one per collective; point-to-point is not recorded)."""
+    records = getattr(getattr(pg, "group", None), "records", None)
+    return records[-1] if records else None
+
+
+def ran_algorithm(pg, before) -> str | None:
+    """The algorithm the backend ran for the collective called since `before` (its flight
+    record): what NEURON_DIST_TUNING and NEURON_DIST_ALGO chose on this host, where the `algo`
+    column is the model policy's choice. None when the call left no record (send/recv)."""
+    rec = last_record(pg)
+    return rec.algorithm if rec is not None and rec is not before else None
 
 
 class Case:
@@ -255,6 +271,8 @@ def worker(a) -> int:
         if gloo is not None:
             head += f" {'gloo us':>9} {'gloo bw':>7} {'ratio':>6}"
             unit += f" {'':>9} {'(GB/s)':>7} {'':>6}"
+        head += f" {'ran':>6}"
+        unit += f" {'':>6}"
         if a.instance:
             head += f" {'model':>7} {'algo':>6}"
             unit += f" {'(GB/s)':>7} {'':>6}"
@@ -267,7 +285,9 @@ def worker(a) -> int:
                 if name == "gloo" and g is None:
                     continue
                 case = Case(op, nbytes, dtype, rank, n, g)
+                before = last_record(pg)
                 case.run()
+                ran = ran_algorithm(pg, before) if g is None else None
                 bad = torch.tensor([case.wrong()], dtype=torch.int64)
                 dist.all_reduce(bad, group=meta)
                 case.reset()
@@ -278,6 +298,8 @@ def worker(a) -> int:
                 else:
                     algbw = case.size / t / 1e9
                     row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
+                if g is None:
+                    row[name]["algorithm"] = ran
             r = row["neuron"]
             line = (f"{row['size']:>12} {row['count']:>11} {a.dtype:>8} {_num(r['time_us'], 9, 1)} "
                     f"{_num(r['algbw'], 7, 3)} {_num(r['busbw'], 7, 3)} {r['wrong']:>6}")
@@ -285,6 +307,7 @@ def worker(a) -> int:
                 gr = row["gloo"]
                 row["ratio"] = r["busbw"] / gr["busbw"] if r["busbw"] and gr["busbw"] else None
                 line += f" {_num(gr['time_us'], 9, 1)} {_num(gr['busbw'], 7, 3)} {_num(row['ratio'], 6, 2)}"
+            line += f" {r['algorithm'] or '-':>6}"
             if a.instance:
                 m = model_busbw(op, row["size"], n, a.instance)
                 row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}

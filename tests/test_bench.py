@@ -53,6 +53,24 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert r["neuron"]["wrong"] == 0 and r["gloo"]["wrong"] == 0, r
         assert r["neuron"]["busbw"] > 0 and r["ratio"] > 0
         assert (r["model"] is None) == (r["op"] == "sendrecv"), r
+        # the default (model) policy runs what the model column names; send/recv has no algorithm
+        assert r["neuron"]["algorithm"] == (None if r["op"] == "sendrecv" else r["model"]["algorithm"]), r
+
+
+def test_ran_column_is_what_the_backend_ran(tmp_path):
+    """Under NEURON_DIST_TUNING=host the backend runs the ring for a two-rank 1 MiB all-reduce
+    (more than one frame) where the model policy, which the `algo` column follows, picks direct:
+    `ran` must come from the call itself, not from the model."""
+    import os
+    out = tmp_path / "h.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce", "-b", "1M",
+                        "-e", "1M", "-n", "1", "-w", "0", "--json", str(out)],
+                       env=dict(os.environ, NEURON_DIST_TUNING="host"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (row,) = json.load(open(out))["rows"]
+    assert row["neuron"]["algorithm"] == "ring" and row["model"]["algorithm"] == "direct", row
+    line = next(l for l in p.stdout.splitlines() if l.strip().startswith("1048576"))
+    assert line.split()[-3:-2] == ["ring"] and line.split()[-1] == "direct", p.stdout
 
 
 @pytest.mark.parametrize("mode,header,key", [("--loop", "time loop-avg", "loop"), ("--added", "time added", "added")])
