@@ -21,8 +21,8 @@ NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
 model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`, default
 $NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core): the device the backend is
-tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The exit status is 1 if
-any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
+tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The
+exit status is 1 if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
 `--loop` times as nccl-tests does: one barrier, then `-n` back-to-back calls, time = the slowest
 rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
