@@ -1,0 +1,75 @@
+"""benchmarks/summary.py reads the kept runs' JSON right: ranges per host, runs that met a target,
+runs set aside (synthetic runs with known numbers; the real ones are only read, never asserted)."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+
+def _write_run(d, cpu, l3, allreduce, train=None, membw_traffic=None, loop=None):
+    """A run folder as run_all.sh leaves it, with only the files the rows under test read:
+    `allreduce` maps size -> (neuron, gloo, mpi) busbw."""
+    os.makedirs(d)
+    with open(os.path.join(d, "machine.txt"), "w") as f:
+        f.write(f"Model name:   {cpu}\nL3 cache:   {l3} (1 instance)\n")
+    for i, impl in enumerate(("neuron", "gloo", "mpi")):
+        rows = [{"size": s, "busbw": v[i], "time_us": 1.0} for s, v in allreduce.items()]
+        json.dump({"rows": rows}, open(os.path.join(d, f"cb_allreduce_{impl}.json"), "w"))
+    if train:
+        json.dump({"rows": [{"wrap": w, "backend": b, "ratio": r} for (w, b), r in train.items()]},
+                  open(os.path.join(d, "train.json"), "w"))
+    if membw_traffic:
+        json.dump({"rows": [{"kind": "copy", "procs": 2, "traffic_gbs": membw_traffic}]},
+                  open(os.path.join(d, "membw.json"), "w"))
+    if loop:
+        for impl, us in loop.items():
+            json.dump({"rows": [{"size": 4096, "time_us": us}]}, open(os.path.join(d, f"loop_{impl}.json"), "w"))
+
+
+def _table(root) -> dict:
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "summary.py"), str(root)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("| ")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for ln in lines[1:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(head[1:], cells[1:]))
+    return rows, p.stdout
+
+
+def test_ranges_and_targets_met_per_host(tmp_path):
+    # host A, two runs: one meets 5x Gloo at both sizes, one does not; host B, one run
+    _write_run(tmp_path / "a1", "AMD EPYC", "32 MiB", {MiB: (6.0, 1.0, 2.0), 4 * MiB: (11.0, 2.0, 10.0), 64 * MiB: (4.0, 1.0, 2.0)},
+               train={("ddp", "neuron"): 1.2, ("ddp", "gloo"): 1.5}, membw_traffic=30.0, loop={"neuron": 28.0})
+    _write_run(tmp_path / "a2", "AMD EPYC", "32 MiB", {MiB: (2.0, 1.0, 4.0), 4 * MiB: (9.0, 1.5, 3.0)},
+               train={("ddp", "neuron"): 1.4, ("ddp", "gloo"): 1.6}, loop={"neuron": 40.0})
+    _write_run(tmp_path / "b1", "Intel(R) Xeon(R) Processor", "48 MiB", {MiB: (3.0, 1.0, 1.0)})
+    rows, out = _table(tmp_path)
+    a, b = "AMD EPYC, L3 32 MiB (2 runs)", "Intel Xeon, L3 48 MiB (1 run)"
+    gloo = rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"]
+    assert gloo[a] == "2.0-6.0 (1/2)" and gloo[b] == "3.0 (0/1)"      # 64 MiB is outside 1-16 MiB
+    assert rows["world 2 all-reduce, busbw x Open MPI, 1-64 MiB"][a] == "0.50-3.00 (1/2)"  # a1: 3.0, 1.1, 2.0; a2: 0.5, 3.0
+    assert rows["world 2 all-gather, busbw x Gloo, 1-16 MiB"][a] == "-"  # no all-gather files
+    assert rows["64 MiB all-reduce, fraction of the 5N copy bound"][a] == "67% (1/1)"  # 4.0 / (30 / 5), above 60%
+    assert rows["4 KiB all-reduce back to back, us (collbench --loop)"][a] == "28-40 (1/2)"
+    assert rows["DDP step x compute-only"][a] == "1.20-1.40 (1/2)"
+    assert rows["DDP under Gloo, same run"][a] == "1.50-1.60"
+    assert "a1, a2" in out and "b1" in out and "Set aside" not in out
+
+
+def test_runs_set_aside_are_left_out(tmp_path):
+    # a run folder named as one RESULTS.md set aside: its training rows must not enter the range
+    _write_run(tmp_path / "sixth-pass", "AMD EPYC", "32 MiB", {MiB: (6.0, 1.0, 1.0)},
+               train={("ddp", "neuron"): 0.9})
+    _write_run(tmp_path / "other", "AMD EPYC", "32 MiB", {MiB: (6.0, 1.0, 1.0)},
+               train={("ddp", "neuron"): 1.5})
+    rows, out = _table(tmp_path)
+    a = "AMD EPYC, L3 32 MiB (2 runs)"
+    assert rows["DDP step x compute-only"][a] == "1.50 (0/1)"
+    assert rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"][a] == "6.0 (2/2)"  # its other rows stay
+    assert "Set aside: sixth-pass's train rows" in out and "twenty-fourth-pass-2" not in out  # only runs present
