@@ -73,3 +73,15 @@ def test_runs_set_aside_are_left_out(tmp_path):
     assert rows["DDP step x compute-only"][a] == "1.50 (0/1)"
     assert rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"][a] == "6.0 (2/2)"  # its other rows stay
     assert "Set aside: sixth-pass's train rows" in out and "twenty-fourth-pass-2" not in out  # only runs present
+
+
+def test_readme_table_is_the_summary_of_the_kept_runs():
+    """README's "Performance today" table is summary.py's output over benchmarks/results, as is:
+    a run added (or a number edited) without printing the table again fails here."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "summary.py")],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    table = [ln for ln in p.stdout.splitlines() if ln.startswith("|")]
+    readme = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    at = readme.index(table[0])
+    assert readme[at:at + len(table)] == table
