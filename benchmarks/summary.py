@@ -8,8 +8,8 @@ and L3 size): the shared 2-vCPU VM changed hardware during the task, and the sam
 apart between them. Each cell gives the lowest and highest value over that host's runs, each run
 at its own commit (its `machine.txt`), so a range spans code versions as well as minutes. The
 last column is the target; "(k/n)" after a range: in k of the n runs that measured the row, every
-value of that run met it (all sizes, for the ratio rows). Numbers are read from the JSON, never typed: `tables.py` prints one
-run in full, this prints what every run says about each target.
+value of that run met it (all sizes, for the ratio rows). Numbers are read from the JSON, never
+typed: `tables.py` prints one run in full, this prints what every run says about each target.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import os
 import re
 import sys
 
-from tables import MiB, _rate, load
+from tables import MiB, copy_bound_inputs, load
 
 # Rows of a run that RESULTS.md judged to say nothing about a target, and why (by run folder and
 # row group): they are left out of the ranges, and listed under the table.
@@ -33,12 +33,9 @@ OPS = (("allreduce", "all-reduce"), ("allgather", "all-gather"), ("reducescatter
 
 
 def runs(root: str) -> list[str]:
-    found = [root] if os.path.exists(os.path.join(root, "cb_allreduce_neuron.json")) else []
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
-        if os.path.isdir(d) and os.path.exists(os.path.join(d, "cb_allreduce_neuron.json")):
-            found.append(d)
-    return found
+    """`root` and its folders that hold a full run, in name order."""
+    candidates = [root] + [os.path.join(root, n) for n in sorted(os.listdir(root))]
+    return [d for d in candidates if os.path.isfile(os.path.join(d, "cb_allreduce_neuron.json"))]
 
 
 def host(d: str) -> str:
@@ -76,11 +73,8 @@ def one_at_a_time_us(d: str, size: int = 4096) -> list[float]:
 
 def bound_fraction(d: str) -> list[float]:
     """The 64 MiB all-reduce's busbw over T/5 (tables.bound's derivation, the better copy rate)."""
-    mems = [m for m in (load(os.path.join(d, f)) for f in ("membw.json", "membw_end.json")) if m]
-    row = _rows(d, "cb_allreduce_neuron.json").get(64 * MiB)
-    if not (mems and row):
-        return []
-    return [row["busbw"] / (_rate(mems, "copy", 2, "traffic_gbs") / 5)]
+    got = copy_bound_inputs(d)
+    return [] if got is None else [got[1]["busbw"] / (got[2] / 5)]
 
 
 def train(d: str, wrap: str, backend: str) -> list[float]:
@@ -105,56 +99,63 @@ def span(values: list[float], fmt: str) -> str:
 
 
 def main() -> None:
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "results")
     by_host: dict[str, list[str]] = {}
+    names = {}  # run folder -> how the table names it (SET_ASIDE's keys)
     for d in runs(root):
         by_host.setdefault(host(d), []).append(d)
+        names[d] = "the top folder" if d == root else os.path.basename(d)
     hosts = sorted(by_host)
 
-    metrics = []
+    metrics = []  # (label, SET_ASIDE group, values of one run, format, target, test of one value)
     for op, name in OPS:
-        metrics.append((f"world 2 {name}, busbw x Gloo, 1-16 MiB", "collbench", lambda d, op=op: ratios(d, op, "gloo", MiB, 16 * MiB),
-                        "{:.1f}", ">= 5", lambda v: v >= 5))
+        metrics.append((f"world 2 {name}, busbw x Gloo, 1-16 MiB", "collbench",
+                        lambda d, op=op: ratios(d, op, "gloo", MiB, 16 * MiB), "{:.1f}", ">= 5", lambda v: v >= 5))
     for op, name in OPS:
-        metrics.append((f"world 2 {name}, busbw x Open MPI, 1-64 MiB", "collbench", lambda d, op=op: ratios(d, op, "mpi", MiB, 64 * MiB),
-                        "{:.2f}", ">= 1", lambda v: v >= 1))
+        metrics.append((f"world 2 {name}, busbw x Open MPI, 1-64 MiB", "collbench",
+                        lambda d, op=op: ratios(d, op, "mpi", MiB, 64 * MiB), "{:.2f}", ">= 1", lambda v: v >= 1))
     metrics += [
-        ("64 MiB all-reduce, fraction of the 5N copy bound", "bound", bound_fraction, "{:.0%}", ">= 60%", lambda v: v >= 0.6),
-        ("4 KiB all-reduce back to back, us (collbench --loop)", "loop", lambda d: loop_us(d, "neuron"), "{:.0f}", "<= 30",
-         lambda v: v <= 30),
+        ("64 MiB all-reduce, fraction of the 5N copy bound", "bound", bound_fraction, "{:.0%}", ">= 60%",
+         lambda v: v >= 0.6),
+        ("4 KiB all-reduce back to back, us (collbench --loop)", "loop", lambda d: loop_us(d, "neuron"), "{:.0f}",
+         "<= 30", lambda v: v <= 30),
         ("  4 KiB under Gloo, same run", "loop", lambda d: loop_us(d, "gloo"), "{:.0f}", "", None),
         ("  4 KiB under Open MPI, same run", "loop", lambda d: loop_us(d, "mpi"), "{:.1f}", "", None),
-        ("4 KiB all-reduce one call at a time, us (collbench)", "collbench", one_at_a_time_us, "{:.0f}", "<= 30", lambda v: v <= 30),
+        ("4 KiB all-reduce one call at a time, us (collbench)", "collbench", one_at_a_time_us, "{:.0f}", "<= 30",
+         lambda v: v <= 30),
         ("world 4 on 2 cores: rows slower than Gloo (of 48), one call at a time", "world4",
          lambda d: world4_slower(d, "bench_w4.json"), "{:.0f}", "0", lambda v: v == 0),
-        ("  world 4, back to back (--loop)", "world4", lambda d: world4_slower(d, "bench_w4_loop.json"), "{:.0f}", "0", lambda v: v == 0),
-        ("DDP step x compute-only", "train", lambda d: train(d, "ddp", "neuron"), "{:.2f}", "<= 1.25", lambda v: v <= 1.25),
+        ("  world 4, back to back (--loop)", "world4", lambda d: world4_slower(d, "bench_w4_loop.json"), "{:.0f}",
+         "0", lambda v: v == 0),
+        ("DDP step x compute-only", "train", lambda d: train(d, "ddp", "neuron"), "{:.2f}", "<= 1.25",
+         lambda v: v <= 1.25),
         ("  DDP under Gloo, same run", "train", lambda d: train(d, "ddp", "gloo"), "{:.2f}", "", None),
         ("  DDP with no communication (the floor)", "train", lambda d: train(d, "ddp", "none"), "{:.2f}", "", None),
-        ("FSDP2 step x compute-only", "train", lambda d: train(d, "fsdp2", "neuron"), "{:.2f}", "<= 1.6", lambda v: v <= 1.6),
+        ("FSDP2 step x compute-only", "train", lambda d: train(d, "fsdp2", "neuron"), "{:.2f}", "<= 1.6",
+         lambda v: v <= 1.6),
         ("  FSDP2 under Gloo, same run", "train", lambda d: train(d, "fsdp2", "gloo"), "{:.2f}", "", None),
-        ("  FSDP2 with no communication (the floor)", "train", lambda d: train(d, "fsdp2", "none"), "{:.2f}", "", None),
+        ("  FSDP2 with no communication (the floor)", "train", lambda d: train(d, "fsdp2", "none"), "{:.2f}", "",
+         None),
     ]
 
-    def name(d: str) -> str:
-        return "the top folder" if os.path.samefile(d, root) else os.path.basename(os.path.normpath(d))
-
     print(f"Full runs in {os.path.relpath(root)}: " +
-          "; ".join(f"{h}: {', '.join(name(d) for d in by_host[h])}" for h in hosts) + "\n")
-    print("| | " + " | ".join(f"{h} ({len(by_host[h])} run{'s' if len(by_host[h]) != 1 else ''})" for h in hosts) + " | target |")
+          "; ".join(f"{h}: {', '.join(names[d] for d in by_host[h])}" for h in hosts) + "\n")
+    print("| | " + " | ".join(f"{h} ({len(by_host[h])} run{'s' if len(by_host[h]) != 1 else ''})" for h in hosts)
+          + " | target |")
     print("|---|" + "---:|" * len(hosts) + "---|")
     for label, group, get, fmt, target, ok in metrics:
         cells = []
         for h in hosts:
-            per_run = [get(d) for d in by_host[h] if (name(d), group) not in SET_ASIDE]
+            per_run = [get(d) for d in by_host[h] if (names[d], group) not in SET_ASIDE]
             cell = span([v for vs in per_run for v in vs], fmt)
             measured = [vs for vs in per_run if vs]
             if ok is not None and measured:  # runs in which every value of the row meets the target
                 cell += f" ({sum(all(ok(v) for v in vs) for vs in measured)}/{len(measured)})"
             cells.append(cell)
         print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
-    present = {name(d) for ds in by_host.values() for d in ds}
-    aside = [f"{run}'s {group} rows ({why})" for (run, group), why in SET_ASIDE.items() if run in present]
+    aside = [f"{run}'s {group} rows ({why})" for (run, group), why in SET_ASIDE.items()
+             if run in names.values()]
     if aside:
         print("\nSet aside: " + "; ".join(aside) + ".")
 

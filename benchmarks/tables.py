@@ -110,16 +110,23 @@ def _rate(mems, kind: str, procs: int, field: str) -> float:
     return max(next(r for r in m["rows"] if r["kind"] == kind and r["procs"] == procs)[field] for m in mems)
 
 
-def bound(d: str) -> None:
+def copy_bound_inputs(d: str):
+    """(copy-rate measurements, the 64 MiB all-reduce row, the better copy traffic of two
+    processes in GB/s) of run `d`, or None where the run lacks either file or the row."""
     mems = [m for m in (load(os.path.join(d, f)) for f in ("membw.json", "membw_end.json")) if m]
     cb = load(os.path.join(d, "cb_allreduce_neuron.json"))
-    if not (mems and cb):
-        return
-    row = next((r for r in cb["rows"] if r["size"] == 64 * MiB), None)
-    if row is None:
-        return
+    row = next((r for r in cb["rows"] if r["size"] == 64 * MiB), None) if cb else None
+    if not (mems and row):
+        return None
     # GB/s of DRAM traffic (read + write) two copying processes sustain
-    traffic = _rate(mems, "copy", 2, "traffic_gbs")
+    return mems, row, _rate(mems, "copy", 2, "traffic_gbs")
+
+
+def bound(d: str) -> None:
+    got = copy_bound_inputs(d)
+    if got is None:
+        return
+    mems, row, traffic = got
     if len(mems) > 1:
         each = ", ".join(f"{_rate([m], 'copy', 2, 'traffic_gbs'):.2f}" for m in mems)
         print(f"\nCopy traffic with 2 processes, measured at the run's start and end: {each} GB/s; the bound "
