@@ -17,3 +17,11 @@ def test_collective(pools, case, world):
     assert len(checks) == world
     if not (case == "p2p" and world == 1):
         assert sum(checks) > 0, "the case compared nothing"
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("seed", (0, 1, 2))
+def test_random_sequence(pools, world, seed):
+    """Seeded random mixes of every call form, group, size and async wait order (cases_random.py)."""
+    checks = pools(world).run("cases_random:random_sequence", seed=seed, steps=200)
+    assert len(checks) == world and all(c > 0 for c in checks), checks

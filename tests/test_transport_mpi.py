@@ -1,6 +1,7 @@
-"""The core's cases over the MPI transport (every collective case of test_collectives.py and the
-training cases of test_training.py): the worker pools spawn with multiprocessing, not mpirun, so
-this test launches `mpirun -n N python tests/mpi_rank.py CASES...` itself."""
+"""The core's cases over the MPI transport (every collective case of test_collectives.py, a random
+sequence of calls, and the training cases of test_training.py): the worker pools spawn with
+multiprocessing, not mpirun, so this test launches `mpirun -n N python tests/mpi_rank.py CASES...`
+itself.
 import os
 import shutil
 import subprocess
@@ -13,8 +14,8 @@ sys.path.insert(0, HERE)
 from pool import free_port  # noqa: E402
 from test_collectives import CASES as COLLECTIVE_CASES  # noqa: E402
 
-CASES = COLLECTIVE_CASES + ["cases_training:ddp", "cases_training:fsdp1", "cases_training:fsdp2",
-                            "cases_training:dtensor", "cases_training:checkpoint"]
+CASES = COLLECTIVE_CASES + ["cases_random:random_sequence", "cases_training:ddp", "cases_training:fsdp1",
+                            "cases_training:fsdp2", "cases_training:dtensor", "cases_training:checkpoint"]
 
 
 def _mpirun():
