@@ -1,7 +1,7 @@
 """The core's cases over the MPI transport (every collective case of test_collectives.py, a random
 sequence of calls, and the training cases of test_training.py): the worker pools spawn with
 multiprocessing, not mpirun, so this test launches `mpirun -n N python tests/mpi_rank.py CASES...`
-itself.
+itself."""
 import os
 import shutil
 import subprocess
