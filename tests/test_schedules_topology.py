@@ -350,3 +350,22 @@ def test_an_unknown_instance_in_the_environment_names_the_variable():
         placement_from_env({"NEURON_DIST_INSTANCE": "trn9"}, 0, 2, 0, 2)
     with pytest.raises(ValueError, match=r"NEURON_DIST_INSTANCE='/nope/x.json': instance description"):
         placement_from_env({"NEURON_DIST_INSTANCE": "/nope/x.json"}, 0, 2, 0, 2)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8, 9])
+def test_ring_allgather_sends_its_own_block_from_the_input(n):
+    """The ring all-gather's first round copies the rank's block into OUT and sends it from IN in
+    the same round (one round fewer than copy, then send from OUT): n-1 rounds, uneven blocks in
+    any ring order fill every output, and at two ranks the ring is the direct schedule."""
+    from neuron_dist.collectives import direct, ring
+    rng = np.random.default_rng(n)
+    order = [int(r) for r in rng.permutation(n)]
+    blocks = [int(c) for c in rng.integers(0, 6, n)]
+    X = [rng.integers(-8, 9, c).astype(np.float64) for c in blocks]
+    scheds = [ring.allgather(order, r, blocks) for r in range(n)]
+    assert all(len(s.rounds) == max(1, n - 1) for s in scheds)
+    res = simulate(scheds, [x.copy() for x in X], [np.full(sum(blocks), np.nan) for _ in range(n)])
+    for r, o in enumerate(res.outs):
+        assert np.array_equal(o, np.concatenate(X)), (n, r)
+    if n == 2:
+        assert [s.rounds for s in scheds] == [direct.allgather(r, 2, blocks).rounds for r in range(2)]

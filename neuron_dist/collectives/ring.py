@@ -60,14 +60,22 @@ def allreduce(order: list[int], rank: int, count: int) -> Schedule:
 
 
 def allgather(order: list[int], rank: int, counts: list[int]) -> Schedule:
-    """IN holds counts[rank] elements; OUT holds every rank's block in group-rank order."""
+    """IN holds counts[rank] elements; OUT holds every rank's block in group-rank order. The first
+    round sends the rank's own block from IN, beside its copy into OUT, rather than from OUT in a
+    round after the copy: one round fewer (world 2, back to back, 0-11% less time per call at
+    4 KiB-16 MiB), and at two ranks the ring is the direct schedule."""
     blocks, start = [], 0
     for c in counts:
         blocks.append((start, c))
         start += c
-    s = Schedule("ring")
-    s.add(Copy(Chunk(IN, 0, counts[rank]), Chunk(OUT, blocks[rank][0], counts[rank])))
-    return s.extend(all_gather_rounds(order, rank, blocks, OUT))
+    own = Copy(Chunk(IN, 0, counts[rank]), Chunk(OUT, blocks[rank][0], counts[rank]))
+    rounds = all_gather_rounds(order, rank, blocks, OUT)
+    if not rounds.rounds:
+        return Schedule("ring").add(own)
+    (send, recv), *rest = rounds.rounds
+    s = Schedule("ring").add(own, Send(send.peer, own.src), recv)
+    s.rounds.extend(rest)
+    return s
 
 
 def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:

@@ -132,7 +132,8 @@ def _host_memory_choice(collective: str, nbytes: int, group) -> str | None:
         return None
     size = getattr(group, "size", 0)
     if collective != "allreduce" and size <= 2:
-        return None  # ring and direct coincide at two ranks
+        return None  # the model picks the ring: at two ranks all-gather's is the direct schedule, and
+        # reduce-scatter's reduces on receipt in one round, where direct adds a round and scratch
     if size == 2 and nbytes <= getattr(group, "frame_bytes", 0):
         # one frame each way, reduced straight from the peer's slot: one round trip, no scratch
         # (4 KiB-512 KiB, pinned back-to-back loops: 34 vs 52 us at 64 KiB, 61 vs 82 at 512 KiB)
