@@ -207,3 +207,9 @@ def random_sequence(rank, world, seed=0, steps=150):
     settle(len(pending))
     dist.barrier()
     return checks
+
+
+def ring_settings(rank, world):
+    """(frame bytes, slots per ring) of the default group, as its transport set them up."""
+    g = dist.distributed_c10d._get_default_group().group
+    return g.frame_bytes, getattr(g.transport, "nslots", None)

@@ -613,3 +613,19 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
     assert plan.lends
     assert [(n, lent) for _, _, n, _, lent in sends[0][1]] == [(512 * K, False)] * 6 + [(3 * M, True)]
     assert [n for _, _, n in recvs[0][1]] == [512 * K] * 6 + [3 * M]
+
+
+@pytest.mark.parametrize("world", (2, 4))
+def test_random_sequences_through_rings_of_two_small_slots(world):
+    """Seeded random sequences of every call form (tests/cases_random.py) through rings of two
+    4 KiB slots: steps are cut into many frames, and senders wait on full rings while async calls
+    of other groups are in flight; every result is checked against the reference."""
+    from pool import Pool
+    pool = Pool(world, env={"NEURON_DIST_FRAME_BYTES": "4096", "NEURON_DIST_SHM_SLOTS": "2"})
+    try:
+        assert pool.run("cases_random:ring_settings") == [(4096, 2)] * world
+        for seed in (7, 8):
+            checks = pool.run("cases_random:random_sequence", timeout=300, seed=seed, steps=150)
+            assert len(checks) == world and all(c > 0 for c in checks), checks
+    finally:
+        pool.close()
