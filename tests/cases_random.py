@@ -28,11 +28,18 @@ FORCEABLE = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather", "
              "reduce_scatter_tensor": "reduce_scatter", "broadcast": "broadcast"}
 
 
-def _groups(world):
-    """The default group, then subgroups every rank creates in the same order."""
-    groups = [(None, list(range(world)))]
+def _groups(rank, world):
+    """The default group, then subgroups every rank creates in the same order: a twin of the
+    world, the same ranks placed on two modelled nodes (so the model may pick the hierarchical
+    schedules), and three smaller ones."""
+    everyone = list(range(world))
+    groups = [(None, everyone)]
     if world >= 2:
-        groups.append((dist.new_group(list(range(world))), list(range(world))))  # a twin of the world
+        groups.append((dist.new_group(everyone), everyone))
+    if world % 2 == 0:
+        half = world // 2
+        with env(LOCAL_WORLD_SIZE=half, LOCAL_RANK=rank % half, GROUP_RANK=rank // half):
+            groups.append((dist.new_group(everyone), everyone))
     if world >= 3:
         for ranks in ([0, 1], list(range(1, world)), [0, world - 1]):
             groups.append((dist.new_group(ranks), ranks))
@@ -46,7 +53,7 @@ def _inputs(members, count, dtype, op, seed):
 def random_sequence(rank, world, seed=0, steps=150):
     rng = random.Random(seed)  # drawn identically on every rank
     local = random.Random(seed * 131 + rank)  # which async calls a rank waits for, and in what order
-    groups = _groups(world)
+    groups = _groups(rank, world)
     pending = []  # (work, check) of async calls not yet waited for
     checks = 0
 
@@ -206,6 +213,8 @@ def random_sequence(rank, world, seed=0, steps=150):
             settle(settle_now)
     settle(len(pending))
     dist.barrier()
+    for group, members in groups[1:]:  # the workers live on for other cases
+        dist.destroy_process_group(group)
     return checks
 
 
