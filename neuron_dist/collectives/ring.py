@@ -69,12 +69,14 @@ def allgather(order: list[int], rank: int, counts: list[int]) -> Schedule:
         blocks.append((start, c))
         start += c
     own = Copy(Chunk(IN, 0, counts[rank]), Chunk(OUT, blocks[rank][0], counts[rank]))
-    rounds = all_gather_rounds(order, rank, blocks, OUT)
-    if not rounds.rounds:
-        return Schedule("ring").add(own)
-    (send, recv), *rest = rounds.rounds
-    s = Schedule("ring").add(own, Send(send.peer, own.src), recv)
-    s.rounds.extend(rest)
+    s = Schedule("ring")
+    rounds = all_gather_rounds(order, rank, blocks, OUT).rounds
+    if not rounds:
+        return s.add(own)
+    (send, recv), *rest = rounds
+    s.add(own, Send(send.peer, own.src), recv)
+    for steps in rest:
+        s.add(*steps)
     return s
 
 
