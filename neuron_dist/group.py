@@ -51,6 +51,7 @@ INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits
 STATS_SIZES = 512  # distinct (collective, algorithm, size) rows a group counts exactly, for NEURON_DIST_REPORT
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
 SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often (who went first)
+LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
@@ -259,6 +260,8 @@ def _elastic_attempt() -> int:
 
 class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
+
+    _next_look = 0.0  # when a waiting op next looks at its peers' liveness (_check_stalled)
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
                  global_ranks: list[int] | None = None, set_grad_enabled=torch.set_grad_enabled):
@@ -678,16 +681,21 @@ class Group(HangDiagnosis):
             for q in range(self.size):
                 if q != self.rank:
                     self._peer_gone(q, now)
+        # a peer's liveness costs a system call or two (shared memory reads /proc/PID/stat):
+        # looked at every LOOK_INTERVAL_S, not on every idle pass of a waiting receive
+        look = now >= self._next_look
+        if look:
+            self._next_look = now + LOOK_INTERVAL_S
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
-            suspects = [peer] if peer is not None else []
-            if peer is None and op.is_p2p and op.direction == "recv-any":
+            suspects = [peer] if peer is not None and look else []
+            if look and peer is None and op.is_p2p and op.direction == "recv-any":
                 # a receive from any source not yet matched: every member still in the group may
                 # be its sender, so one that died fails it now (as MPI's ULFM and Gloo's broken
                 # pairs do), not at the time-out; one that closed in order sends nothing more
                 suspects = [q for q in range(self.size) if q != self.rank and not self.transport.peer_finished(q)]
             # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
-            for p in suspects + list(getattr(op.exe, "sends", None) or ()):
+            for p in suspects + (list(getattr(op.exe, "sends", None) or ()) if look else []):
                 gone = self._peer_gone(p, now)
                 if gone:
                     active.remove(op)
