@@ -317,7 +317,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
-        self._p2p_plans: dict[tuple, tuple] = {}  # send/recv: (schedule, description) per argument set
+        self._p2p_plans: dict = {}  # per argument set: a send's (description, schedule or one frame's header), a receive's schedule
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -830,19 +830,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(t, "send", r)
         self._peer(dstRank, "send")
         self._tag(tag, "send")
-        g, bufs, count = self.group, [_flat(t), None, None], t.numel()
+        g, flat, count = self.group, _flat(t), t.numel()
         nbytes = count * t.element_size()
-        key = ("send", dstRank, count, nbytes, tag)
+        key = ("send", dstRank, count, nbytes, tag, t.dtype)
         plan = self._p2p_plans.get(key)
-        if plan is None:  # the send's schedule and description, kept like a collective's plan
-            if len(self._p2p_plans) >= _PLAN_CACHE:
+        if plan is None:  # the send's description and schedule (or one frame's header), kept like
+            if len(self._p2p_plans) >= _PLAN_CACHE:  # a collective's plan
                 self._p2p_plans.clear()
-            plan = self._p2p_plans[key] = (Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))),
-                                           f"send({nbytes} bytes, to rank {dstRank}, tag {tag})")
-        sched, desc = plan
+            desc = f"send({nbytes} bytes, to rank {dstRank}, tag {tag})"
+            plan = self._p2p_plans[key] = (desc, g.frame_header(t.dtype, dstRank, nbytes, tag)) \
+                if g.one_frame(count, t.element_size()) else \
+                (desc, Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))))
+        desc, how = plan
 
         def start(op: Op):
-            return g.execution(op, sched, bufs, None, t.dtype, tag)
+            if type(how) is Schedule:
+                return g.execution(op, how, [flat, None, None], None, t.dtype, tag)
+            return g.send_frame(op, dstRank, how, flat)
 
         return self._submit(Kind.P2P, desc, start, None, [t], nbytes, t.dtype, "p2p", peer=dstRank, direction="send")
 

@@ -29,7 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import Execution, Mailbox, Stamp
+from .collectives.executor import Execution, Mailbox, SingleFrameSend, Stamp
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
@@ -494,6 +494,22 @@ class Group(HangDiagnosis):
         # the frames' stamp: a message's size stands in a send/recv's sequence field
         stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
         return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
+
+    def one_frame(self, count: int, itemsize: int) -> bool:
+        """Whether a point-to-point message of `count` elements travels as one copied frame, as
+        an Execution would cut it (no more than a frame's elements, and not lent)."""
+        t = self.transport
+        return 0 < count <= max(1, self.frame_bytes // itemsize) and \
+            not (getattr(t, "lend_bytes", 0) and count * itemsize > t.eager_bytes)
+
+    def frame_header(self, dtype: torch.dtype, peer: int, nbytes: int, tag: int):
+        """The header of a one-frame message to `peer` (what an Execution's stamp would make)."""
+        return Stamp(_P2P, dtype, self.token, self.group_id, nbytes, tag).header(self.rank, peer, 0, nbytes)
+
+    def send_frame(self, op: Op, peer: int, header, payload: torch.Tensor) -> SingleFrameSend:
+        """The op's execution for a one-frame message (see SingleFrameSend)."""
+        self._deaths.check(self, op)
+        return SingleFrameSend(self.transport, peer, header, payload)
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
