@@ -317,7 +317,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
-        self._p2p_plans: dict = {}  # per argument set: a send's (description, schedule or one frame's header), a receive's schedule
+        # per argument set: a send's (description, schedule or one frame's header); a receive's schedule
+        self._p2p_plans: dict = {}
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
