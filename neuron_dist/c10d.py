@@ -317,7 +317,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
-        # per argument set: a send's (description, schedule or one frame's header); a receive's schedule
+        # per argument set: a send's (description, schedule, or None and its one frame's header); a
+        # receive's schedule
         self._p2p_plans: dict = {}
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
@@ -839,15 +840,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if len(self._p2p_plans) >= _PLAN_CACHE:  # a collective's plan
                 self._p2p_plans.clear()
             desc = f"send({nbytes} bytes, to rank {dstRank}, tag {tag})"
-            plan = self._p2p_plans[key] = (desc, g.frame_header(t.dtype, dstRank, nbytes, tag)) \
-                if g.one_frame(count, t.element_size()) else \
-                (desc, Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))))
-        desc, how = plan
+            if g.one_frame(count, t.element_size()):
+                plan = (desc, None, g.frame_header(t.dtype, dstRank, nbytes, tag))
+            else:
+                plan = (desc, Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))), None)
+            self._p2p_plans[key] = plan
+        desc, sched, header = plan
 
         def start(op: Op):
-            if type(how) is Schedule:
-                return g.execution(op, how, [flat, None, None], None, t.dtype, tag)
-            return g.send_frame(op, dstRank, how, flat)
+            if sched is None:
+                return g.send_frame(op, dstRank, header, flat)
+            return g.execution(op, sched, [flat, None, None], None, t.dtype, tag)
 
         return self._submit(Kind.P2P, desc, start, None, [t], nbytes, t.dtype, "p2p", peer=dstRank, direction="send")
 

@@ -29,7 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import Execution, Mailbox, SingleFrameSend, Stamp
+from .collectives.executor import Execution, Mailbox, SingleFrameSend, Stamp, one_copied_frame
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
@@ -496,11 +496,9 @@ class Group(HangDiagnosis):
         return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
 
     def one_frame(self, count: int, itemsize: int) -> bool:
-        """Whether a point-to-point message of `count` elements travels as one copied frame, as
-        an Execution would cut it (no more than a frame's elements, and not lent)."""
-        t = self.transport
-        return 0 < count <= max(1, self.frame_bytes // itemsize) and \
-            not (getattr(t, "lend_bytes", 0) and count * itemsize > t.eager_bytes)
+        """Whether a point-to-point message of `count` elements travels as one copied frame in
+        this group (executor.one_copied_frame)."""
+        return one_copied_frame(self.transport, self.frame_bytes, count, itemsize)
 
     def frame_header(self, dtype: torch.dtype, peer: int, nbytes: int, tag: int):
         """The header of a one-frame message to `peer` (what an Execution's stamp would make)."""
@@ -704,20 +702,22 @@ class Group(HangDiagnosis):
             self._next_look = now + LOOK_INTERVAL_S
         for op in list(active):
             peer = op.exe.waiting_on if op.exe else None
-            suspects = [peer] if peer is not None and look else []
-            if look and peer is None and op.is_p2p and op.direction == "recv-any":
-                # a receive from any source not yet matched: every member still in the group may
-                # be its sender, so one that died fails it now (as MPI's ULFM and Gloo's broken
-                # pairs do), not at the time-out; one that closed in order sends nothing more
-                suspects = [q for q in range(self.size) if q != self.rank and not self.transport.peer_finished(q)]
-            # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
-            for p in suspects + (list(getattr(op.exe, "sends", None) or ()) if look else []):
-                gone = self._peer_gone(p, now)
-                if gone:
-                    active.remove(op)
-                    self._fail(op, GroupError(
-                        f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(p, gone)}"), active, waiting)
-                    return
+            if look:
+                suspects = [peer] if peer is not None else []
+                if peer is None and op.is_p2p and op.direction == "recv-any":
+                    # a receive from any source not yet matched: every member still in the group may
+                    # be its sender, so one that died fails it now (as MPI's ULFM and Gloo's broken
+                    # pairs do), not at the time-out; one that closed in order sends nothing more
+                    suspects = [q for q in range(self.size) if q != self.rank and not self.transport.peer_finished(q)]
+                # the peer we wait on, and any peer we still have frames for (a full queue to a dead peer)
+                for p in suspects + list(getattr(op.exe, "sends", None) or ()):
+                    gone = self._peer_gone(p, now)
+                    if gone:
+                        active.remove(op)
+                        self._fail(op, GroupError(
+                            f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(p, gone)}"),
+                            active, waiting)
+                        return
             if now - op.t0 > limit:
                 active.remove(op)
                 who = f"waiting for {self._who(peer)}" if peer is not None else \

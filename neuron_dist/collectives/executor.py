@@ -165,6 +165,19 @@ _LENDABLE = frozenset(int(k) for k in (Kind.ALLGATHER, Kind.BROADCAST, Kind.GATH
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
 
+def p2p_lent(transport, nbytes: int) -> bool:
+    """Whether a point-to-point message of `nbytes` is lent rather than copied: on a transport
+    that lends, one larger than what its ring holds (the sender waits for its receiver anyway).
+    Both ends know the size, so both cut the message alike (Execution; SingleFrameSend's choice)."""
+    return bool(getattr(transport, "lend_bytes", 0)) and nbytes > transport.eager_bytes
+
+
+def one_copied_frame(transport, frame_bytes: int, count: int, itemsize: int) -> bool:
+    """Whether an Execution sends a point-to-point message of `count` elements as one copied
+    frame (at most a frame's elements, not lent): the messages SingleFrameSend may send."""
+    return 0 < count <= max(1, frame_bytes // itemsize) and not p2p_lent(transport, count * itemsize)
+
+
 class Execution:
     """One schedule in flight. Raises from progress() on any protocol error."""
 
@@ -197,7 +210,7 @@ class Execution:
             # larger than what the ring holds (it already waits for its receiver, so lending it
             # changes nothing a caller sees; the size rule is one both ends know); elsewhere the
             # steps the schedule marks (e.g. the all-gather half of a ring all-reduce)
-            every = stamp._kind in _LENDABLE or stamp._kind == _P2P and stamp.seq > t.eager_bytes
+            every = stamp._kind in _LENDABLE or stamp._kind == _P2P and p2p_lent(t, stamp.seq)
             if every or schedule.lends:
                 lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), not every
         self.frame_elems = max(1, frame_bytes // itemsize)
@@ -424,4 +437,5 @@ class SingleFrameSend:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS"]
+__all__ = ["Execution", "Mailbox", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS", "one_copied_frame",
+           "p2p_lent"]
