@@ -870,16 +870,40 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._tag(tag, "recv")
         # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:
         # its current values, so that a shorter message leaves the rest of the tensor as it was
-        out = t.view(-1) if t.is_contiguous() else t.contiguous().view(-1)
-        after = None if t.is_contiguous() else (lambda: t.copy_(out.view(t.shape)))
-        nbytes = t.numel() * t.element_size()
-        desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
-            f"recv(any source, tag {tag}, {nbytes} bytes)"
+        contiguous = t.is_contiguous()
+        out = t.view(-1) if contiguous else t.contiguous().view(-1)
+        g, count, dtype = self.group, t.numel(), t.dtype
+        nbytes = count * t.element_size()
+        key = ("recv", peer, count, tag, dtype)
+        plan = self._p2p_plans.get(key)
+        if plan is None:  # the receive's description and, for a one-frame message, the headers
+            if len(self._p2p_plans) >= _PLAN_CACHE:  # its sources' frames must carry
+                self._p2p_plans.clear()
+            desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
+                f"recv(any source, tag {tag}, {nbytes} bytes)"
+            sources = None
+            if g.one_frame(count, t.element_size()):
+                sources = tuple((p, g.frame_header(dtype, p, nbytes, tag, incoming=True))
+                                for p in ((peer,) if peer is not None else range(g.size)) if p != g.rank)
+            plan = self._p2p_plans[key] = (desc, sources)
+        desc, sources = plan
 
-        def start(op: Op):
-            return _Recv(self, op, out, t.dtype, tag, peer)
+        if sources is None:
+            def start(op: Op):
+                return _Recv(self, op, out, dtype, tag, peer)
+        else:
+            def start(op: Op):
+                return g.recv_frame(op, peer, sources, tag, out, dtype)
 
-        return self._submit(Kind.P2P, desc, start, (lambda op: after()) if after else None, [t], nbytes, t.dtype,
+        finish = None
+        if not contiguous or (peer is None and sources is not None):
+            def finish(op: Op) -> None:
+                if peer is None and sources is not None:
+                    op.source_rank = op.exe.peer  # (an Execution's _Recv sets it when it finds the frame)
+                if not contiguous:
+                    t.copy_(out.view(t.shape))
+
+        return self._submit(Kind.P2P, desc, start, finish, [t], nbytes, dtype,
                             "p2p", peer=peer, direction="recv" if peer is not None else "recv-any")
 
     def _recv_schedule(self, peer: int, count: int) -> Schedule:

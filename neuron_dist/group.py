@@ -29,7 +29,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import Execution, Mailbox, SingleFrameSend, Stamp, one_copied_frame
+from .collectives.executor import Execution, Mailbox, SingleFrameRecv, SingleFrameSend, Stamp, one_copied_frame
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
@@ -500,14 +500,24 @@ class Group(HangDiagnosis):
         this group (executor.one_copied_frame)."""
         return one_copied_frame(self.transport, self.frame_bytes, count, itemsize)
 
-    def frame_header(self, dtype: torch.dtype, peer: int, nbytes: int, tag: int):
-        """The header of a one-frame message to `peer` (what an Execution's stamp would make)."""
-        return Stamp(_P2P, dtype, self.token, self.group_id, nbytes, tag).header(self.rank, peer, 0, nbytes)
+    def frame_header(self, dtype: torch.dtype, peer: int, nbytes: int, tag: int, incoming: bool = False):
+        """The header of a one-frame message to `peer`, or from it if `incoming` (what an
+        Execution's stamp would make, or expect)."""
+        src, dst = (peer, self.rank) if incoming else (self.rank, peer)
+        return Stamp(_P2P, dtype, self.token, self.group_id, nbytes, tag).header(src, dst, 0, nbytes)
 
     def send_frame(self, op: Op, peer: int, header, payload: torch.Tensor) -> SingleFrameSend:
         """The op's execution for a one-frame message (see SingleFrameSend)."""
         self._deaths.check(self, op)
         return SingleFrameSend(self.transport, peer, header, payload)
+
+    def recv_frame(self, op: Op, peer: int | None, sources: tuple, tag: int, out: torch.Tensor,
+                   dtype: torch.dtype) -> SingleFrameRecv:
+        """The op's execution for a receive that fits one frame (see SingleFrameRecv); `peer`
+        None: from any source (whose sender is found by its frame, so no liveness check here)."""
+        if peer is not None:
+            self._deaths.check(self, op)
+        return SingleFrameRecv(self.mailbox, sources, tag, out, dtype)
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:

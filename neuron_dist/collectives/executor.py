@@ -437,5 +437,53 @@ class SingleFrameSend:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS", "one_copied_frame",
+class SingleFrameRecv:
+    """A receive whose buffer fits one copied frame (`one_copied_frame`), without an Execution.
+
+    The sender cuts such a message, or any shorter one, into a single copied frame: chunk 0,
+    the message's byte count in its header. So the receive takes one frame from its peer (from
+    any source: the first peer, in rank order, with a frame for the tag), checks it against the
+    header an Execution of the receive would expect, and copies its bytes to the front of the
+    buffer. A shorter message (same dtype, whole elements) is checked against the header of a
+    receive of its size, as the Execution's `shorter` path does, and fills the buffer's first
+    elements; a longer one, or one of another dtype, fails the check naming both. What it saves
+    is the Execution's set-up and walk, about a quarter of a small receive's time (RESULTS.md
+    "Thirtieth pass")."""
+    __slots__ = ("mailbox", "sources", "key", "out", "dtype", "done", "waiting_on", "peer", "nbytes")
+
+    def __init__(self, mailbox: Mailbox, sources: tuple, tag: int, out: torch.Tensor, dtype: torch.dtype):
+        """`sources`: ((peer, the header its frame must carry), ...) in the order they are tried."""
+        self.mailbox, self.sources, self.key, self.out, self.dtype = mailbox, sources, ("p2p", tag), out, dtype
+        self.done = False
+        self.waiting_on: int | None = sources[0][0] if len(sources) == 1 else None
+        self.peer: int | None = None  # the sender, once its frame is taken
+        self.nbytes: int | None = None  # the message's size, once known
+
+    def progress(self) -> bool:
+        take, key = self.mailbox.take, self.key
+        for peer, want in self.sources:
+            got = take(peer, key)
+            if got is not None:
+                break
+        else:
+            return False
+        h, payload, owned = got
+        try:
+            if h.seq < want.seq and h.dtype == want.dtype and h.seq % self.dtype.itemsize == 0:
+                want = want._replace(seq=h.seq, nbytes=h.seq)  # a shorter message: its receive's header
+            check(h, want, payload.nbytes)
+            nbytes = want.nbytes
+            if nbytes:
+                out = self.out
+                if nbytes != out.nbytes:
+                    out = out[:nbytes // self.dtype.itemsize]
+                copy_into(out, payload if payload.dtype is self.dtype else payload.view(self.dtype))
+        finally:
+            if not owned:
+                self.mailbox.transport.release(peer)
+        self.peer, self.nbytes, self.done, self.waiting_on = peer, nbytes, True, None
+        return True
+
+
+__all__ = ["Execution", "Mailbox", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS", "one_copied_frame",
            "p2p_lent"]
