@@ -895,11 +895,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
             def start(op: Op):
                 return g.recv_frame(op, peer, sources, tag, out, dtype)
 
+        # a one-frame receive from any source learns its sender from the frame it took (an
+        # Execution's _Recv sets it when it finds the frame)
+        sender_from_frame = peer is None and sources is not None
         finish = None
-        if not contiguous or (peer is None and sources is not None):
+        if sender_from_frame or not contiguous:
             def finish(op: Op) -> None:
-                if peer is None and sources is not None:
-                    op.source_rank = op.exe.peer  # (an Execution's _Recv sets it when it finds the frame)
+                if sender_from_frame:
+                    op.source_rank = op.exe.peer
                 if not contiguous:
                     t.copy_(out.view(t.shape))
 
