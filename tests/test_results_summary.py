@@ -2,6 +2,7 @@
 runs set aside (synthetic runs with known numbers; the real ones are only read, never asserted)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -77,11 +78,16 @@ def test_runs_set_aside_are_left_out(tmp_path):
 
 def test_readme_table_is_the_summary_of_the_kept_runs():
     """README's "Performance today" table is summary.py's output over benchmarks/results, as is:
-    a run added (or a number edited) without printing the table again fails here."""
+    a run added (or a number edited) without printing the table again fails here; and the text
+    above it counts the same runs (it once said 21 beside a table of 24)."""
     p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "summary.py")],
                        capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
     table = [ln for ln in p.stdout.splitlines() if ln.startswith("|")]
-    readme = open(os.path.join(ROOT, "README.md")).read().splitlines()
+    text = open(os.path.join(ROOT, "README.md")).read()
+    readme = text.splitlines()
     at = readme.index(table[0])
     assert readme[at:at + len(table)] == table
+    runs = sum(int(n) for n in re.findall(r"\((\d+) runs?\)", table[0]))
+    said = re.findall(r"\((\d+) runs, 2026", text)
+    assert said == [str(runs)], f"README's text counts {said} runs, its table {runs}"
