@@ -485,5 +485,5 @@ class SingleFrameRecv:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS", "one_copied_frame",
-           "p2p_lent"]
+__all__ = ["Execution", "Mailbox", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS",
+           "one_copied_frame", "p2p_lent"]
