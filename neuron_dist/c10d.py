@@ -318,7 +318,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
         # per argument set: a send's (description, schedule, or None and its one frame's header); a
-        # receive's schedule
+        # receive's (description, or None and its sources with the headers their one frame must
+        # carry), and the schedule its Execution runs (_recv_schedule)
         self._p2p_plans: dict = {}
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------

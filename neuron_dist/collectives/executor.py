@@ -172,9 +172,17 @@ def p2p_lent(transport, nbytes: int) -> bool:
     return bool(getattr(transport, "lend_bytes", 0)) and nbytes > transport.eager_bytes
 
 
+def shorter_message(h: Header, want_bytes: int, dtype_code: int, itemsize: int) -> bool:
+    """Whether frame `h` starts a point-to-point message shorter than the `want_bytes` a receive
+    expects, in the receive's dtype and whole elements: one that fills the buffer's front
+    (Execution's `shorter` path; SingleFrameRecv). Any other size mismatch fails the frame check."""
+    return h.seq < want_bytes and h.dtype == dtype_code and h.seq % itemsize == 0
+
+
 def one_copied_frame(transport, frame_bytes: int, count: int, itemsize: int) -> bool:
     """Whether an Execution sends a point-to-point message of `count` elements as one copied
-    frame (at most a frame's elements, not lent): the messages SingleFrameSend may send."""
+    frame (at most a frame's elements, not lent): the messages SingleFrameSend sends, and the
+    buffers SingleFrameRecv receives into."""
     return 0 < count <= max(1, frame_bytes // itemsize) and not p2p_lent(transport, count * itemsize)
 
 
@@ -361,8 +369,8 @@ class Execution:
                 h, payload, owned = got
                 step, off, n = q[0]
                 chunk = self.recv_chunks.get(peer, 0)
-                if self.shorter_ok and h.seq < self.stamp.seq and h.dtype == self.stamp._dtype \
-                        and h.seq % self.itemsize == 0 and not chunk:
+                if self.shorter_ok and not chunk and \
+                        shorter_message(h, self.stamp.seq, self.stamp._dtype, self.itemsize):
                     self.mailbox.put_back(peer, key, h, payload, owned)  # for the receive of its size
                     self.shorter = h.seq
                     return moved
@@ -469,7 +477,7 @@ class SingleFrameRecv:
             return False
         h, payload, owned = got
         try:
-            if h.seq < want.seq and h.dtype == want.dtype and h.seq % self.dtype.itemsize == 0:
+            if shorter_message(h, want.seq, want.dtype, self.dtype.itemsize):
                 want = want._replace(seq=h.seq, nbytes=h.seq)  # a shorter message: its receive's header
             check(h, want, payload.nbytes)
             nbytes = want.nbytes
