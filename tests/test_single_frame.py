@@ -53,10 +53,11 @@ def _group(transport):
     return SimpleNamespace(token=TOKEN, group_id=GROUP_ID, rank=RANK, frame_bytes=FRAME, transport=transport)
 
 
-def _execution_frames(t, transport):
+def _execution_frames(t, transport, src=RANK, dst=PEER, tag=TAG, token=TOKEN):
+    """The frames an Execution sends for `t` from `src` to `dst`, as `transport` records them."""
     nbytes = t.numel() * t.element_size()
-    exe = Execution(Schedule("p2p").add(Send(PEER, Chunk(IN, 0, t.numel()))), [t, None, None], None,
-                    Stamp(Kind.P2P, t.dtype, TOKEN, GROUP_ID, nbytes, TAG), RANK, Mailbox(transport, RANK), FRAME)
+    exe = Execution(Schedule("p2p").add(Send(dst, Chunk(IN, 0, t.numel()))), [t, None, None], None,
+                    Stamp(Kind.P2P, t.dtype, token, GROUP_ID, nbytes, tag), src, Mailbox(transport, src), FRAME)
     for _ in range(100):
         exe.progress()
         if exe.done:
@@ -132,14 +133,8 @@ class Inbox:
 
 
 def _message(t, src=PEER, dst=RANK, tag=TAG, token=TOKEN):
-    """The frames an Execution sends for `t` from `src` to `dst`."""
-    rec = Recorder()
-    nbytes = t.numel() * t.element_size()
-    exe = Execution(Schedule("p2p").add(Send(dst, Chunk(IN, 0, t.numel()))), [t, None, None], None,
-                    Stamp(Kind.P2P, t.dtype, token, GROUP_ID, nbytes, tag), src, Mailbox(rec, src), FRAME)
-    while not exe.done:
-        exe.progress()
-    return [(src, h, b) for _, h, b in rec.frames]
+    """The frames an Execution sends for `t` from `src` to `dst`, as an Inbox takes them."""
+    return [(src, h, b) for _, h, b in _execution_frames(t, Recorder(), src, dst, tag, token)]
 
 
 def _one_frame_recv(frames, out, peers=(PEER,), tag=TAG):
