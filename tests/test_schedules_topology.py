@@ -152,24 +152,41 @@ def test_count_mismatch_and_unreceived_reported():
 
 def test_lend_marks_pair_up():
     """A step marked lendable is cut into the transport's lent frames at both ends, so a Send and
-    its Recv must carry the same mark; a reducing Recv reads through a copy and is never marked.
-    The ring all-reduce marks its all-gather half, and its schedules pair up at every size."""
+    its Recv must carry the same mark, and a lent Send that its Recv reduces must say so
+    (`reduced`: such steps are lent from a larger size). The ring all-reduce marks every step,
+    its reduce-scatter half `reduced`, as does the ring reduce-scatter, and their schedules pair
+    up at every size."""
     a = Schedule("x").add(Send(1, Chunk(OUT, 0, 2), lend=True))
     b = Schedule("x").add(Recv(0, Chunk(OUT, 0, 2)))
     assert a.lends and not b.lends and Schedule("y").extend(a).lends
     with pytest.raises(ScheduleError, match="recv lend=False from rank 0, whose send has lend=True"):
         simulate([a, b], [np.zeros(2), np.zeros(2)], inplace=True)
-    with pytest.raises(ValueError, match="reducing recv"):
-        Recv(0, Chunk(OUT, 0, 2), reduce=True, lend=True)
+    c = Schedule("x").add(Recv(0, Chunk(OUT, 0, 2), reduce=True, lend=True))
+    with pytest.raises(ScheduleError, match="lent recv reduce=True from rank 0, whose send has reduced=False"):
+        simulate([a, c], [np.zeros(2), np.zeros(2)], inplace=True)
+    d = Schedule("x").add(Send(1, Chunk(OUT, 0, 2), lend=True, reduced=True))
+    with pytest.raises(ScheduleError, match="lent recv reduce=False from rank 0, whose send has reduced=True"):
+        simulate([d, Schedule("x").add(Recv(0, Chunk(OUT, 0, 2), lend=True))], [np.zeros(2)] * 2, inplace=True)
+    assert simulate([d, c], [np.ones(2), np.ones(2)], inplace=True).outs[1].tolist() == [2.0, 2.0]
     from neuron_dist.collectives import ring
     for n in (2, 3, 4):
         order = list(range(n))[::-1]
         scheds = [ring.allreduce(order, r, 10) for r in range(n)]
-        marked = [s for r in scheds[0].rounds for s in r if isinstance(s, (Send, Recv)) and s.lend]
-        assert scheds[0].lends and len(marked) == 2 * (n - 1)  # the all-gather half, each way
+        steps = [s for r in scheds[0].rounds for s in r if isinstance(s, (Send, Recv))]
+        assert scheds[0].lends and all(s.lend for s in steps) and len(steps) == 4 * (n - 1)
+        assert sum(isinstance(s, Send) and s.reduced for s in steps) == n - 1  # the reduce-scatter half
         X = [np.arange(10.0) * (r + 1) for r in range(n)]
         res = simulate(scheds, X, inplace=True)
         assert all(np.array_equal(o, np.arange(10.0) * n * (n + 1) / 2) for o in res.outs)
+        counts = [3 + r for r in range(n)]
+        scheds = [ring.reduce_scatter(order, r, counts) for r in range(n)]
+        steps = [s for r in scheds[0].rounds for s in r if isinstance(s, (Send, Recv))]
+        assert all(s.lend and (s.reduced if isinstance(s, Send) else s.reduce) for s in steps)
+        X = [np.arange(sum(counts), dtype=float) * (r + 1) for r in range(n)]
+        res = simulate(scheds, X, outs=[np.zeros(c) for c in counts])
+        want = np.arange(sum(counts), dtype=float) * n * (n + 1) / 2
+        for r, o in enumerate(res.outs):
+            assert np.array_equal(o, want[sum(counts[:r]):sum(counts[:r + 1])])
 
 
 def test_simulate_torch_buffers():

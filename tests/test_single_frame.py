@@ -26,6 +26,7 @@ class Recorder:
     def __init__(self, lend_bytes=0, eager_bytes=1 << 20, full=0, unflushed=0):
         self.frames, self.lent = [], []
         self.lend_bytes, self.eager_bytes, self.lend_from, self.lend_min = lend_bytes, eager_bytes, 1, 1
+        self.lend_reduce_from = 1
         self.full, self.pending = full, unflushed  # refuse the next `full` sends; name the peer `pending` times
 
     def send(self, peer, header, payload):

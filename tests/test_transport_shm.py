@@ -591,7 +591,7 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
     K, M = 1 << 10, 1 << 20
     sizes = (100 * K, M, 3 * M, 8 * M + 100 * K, 8 * M + 300 * K)
     sched = Schedule("t").add(*[Send(1, Chunk(IN, 0, n)) for n in sizes], *[Recv(1, Chunk(OUT, 0, n)) for n in sizes])
-    plan = frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K))
+    plan = frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K, 6 * M))
     (_, sends, recvs), = plan
     assert plan.lends  # (an executor checks rounds for in-place lending only where a plan lends)
     got = [(n, lent) for _, _, n, _, lent in sends[0][1]]
@@ -603,16 +603,24 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
     plan = frame_plan(sched, 1, 512 * K)  # no lending: every step in slot frames, copied
     (_, sends, _), = plan
     assert not any(lent for *_, lent in sends[0][1]) and max(n for _, _, n, _, _ in sends[0][1]) == 512 * K
-    assert not plan.lends and not frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True).lends
+    assert not plan.lends and not frame_plan(sched, 1, 512 * K, (4 * M, 2 * M, 256 * K, 6 * M), marked_only=True).lends
     # a collective whose other steps reduce (a ring all-reduce) lends only the steps marked lend,
     # at both ends
     marked = Schedule("t").add(Send(1, Chunk(IN, 0, 3 * M)), Send(1, Chunk(IN, 0, 3 * M), lend=True),
                                Recv(1, Chunk(OUT, 0, 3 * M), reduce=True), Recv(1, Chunk(OUT, 0, 3 * M), lend=True))
-    plan = frame_plan(marked, 1, 512 * K, (4 * M, 2 * M, 256 * K), marked_only=True)
+    plan = frame_plan(marked, 1, 512 * K, (4 * M, 2 * M, 256 * K, 6 * M), marked_only=True)
     (_, sends, recvs), = plan
     assert plan.lends
     assert [(n, lent) for _, _, n, _, lent in sends[0][1]] == [(512 * K, False)] * 6 + [(3 * M, True)]
     assert [n for _, _, n in recvs[0][1]] == [512 * K] * 6 + [3 * M]
+    # a marked step its receiver reduces (Send.reduced, Recv.reduce) is lent only from
+    # `lend_reduce_from` (6 MiB here): 3 MiB goes through the slots, 9 MiB in lent frames
+    reduced = Schedule("t").add(*[Send(1, Chunk(IN, 0, n), lend=True, reduced=True) for n in (3 * M, 9 * M)],
+                                *[Recv(1, Chunk(OUT, 0, n), reduce=True, lend=True) for n in (3 * M, 9 * M)])
+    (_, sends, recvs), = frame_plan(reduced, 1, 512 * K, (4 * M, 2 * M, 256 * K, 6 * M), marked_only=True)
+    got = [(n, lent) for _, _, n, _, lent in sends[0][1]]
+    assert got == [(512 * K, False)] * 6 + [(4 * M, True), (4 * M, True), (M, True)]
+    assert [n for _, _, n in recvs[0][1]] == [n for n, _ in got]
 
 
 @pytest.mark.parametrize("world", (2, 4))

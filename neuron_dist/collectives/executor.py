@@ -50,6 +50,17 @@ class Mailbox:
         # peer -> (key, header, payload): a frame looked at and put back, still in the transport
         # (at most one per peer: the transport hands out the next frame only after a release)
         self.held: dict[int, tuple] = {}
+        self._parts: dict[torch.dtype, torch.Tensor] = {}  # see part_buffer
+
+    def part_buffer(self, dtype: torch.dtype) -> torch.Tensor:
+        """The buffer a reducing receive reads a lent frame into, part by part (Execution
+        ._reduce_lent): LENT_PART_BYTES, made on first use, one per group and dtype (ops of a
+        group run on one thread at a time, under its drive lock), small enough that each part
+        is still in cache when the reduction reads it."""
+        b = self._parts.get(dtype)
+        if b is None:
+            b = self._parts[dtype] = torch.empty(max(1, LENT_PART_BYTES // dtype.itemsize), dtype=dtype)
+        return b
 
     @staticmethod
     def key(h: Header) -> tuple:
@@ -102,7 +113,7 @@ class Mailbox:
             self.held[peer] = (key, header, payload)
 
 
-def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0),
+def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple = (0, 0, 0, 0),
                marked_only: bool = False) -> tuple:
     """The schedule cut into frames, once per (schedule, itemsize, frame size, lending): per round,
     (local steps as (is_copy, src, dst, src_first), sends as ((peer, ((buf, element offset,
@@ -110,21 +121,24 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
     ...)), ...)).
 
     `lend` = (elements per lent frame, bytes from which a step is lent, bytes from which a frame
-    of such a step is lent): a step of at least the second is cut into lent-size frames, and
-    those of at least the third are lent (a shorter tail is copied: it fits a slot); smaller
-    steps are cut at `frame_elems` and copied. `marked_only`: only steps marked `lend` (a
-    collective whose other steps reduce); otherwise every step. A step's sender and receiver
-    move the same number of elements and carry the same mark, so both cut it alike."""
+    of such a step is lent, bytes from which a step that its receiver reduces is lent): a step
+    of at least the second (the fourth if reduced) is cut into lent-size frames, and those of at
+    least the third are lent (a shorter tail is copied: it fits a slot); smaller steps are cut
+    at `frame_elems` and copied. `marked_only`: only steps marked `lend` (a collective whose
+    other steps reduce); otherwise every step. A step's sender and receiver move the same
+    number of elements and carry the same marks (Send.reduced, Recv.reduce), so both cut it
+    alike."""
     key = (itemsize, frame_elems, lend, marked_only)
     plan = schedule.plans.get(key)
     if plan is not None:
         return plan
-    lend_elems, lend_from, lend_min = lend
+    lend_elems, lend_from, lend_min, lend_reduce_from = lend
 
-    def frames(count, marked):  # (offset, n, lent) of `count` elements; one empty frame for 0
+    def frames(count, marked, reduced=False):  # (offset, n, lent) of `count` elements; one empty frame for 0
         if count == 0:
             return [(0, 0, False)]
-        if lend_elems and (marked or not marked_only) and count * itemsize >= lend_from:
+        if lend_elems and (marked or not marked_only) and \
+                count * itemsize >= (lend_reduce_from if reduced else lend_from):
             return [(o, min(lend_elems, count - o), min(lend_elems, count - o) * itemsize >= lend_min)
                     for o in range(0, count, lend_elems)]
         return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
@@ -139,9 +153,9 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
             if isinstance(s, Send):
                 sends.setdefault(s.peer, []).extend(
                     (s.src.buf, s.src.start + off, n, n * itemsize, lent)
-                    for off, n, lent in frames(s.src.count, s.lend))
+                    for off, n, lent in frames(s.src.count, s.lend, s.reduced))
             elif isinstance(s, Recv):
-                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count, s.lend))
+                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count, s.lend, s.reduce))
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = Plan(rounds)
@@ -211,7 +225,7 @@ class Execution:
         self.itemsize = itemsize = dtype.itemsize
         # lending (see transport/cma.py): large steps are cut into large frames the peer reads
         # from this process (frame_plan says which); the rest is copied through the transport
-        lend, t, marked_only = (0, 0, 0), self.transport, False
+        lend, t, marked_only = (0, 0, 0, 0), self.transport, False
         lend_bytes = getattr(t, "lend_bytes", 0)  # (duck-typed transports: none)
         if lend_bytes:
             # every step of a collective that only moves data, and of a point-to-point message
@@ -220,7 +234,8 @@ class Execution:
             # steps the schedule marks (e.g. the all-gather half of a ring all-reduce)
             every = stamp._kind in _LENDABLE or stamp._kind == _P2P and p2p_lent(t, stamp.seq)
             if every or schedule.lends:
-                lend, marked_only = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min), not every
+                lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min, t.lend_reduce_from)
+                marked_only = not every
         self.frame_elems = max(1, frame_bytes // itemsize)
         self.rounds = rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
         self.lending = rounds.lends
@@ -395,8 +410,9 @@ class Execution:
                 d = step.dst
                 payload.read_into(self._view(d) if off == 0 and n == d.count else
                                   self.bufs[d.buf][d.start + off:d.start + off + n])
-                return
-            payload = payload.clone()
+            else:
+                self._reduce_lent(step, off, n, payload)
+            return
         dt = self.stamp.dtype
         incoming = payload if payload.dtype is dt else payload.view(dt)
         d = step.dst
@@ -410,7 +426,26 @@ class Execution:
         else:
             copy_into(dst, incoming)
 
+    def _reduce_lent(self, step: Recv, off: int, n: int, lent: Lent) -> None:
+        """A reducing receive of a lent frame: read it into the group's part buffer one part at
+        a time and reduce each part while it is in cache (a whole-frame copy would be written to
+        memory and read back). Operands in the step's order, as for a copied frame."""
+        d, b = step.dst, step.base
+        dst = self.bufs[d.buf][d.start + off:d.start + off + n]
+        base = dst if b is None else self.bufs[b.buf][b.start + off:b.start + off + n]
+        part = self.mailbox.part_buffer(self.stamp.dtype)
+        m, isz, reduce = part.numel(), self.itemsize, self.reduce
+        for o in range(0, n, m):
+            k = min(m, n - o)
+            p = part if k == m else part[:k]
+            lent.read_part(p, o * isz)
+            if step.incoming_first:
+                reduce(dst[o:o + k], p, base[o:o + k])
+            else:
+                reduce(dst[o:o + k], base[o:o + k], p)
 
+
+LENT_PART_BYTES = 256 << 10  # 64 KiB and 1 MiB parts were slower at a 16 MiB reduce-scatter (L2: 2 MiB+)
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 

@@ -21,7 +21,9 @@ def reduce_scatter_rounds(order: list[int], rank: int, blocks: list[tuple[int, i
                           src_buf: int, acc_buf: int) -> Schedule:
     """After these n-1 rounds, block `rank` of `acc_buf` holds the reduction of every rank's
     block `rank`. Blocks are read from `src_buf` the first time and accumulated in `acc_buf`
-    (src_buf == acc_buf reduces in place; otherwise src_buf is never written)."""
+    (src_buf == acc_buf reduces in place; otherwise src_buf is never written). Steps are marked
+    lendable: where blocks are large, the receiver reads the sender's block itself and reduces
+    it part by part, instead of the sender copying it through the ring (see `reduce_scatter`)."""
     n, p, nxt, prv = _positions(order, rank)
     s = Schedule("ring")
     for step in range(n - 1):
@@ -30,8 +32,8 @@ def reduce_scatter_rounds(order: list[int], rank: int, blocks: list[tuple[int, i
         sb, rb = blocks[send_b], blocks[recv_b]
         send_from = src_buf if step == 0 else acc_buf
         base = None if src_buf == acc_buf else Chunk(src_buf, rb[0], rb[1])
-        s.add(Send(nxt, Chunk(send_from, sb[0], sb[1])),
-              Recv(prv, Chunk(acc_buf, rb[0], rb[1]), reduce=True, base=base))
+        s.add(Send(nxt, Chunk(send_from, sb[0], sb[1]), lend=True, reduced=True),
+              Recv(prv, Chunk(acc_buf, rb[0], rb[1]), reduce=True, base=base, lend=True))
     return s
 
 
@@ -50,8 +52,9 @@ def all_gather_rounds(order: list[int], rank: int, blocks: list[tuple[int, int]]
 
 
 def allreduce(order: list[int], rank: int, count: int) -> Schedule:
-    """In place on OUT (IN is OUT): reduce-scatter then all-gather, 2(n-1) rounds. The
-    all-gather half only copies, so its steps may be lent (one copy instead of two)."""
+    """In place on OUT (IN is OUT): reduce-scatter then all-gather, 2(n-1) rounds. Every step
+    may be lent: the all-gather half's copies (one copy instead of two), and from larger blocks
+    the reduce-scatter half's (see `reduce_scatter`)."""
     blocks = split(count, len(order))
     s = reduce_scatter_rounds(order, rank, blocks, OUT, OUT)
     s.extend(all_gather_rounds(order, rank, blocks, OUT, lend=True))
@@ -84,7 +87,15 @@ def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
     """IN holds every rank's block (group-rank order); OUT gets the reduction of block `rank`.
     IN is never written. A partial sum is only needed until it is sent on in the next round, so
     two block-sized TMP slots alternate, and the last round reduces straight into OUT: scratch
-    is 2 blocks (none at 2 ranks) instead of the whole input, and no final copy."""
+    is 2 blocks (none at 2 ranks) instead of the whole input, and no final copy.
+
+    Steps are marked lendable with `reduced`: over shared memory with single-copy reads, a block
+    of at least the transport's `lend_reduce_from` (4 MiB) is read by its receiver straight from
+    the sender's memory into a cache-sized buffer and reduced from there, part by part, instead
+    of being copied into the ring by the sender and read out of it (one copy fewer per block,
+    no ring-full waits). World 2, back to back, 16 and 64 MiB: reduce-scatter 0.78-0.89x the
+    time, all-reduce 0.89-0.95x (benchmarks/RESULTS.md, "Thirty-first pass"); at 1-2 MiB blocks
+    it lost as often as it won, hence the larger threshold."""
     blocks, start = [], 0
     for c in counts:
         blocks.append((start, c))
@@ -100,5 +111,6 @@ def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
         rb = blocks[order[(p - step - 2) % n]]   # the block sent on in the next round
         src = Chunk(IN, sb[0], sb[1]) if step == 0 else Chunk(TMP, ((step - 1) % 2) * m, sb[1])
         dst = Chunk(OUT, 0, rb[1]) if step == n - 2 else Chunk(TMP, (step % 2) * m, rb[1])
-        s.add(Send(nxt, src), Recv(prv, dst, reduce=True, base=Chunk(IN, rb[0], rb[1])))
+        s.add(Send(nxt, src, lend=True, reduced=True),
+              Recv(prv, dst, reduce=True, base=Chunk(IN, rb[0], rb[1]), lend=True))
     return s

@@ -50,19 +50,24 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send `src` to `peer`. lend=True: the receiver only copies it (its Recv says lend=True too),
-    so a transport that lends (single-copy, transport/cma.py) may let the peer read it in place;
-    collectives that only move data lend every step without marks."""
+    """Send `src` to `peer`. lend=True: a transport that lends (single-copy, transport/cma.py)
+    may let the peer read it in place (its Recv says lend=True too); collectives that only move
+    data lend every step without marks. reduced=True: the peer reduces what it reads (its Recv
+    has reduce=True), so both ends lend the step only from the transport's larger
+    `lend_reduce_from` (see executor.frame_plan)."""
     peer: int
     src: Chunk
     lend: bool = False
+    reduced: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Recv:
     """Receive `dst.count` elements from `peer`. With reduce=True: dst = op(base or dst, incoming),
     or op(incoming, base or dst) with incoming_first (see "Operand order" above).
-    lend=True pairs with the matching Send's: both ends cut the step into frames alike."""
+    lend=True pairs with the matching Send's (and reduce=True with its reduced=True): both ends cut
+    the step into frames alike. A reducing receive reads a lent frame in cache-sized parts and
+    reduces each as it arrives (executor), never holding the whole frame twice."""
     peer: int
     dst: Chunk
     reduce: bool = False
@@ -75,8 +80,6 @@ class Recv:
             raise ValueError(f"bad recv base {self}")
         if self.incoming_first and not self.reduce:
             raise ValueError(f"incoming_first orders a reduction's operands; this recv copies: {self}")
-        if self.lend and self.reduce:
-            raise ValueError(f"a reducing recv reads its frames through a copy, not lent: {self}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,8 @@ post their slices (as they stand then) to per-(src, dst) FIFO queues and its rec
 in order as matching messages arrive. A rank blocked on a receive whose message has not been sent
 yet waits; when no rank can move and some have not finished, `Deadlock` names every waiting
 rank, its round and the peer it waits on. Every message is recorded as (src, dst, bytes). A
-receive that disagrees with its send on the count, or on the `lend` mark (the two ends would
-cut the step into different frames), is a `ScheduleError`.
+receive that disagrees with its send on the count, or on the `lend` mark or, lent, on whether
+it reduces (the two ends would cut the step into different frames), is a `ScheduleError`.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
             if isinstance(s, Send):
                 if not 0 <= s.peer < n or s.peer == r:
                     raise ScheduleError(f"rank {r} round {pc[r]}: send to bad peer {s.peer}")
-                queues.setdefault((r, s.peer), deque()).append((_copy(view(r, s.src)), s.lend))
+                queues.setdefault((r, s.peer), deque()).append((_copy(view(r, s.src)), s.lend, s.reduced))
                 transfers.append((r, s.peer, s.src.count * itemsize))
             elif isinstance(s, Recv):
                 if not 0 <= s.peer < n or s.peer == r:
@@ -111,13 +111,16 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
                     blocked_peers.add(s.peer)
                     keep.append(s)
                     continue
-                data, lend = q.popleft()
+                data, lend, reduced = q.popleft()
                 if len(data) != s.dst.count:
                     raise ScheduleError(f"rank {r} round {pc[r]}: receives {s.dst.count} elements "
                                         f"from rank {s.peer}, which sent {len(data)}")
                 if lend != s.lend:  # the two ends would cut the step into different frames
                     raise ScheduleError(f"rank {r} round {pc[r]}: recv lend={s.lend} from rank "
                                         f"{s.peer}, whose send has lend={lend}")
+                if lend and reduced != s.reduce:  # ... from different sizes on (lend_reduce_from)
+                    raise ScheduleError(f"rank {r} round {pc[r]}: lent recv reduce={s.reduce} from rank "
+                                        f"{s.peer}, whose send has reduced={reduced}")
                 d = view(r, s.dst)
                 if s.reduce:
                     b = view(r, s.base) if s.base is not None else d

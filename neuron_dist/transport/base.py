@@ -50,12 +50,14 @@ class PeerGone(TransportError):
 class Transport(abc.ABC):
     name = "abstract"
     # single-copy lending (shm only, see cma.py): the largest frame `lend` takes, 0 where the
-    # transport cannot lend; steps of `lend_from` bytes or more are lent, except a tail frame
-    # under `lend_min` bytes; point-to-point messages are lent only above `eager_bytes` (what a
-    # send may leave with no receive posted)
+    # transport cannot lend; steps of `lend_from` bytes or more are lent (those the receiver
+    # reduces from `lend_reduce_from`), except a tail frame under `lend_min` bytes;
+    # point-to-point messages are lent only above `eager_bytes` (what a send may leave with no
+    # receive posted)
     lend_bytes = 0
     lend_from = 0
     lend_min = 0
+    lend_reduce_from = 0
     eager_bytes = 0
 
     @staticmethod

@@ -67,8 +67,9 @@ def probe(pid: int, addr: int, expect: bytes) -> str | None:
 class Lent:
     """A received frame whose bytes are still in the sender's memory: what the shm transport's
     `recv` returns for a lent frame, in place of a payload view. The executor copies it straight
-    into its destination (`read_into`); anything else that needs the bytes (an early frame the
-    mailbox keeps, a reduction) gets them as a fresh tensor (`clone`). Valid until the slot is
+    into its destination (`read_into`), or a reduction reads it part by part (`read_part`);
+    anything else that needs the bytes (an early frame the mailbox keeps) gets them as a fresh
+    tensor (`clone`). Valid until the slot is
     released: the sender keeps the memory unchanged until then, unless its call fails first, and
     a failing sender raises its `failed` word before its caller hears of the failure (and may
     free the tensor), so a read is checked against that word after it is done."""
@@ -82,9 +83,18 @@ class Lent:
         if dst.nbytes != self.nbytes or not dst.is_contiguous():
             raise ValueError(f"a lent frame of {self.nbytes} bytes cannot be read into a "
                              f"{'non-contiguous ' if not dst.is_contiguous() else ''}{dst.nbytes}-byte tensor")
-        if self.nbytes:
+        self.read_part(dst, 0)
+
+    def read_part(self, dst: torch.Tensor, offset: int) -> None:
+        """dst = the frame's `dst.nbytes` bytes from byte `offset` on (a reduction reads a large
+        frame part by part, each into a buffer it reduces from while the part is in cache)."""
+        n = dst.nbytes
+        if offset < 0 or offset + n > self.nbytes or not dst.is_contiguous():
+            raise ValueError(f"bytes {offset}..{offset + n} of a lent frame of {self.nbytes} bytes cannot "
+                             f"be read into a {'non-contiguous ' if not dst.is_contiguous() else ''}tensor")
+        if n:
             try:
-                read(self.pid, self.addr, dst.data_ptr(), self.nbytes)
+                read(self.pid, self.addr + offset, dst.data_ptr(), n)
             except CmaError as e:
                 if e.errno == errno.ESRCH:
                     raise PeerGone(self.peer, f"rank {self.peer} (pid {self.pid}) exited before its lent "

@@ -21,8 +21,9 @@ sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a s
 doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
 1 ms, so a wake-up lost to store/load reordering costs at most that.
 
-Lending. For the collectives that only move data, the steps of others that only copy (marked
-`lend` in their schedules), and point-to-point messages larger than the
+Lending. For the collectives that only move data, the steps of others marked `lend` in their
+schedules (those that only copy; those their receiver reduces, from `lend_reduce_from`), and
+point-to-point messages larger than the
 ring (`eager_bytes`), the executor may `lend` a frame instead of sending it (see `cma.py`): the
 slot then holds the header and, in the slot header's last 8 bytes, the address of the sender's
 bytes; the receiver gets a `cma.Lent` from `recv` and reads them straight into place. The sender
@@ -69,6 +70,9 @@ MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
 LEND_STEP_OVERSUBSCRIBED = 2 << 20  # the smallest step lent where local ranks outnumber cores
+# the smallest lent step that its receiver reduces (read in parts, executor): a 2 MiB block won
+# as often as it lost against copying through the ring, 8 MiB and larger won (ring.reduce_scatter)
+LEND_REDUCE_STEP = 4 << 20
 _SLOT_HEADER = struct.Struct(frame.HEADER.format + "Q")  # the frame header, then a lent frame's address
 assert _SLOT_HEADER.size == SLOT_HEADER
 _pack_into = _SLOT_HEADER.pack_into
@@ -346,6 +350,8 @@ class ShmTransport(Transport):
         self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0
         self.lend_from = max((b for b in steps.values() if b), default=0)
         self.lend_min = self.slot_bytes // 2  # a lent step's shorter tail frame is copied through a slot
+        # a step its receiver reduces (ring reduce-scatter) is lent only from larger blocks
+        self.lend_reduce_from = max(self.lend_from, LEND_REDUCE_STEP)
         self.eager_bytes = self.nslots * self.slot_bytes  # a send this large fills the ring: it waits anyway
         self.lent: dict[int, deque] = {}      # peer -> (head after the frame, tensor) lent, not yet released
         self.held_lent: set[int] = set()      # peers whose frame now held here is lent
