@@ -93,9 +93,9 @@ def reduce_scatter(order: list[int], rank: int, counts: list[int]) -> Schedule:
     of at least the transport's `lend_reduce_from` (4 MiB) is read by its receiver straight from
     the sender's memory into a cache-sized buffer and reduced from there, part by part, instead
     of being copied into the ring by the sender and read out of it (one copy fewer per block,
-    no ring-full waits). World 2, back to back, 16 and 64 MiB: reduce-scatter 0.78-0.89x the
-    time, all-reduce 0.89-0.95x (benchmarks/RESULTS.md, "Thirty-first pass"); at 1-2 MiB blocks
-    it lost as often as it won, hence the larger threshold."""
+    no ring-full waits). World 2, back to back, 16-64 MiB: reduce-scatter 0.80-0.85x the time,
+    all-reduce 0.85-0.96x; world 4, 64 MiB: 0.78x and 0.82x (benchmarks/RESULTS.md, "Thirty-first
+    pass"); at 1-2 MiB blocks it lost as often as it won, hence the larger threshold."""
     blocks, start = [], 0
     for c in counts:
         blocks.append((start, c))
