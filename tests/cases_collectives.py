@@ -837,7 +837,8 @@ def lent_reductions(rank, world):
 def lent_frames(rank, world):
     """Large frames of the collectives that only move data, which the shm transport lends (the
     receiver reads the sender's memory once, transport/cma.py), against a reference and Gloo:
-    every form, in place included, the all-gather half of a ring all-reduce, point-to-point
+    every form, in place included, the all-gather half of a ring all-reduce, the direct
+    reduce-scatter's blocks (received into scratch, reduced after), point-to-point
     messages larger than the ring (a shorter message into a larger buffer, from any source), and
     nothing left lent afterwards."""
     t = dist.distributed_c10d._get_default_group().group.transport
@@ -915,6 +916,21 @@ def lent_frames(rank, world):
                 lent = torch.tensor([t.lent_frames - lent_before_ar])
                 dist.all_reduce(lent, group=R.GLOO)
                 assert lent.item() > 0, f"rank {rank}: no frame of the rdh all-reduce was lent"
+    if world > 1:  # the direct reduce-scatter receives whole blocks into scratch as copies: lent too
+        with env(NEURON_DIST_ALGO="reduce_scatter:direct"):
+            n = LEND_STEP_OVERSUBSCRIBED // 4 + 1001
+            for op in ("sum", "max"):
+                ins = [values(r, world * n, torch.float32, op, 28) for r in range(world)]
+                out = torch.empty(n)
+                lent_before_rs = getattr(t, "lent_frames", 0)
+                dist.reduce_scatter_tensor(out, ins[rank], op=c10d_op(op))
+                same(out, reference(ins, op, torch.float32)[rank * n:(rank + 1) * n], f"lent direct reduce_scatter {op}")
+                g = torch.empty(n)
+                if gloo_ran(lambda: dist.reduce_scatter_tensor(g, ins[rank], op=c10d_op(op), group=R.GLOO)):
+                    same(out, g, f"lent direct reduce_scatter {op} vs gloo")
+                checks += 1
+                if lending:
+                    assert t.lent_frames > lent_before_rs, f"rank {rank}: no block of a direct reduce-scatter was lent"
     if world > 1:  # point-to-point messages larger than the ring (2 MiB) are lent too
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         m = 3 << 18  # 3 MiB of float32

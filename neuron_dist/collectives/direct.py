@@ -190,12 +190,17 @@ def allgather(rank: int, n: int, counts: list[int]) -> Schedule:
 
 
 def reduce_scatter(rank: int, n: int, counts: list[int]) -> Schedule:
-    """Each rank sends block j to rank j; each rank reduces the n blocks it holds in rank order."""
+    """Each rank sends block j to rank j; each rank reduces the n blocks it holds in rank order.
+    The blocks are received into scratch as copies, so they are marked lendable, as the direct
+    all-reduce's vectors are: over shared memory with single-copy reads a large block is read
+    from its sender's memory once instead of passing through a slot (worlds 2-4, 4-64 MiB, back
+    to back: 0.77-1.00x the time, 0.77-0.92x at 64 MiB; benchmarks/RESULTS.md, "Thirty-first
+    pass")."""
     off, c = _offsets(counts), counts[rank]
     s = Schedule("direct", tmp_count=c * n)
     slot = lambda r: Chunk(TMP, r * c, c)
-    s.add(*[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank],
-          *[Recv(r, slot(r)) for r in range(n) if r != rank])
+    s.add(*[Send(r, Chunk(IN, off[r], counts[r]), lend=True) for r in range(n) if r != rank],
+          *[Recv(r, slot(r), lend=True) for r in range(n) if r != rank])
     mine = Chunk(IN, off[rank], c)
     first = mine if rank == 0 else slot(0)
     steps = [Copy(first, Chunk(OUT, 0, c))]
