@@ -787,47 +787,50 @@ def kept_scratch(rank, world):
 
 
 def lent_reductions(rank, world):
-    """Ring reduce-scatter and all-reduce blocks of at least the shm transport's `lend_reduce_from`
-    (4 MiB), which the receiver reads from the sender's memory part by part and reduces
-    (executor.Execution._reduce_lent), against a reference and Gloo: float32 with every kind of
-    op (sums, averages, comparisons, pre-multiplied sums), bfloat16 sums, in place and not, a block
-    size that ends mid-part, an async call, and nothing left lent afterwards. Over other transports (zmq, MPI) the same calls copy."""
+    """Ring and torus reduce-scatter and all-reduce blocks of at least the shm transport's
+    `lend_reduce_from` (4 MiB), which the receiver reads from the sender's memory part by part
+    and reduces (executor.Execution._reduce_lent), against a reference and Gloo: float32 with
+    every kind of op (sums, averages, comparisons, pre-multiplied sums) and bfloat16 sums on the
+    ring, float32 sums on the torus, in place and not, a block size that ends mid-part, an async
+    call, and nothing left lent afterwards. Over other transports (zmq, MPI) the same calls copy."""
     t = dist.distributed_c10d._get_default_group().group.transport
     lending = bool(getattr(t, "lend_bytes", 0))
     if lending:
         assert t.lend_reduce_from == max(t.lend_from, 4 << 20), (t.lend_reduce_from, t.lend_from)
     checks = 0
-    with env(NEURON_DIST_ALGO="allreduce:ring,reduce_scatter:ring"):
-        for dtype in (torch.float32, torch.bfloat16):
-            n = (4 << 20) // dtype.itemsize + 1001  # elements per block: just over the threshold
-            ins = [values(r, world * n, dtype, "sum", 31) for r in range(world)]  # (the same for these ops)
-            for op in ("sum", "avg", "max", "premul_sum") if dtype == torch.float32 else ("sum",):
+    for algo, dtype, ops in (("ring", torch.float32, ("sum", "avg", "max", "premul_sum")),
+                             ("ring", torch.bfloat16, ("sum",)), ("torus", torch.float32, ("sum",))):
+        n = (4 << 20) // dtype.itemsize + 1001  # elements per block: just over the threshold
+        ins = [values(r, world * n, dtype, "sum", 31) for r in range(world)]  # (the same for these ops)
+        what = f"lent {algo} {dtype}"
+        with env(NEURON_DIST_ALGO=f"allreduce:{algo},reduce_scatter:{algo}"):
+            for op in ops:
                 want = reference(ins, op, dtype)
                 out = torch.empty(n, dtype=dtype)
                 before, lent_before = ins[rank].clone(), getattr(t, "lent_frames", 0)
                 dist.reduce_scatter_tensor(out, ins[rank], op=c10d_op(op))
                 if lending and world > 1:  # every step of it reduces: lent only under the new rule
-                    assert t.lent_frames > lent_before, f"rank {rank}: no reduce-scatter block was lent"
-                same(out, want[rank * n:(rank + 1) * n], f"lent reduce_scatter {op} {dtype}")
-                same(ins[rank], before, f"lent reduce_scatter must not modify its input ({op} {dtype})")
+                    assert t.lent_frames > lent_before, f"rank {rank}: no block of a {algo} reduce-scatter was lent"
+                same(out, want[rank * n:(rank + 1) * n], f"{what} reduce_scatter {op}")
+                same(ins[rank], before, f"{what} reduce_scatter must not modify its input ({op})")
                 x = ins[rank].clone()
                 dist.all_reduce(x, op=c10d_op(op))
-                same(x, want, f"lent ring all_reduce {op} {dtype}")
+                same(x, want, f"{what} all_reduce {op}")
                 checks += 2
                 if op in ("sum", "max"):
                     g = torch.empty(n, dtype=dtype)
                     if gloo_ran(lambda: dist.reduce_scatter_tensor(g, ins[rank], op=c10d_op(op), group=R.GLOO)):
-                        same(out, g, f"lent reduce_scatter vs gloo {op} {dtype}")
+                        same(out, g, f"{what} reduce_scatter vs gloo {op}")
                         checks += 1
                     g = ins[rank].clone()
                     if gloo_ran(lambda: dist.all_reduce(g, op=c10d_op(op), group=R.GLOO)):
-                        same(x, g, f"lent ring all_reduce vs gloo {op} {dtype}")
+                        same(x, g, f"{what} all_reduce vs gloo {op}")
                         checks += 1
-        x = ins[rank].clone()
-        w = dist.all_reduce(x, async_op=True)  # the buffer is lent, and read by the peer, until the wait
-        w.wait()
-        same(x, reference(ins, "sum", dtype), f"lent ring all_reduce async {dtype}")
-        checks += 1
+            x = ins[rank].clone()
+            w = dist.all_reduce(x, async_op=True)  # the buffer is lent, and read by the peer, until the wait
+            w.wait()
+            same(x, reference(ins, "sum", dtype), f"{what} all_reduce async")
+            checks += 1
     dist.barrier()
     if lending:
         assert t.still_lent() is None, f"rank {rank}: a frame is still lent to rank {t.still_lent()}"

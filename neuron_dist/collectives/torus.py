@@ -34,18 +34,21 @@ def rs_ring(pos: int, line: Sequence[int], blocks: Blocks, direction: int = 1,
     """Rounds of a ring reduce-scatter on `line` (this rank at `pos`): afterwards block `pos`
     holds the reduction over the line. In place in `blocks`; or, with `work` (same piece
     counts, other buffer), received sums are written to `work` with base `blocks`, leaving
-    `blocks` untouched."""
+    `blocks` untouched. Its steps are marked lendable with `reduced`, as ring.reduce_scatter's:
+    large pieces are read from the sender's memory and reduced part by part (world 2 and 4,
+    forced, 64 MiB: reduce-scatter 0.84-0.93x the time, all-reduce 0.87-1.00x; at 16 MiB, 4 MiB
+    pieces at world 4, 0.94-1.05x; benchmarks/RESULTS.md, "Thirty-first pass")."""
     p = len(line)
     nxt, prv = line[(pos + direction) % p], line[(pos - direction) % p]
     rounds = []
     for s in range(p - 1):
         sb, rb = (pos - direction * (s + 1)) % p, (pos - direction * (s + 2)) % p
         src = blocks[sb] if work is None or s == 0 else work[sb]
-        steps: list = [Send(nxt, c) for c in src if c.count]
+        steps: list = [Send(nxt, c, lend=True, reduced=True) for c in src if c.count]
         if work is None:
-            steps += [Recv(prv, c, reduce=True) for c in blocks[rb] if c.count]
+            steps += [Recv(prv, c, reduce=True, lend=True) for c in blocks[rb] if c.count]
         else:
-            steps += [Recv(prv, w, reduce=True, base=b)
+            steps += [Recv(prv, w, reduce=True, base=b, lend=True)
                       for b, w in zip(blocks[rb], work[rb]) if b.count]
         rounds.append(tuple(steps))
     return rounds
