@@ -174,12 +174,16 @@ try:
 except Exception as e:
     print("error:", e, "| mpi4py imported:", "mpi4py.MPI" in sys.modules)
 """
-    before = set(os.listdir("/dev/shm"))
+    # a singleton MPI job puts its segment where btl_sm_backing_directory says: a directory of
+    # this test's own, since /dev/shm also holds the segments of mpirun jobs that other tests
+    # (another xdist worker) run meanwhile
+    backing = tmp_path / "sm_backing"
+    backing.mkdir()
     env = dict({k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))},
-               NEURON_DIST_TRANSPORT="mpi")
+               NEURON_DIST_TRANSPORT="mpi", OMPI_MCA_btl_sm_backing_directory=str(backing))
     procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "store")], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     for out in outs:
         assert "error:" in out and "not started by mpirun" in out and "mpi4py imported: False" in out, out
-    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("sm_segment")]
+    assert not os.listdir(backing), os.listdir(backing)
