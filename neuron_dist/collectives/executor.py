@@ -405,44 +405,41 @@ class Execution:
     def _deliver(self, step: Recv, off: int, n: int, payload: torch.Tensor) -> None:
         if n == 0:
             return
-        if type(payload) is Lent:  # the sender's own bytes: one copy straight into place
-            if not step.reduce:
-                d = step.dst
-                payload.read_into(self._view(d) if off == 0 and n == d.count else
-                                  self.bufs[d.buf][d.start + off:d.start + off + n])
-            else:
-                self._reduce_lent(step, off, n, payload)
-            return
-        dt = self.stamp.dtype
-        incoming = payload if payload.dtype is dt else payload.view(dt)
         d = step.dst
         dst = self._view(d) if off == 0 and n == d.count else self.bufs[d.buf][d.start + off:d.start + off + n]
-        if step.reduce:
-            base = dst if step.base is None else self.bufs[step.base.buf][step.base.start + off:step.base.start + off + n]
-            if step.incoming_first:  # operand order: see schedule.py
-                self.reduce(dst, incoming, base)
+        lent = type(payload) is Lent  # the sender's own bytes, read straight into place
+        if not lent and payload.dtype is not self.stamp.dtype:
+            payload = payload.view(self.stamp.dtype)
+        if not step.reduce:
+            if lent:
+                payload.read_into(dst)
             else:
-                self.reduce(dst, base, incoming)
+                copy_into(dst, payload)
+            return
+        b = step.base
+        base = dst if b is None else self.bufs[b.buf][b.start + off:b.start + off + n]
+        if lent:
+            self._reduce_lent(step, dst, base, payload)
         else:
-            copy_into(dst, incoming)
+            self._reduce(step, dst, base, payload)
 
-    def _reduce_lent(self, step: Recv, off: int, n: int, lent: Lent) -> None:
+    def _reduce(self, step: Recv, dst: torch.Tensor, base: torch.Tensor, incoming: torch.Tensor) -> None:
+        if step.incoming_first:  # operand order: see schedule.py
+            self.reduce(dst, incoming, base)
+        else:
+            self.reduce(dst, base, incoming)
+
+    def _reduce_lent(self, step: Recv, dst: torch.Tensor, base: torch.Tensor, lent: Lent) -> None:
         """A reducing receive of a lent frame: read it into the group's part buffer one part at
         a time and reduce each part while it is in cache (a whole-frame copy would be written to
-        memory and read back). Operands in the step's order, as for a copied frame."""
-        d, b = step.dst, step.base
-        dst = self.bufs[d.buf][d.start + off:d.start + off + n]
-        base = dst if b is None else self.bufs[b.buf][b.start + off:b.start + off + n]
+        memory and read back)."""
         part = self.mailbox.part_buffer(self.stamp.dtype)
-        m, isz, reduce = part.numel(), self.itemsize, self.reduce
+        m, n, isz = part.numel(), dst.numel(), self.itemsize
         for o in range(0, n, m):
             k = min(m, n - o)
             p = part if k == m else part[:k]
             lent.read_part(p, o * isz)
-            if step.incoming_first:
-                reduce(dst[o:o + k], p, base[o:o + k])
-            else:
-                reduce(dst[o:o + k], base[o:o + k], p)
+            self._reduce(step, dst[o:o + k], base[o:o + k], p)
 
 
 LENT_PART_BYTES = 256 << 10  # 64 KiB and 1 MiB parts were slower at a 16 MiB reduce-scatter (L2: 2 MiB+)

@@ -69,10 +69,10 @@ class Lent:
     `recv` returns for a lent frame, in place of a payload view. The executor copies it straight
     into its destination (`read_into`), or a reduction reads it part by part (`read_part`);
     anything else that needs the bytes (an early frame the mailbox keeps) gets them as a fresh
-    tensor (`clone`). Valid until the slot is
-    released: the sender keeps the memory unchanged until then, unless its call fails first, and
-    a failing sender raises its `failed` word before its caller hears of the failure (and may
-    free the tensor), so a read is checked against that word after it is done."""
+    tensor (`clone`). Valid until the slot is released: the sender keeps the memory unchanged
+    until then, unless its call fails first, and a failing sender raises its `failed` word
+    before its caller hears of the failure (and may free the tensor), so a read is checked
+    against that word after it is done."""
     __slots__ = ("pid", "addr", "nbytes", "dtype", "peer", "failed")
 
     def __init__(self, pid: int, addr: int, nbytes: int, dtype: torch.dtype, peer: int, failed=None):

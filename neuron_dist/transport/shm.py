@@ -71,7 +71,8 @@ _CUTS = 8          # payload views kept per slot (one per frame size and dtype s
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
 LEND_STEP_OVERSUBSCRIBED = 2 << 20  # the smallest step lent where local ranks outnumber cores
 # the smallest lent step that its receiver reduces (read in parts, executor): a 2 MiB block won
-# as often as it lost against copying through the ring, 8 MiB and larger won (ring.reduce_scatter)
+# as often as it lost against copying through the ring, 8 MiB and larger won (ring.reduce_scatter;
+# the torus' reduce-scatter rounds carry the same marks)
 LEND_REDUCE_STEP = 4 << 20
 _SLOT_HEADER = struct.Struct(frame.HEADER.format + "Q")  # the frame header, then a lent frame's address
 assert _SLOT_HEADER.size == SLOT_HEADER
@@ -350,7 +351,7 @@ class ShmTransport(Transport):
         self.lend_bytes = LEND_FRAME_BYTES if self.peers and not no else 0
         self.lend_from = max((b for b in steps.values() if b), default=0)
         self.lend_min = self.slot_bytes // 2  # a lent step's shorter tail frame is copied through a slot
-        # a step its receiver reduces (ring reduce-scatter) is lent only from larger blocks
+        # a step its receiver reduces (ring and torus reduce-scatter) is lent only from larger blocks
         self.lend_reduce_from = max(self.lend_from, LEND_REDUCE_STEP)
         self.eager_bytes = self.nslots * self.slot_bytes  # a send this large fills the ring: it waits anyway
         self.lent: dict[int, deque] = {}      # peer -> (head after the frame, tensor) lent, not yet released
