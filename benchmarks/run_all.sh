@@ -26,6 +26,8 @@ python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 10 -w 
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 3 --loop --json "$OUT/bench_w4_loop.json" > "$OUT/bench_w4_loop.txt" 2>/dev/null
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 60 -w 3 --added --json "$OUT/bench_w4_added.json" > "$OUT/bench_w4_added.txt" 2>/dev/null
 python -m neuron_dist.bench_train --steps 10 --warmup 3 --backends neuron,gloo,none --json "$OUT/train.json" > "$OUT/train.txt" 2>&1
+# the same with torch's huge pages in every process, reference included (what neuronrun sets)
+python -m neuron_dist.bench_train --steps 10 --warmup 3 --backends neuron,gloo,none --thp on --json "$OUT/train_thp.json" > "$OUT/train_thp.txt" 2>&1
 NEURON_DIST_TUNING=model python -m neuron_dist.bench -g 2 --ops allreduce,allgather,reduce_scatter -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_model.json" > "$OUT/bench_w2_model.txt" 2>/dev/null
 # the copy rates again: the 64 MiB bound takes the better of the two, so that one slow minute
 # at the start cannot lower the bar (benchmarks/tables.py)

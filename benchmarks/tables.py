@@ -90,18 +90,23 @@ def bench(d: str, name: str, title: str) -> None:
 
 
 def train(d: str) -> None:
-    run = load(os.path.join(d, "train.json"))
-    if not run:
-        return
-    print(f"\n**Training step, {run['params'] / 1e6:.1f}M-parameter MLP, world {run['config']['world']}** "
+    for name, how in (("train.json", ""), ("train_thp.json", ", every process with torch's huge pages (`--thp on`)")):
+        run = load(os.path.join(d, name))
+        if run:
+            _train_table(run, how)
+
+
+def _train_table(run: dict, how: str) -> None:
+    print(f"\n**Training step, {run['params'] / 1e6:.1f}M-parameter MLP, world {run['config']['world']}{how}** "
           f"(`neuron_dist.bench_train`; compute-only step {run['compute_ms']:.1f} ms, median)\n")
-    print("| wrap | backend | step ms | compute-only ms | x compute-only | ranks agree |")
-    print("|---|---|---:|---:|---:|---|")
+    print("| wrap | backend | step ms | compute-only ms | x compute-only | ranks agree | peak MiB |")
+    print("|---|---|---:|---:|---:|---|---:|")
     for r in run["rows"]:
         name = "none (floor: no communication)" if r["backend"] == "none" else r["backend"]
         local = r.get("compute_ms", run["compute_ms"])  # runs before the reference was interleaved
+        peak = f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-"  # (older runs did not record it)
         print(f"| {r['wrap']} | {name} | {r['step_ms']:.1f} | {local:.1f} | {r['ratio']:.2f} | "
-              f"{r.get('agree', '-')} |")
+              f"{r.get('agree', '-')} | {peak} |")
 
 
 def _rate(mems, kind: str, procs: int, field: str) -> float:

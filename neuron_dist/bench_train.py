@@ -12,6 +12,12 @@ not hide. Measuring the reference between the rows, not once up front, keeps a s
 host (they last seconds to minutes) from shifting every ratio of a run. Every configuration runs
 in this invocation, one after the other, on the same machine.
 
+`--thp on` runs the whole benchmark, reference included, with torch's huge-page switch that
+neuronrun sets by default (THP_MEM_ALLOC_ENABLE=1, launcher/neuronrun_launcher/thp.py: fewer page
+faults per step; the process restarts itself with it set, as torch reads it when a process first
+allocates); `off` (the default) leaves it unset, so rows compare with earlier runs.
+`peak MiB` is the largest peak resident memory among the ranks.
+
 Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
 way but alone (a world-1 group; DDP with a no-op communication hook), so its row holds what the
 wrapper and the ranks sharing the host's cores and memory cost before any byte is exchanged.
@@ -24,6 +30,7 @@ import argparse
 import json
 import os
 import queue
+import resource
 import statistics
 import sys
 import time
@@ -87,16 +94,18 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
                 fully_shard(layer)
         m = fully_shard(m)
     t = _steps(m, a, rank)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (KiB on Linux)
     with torch.no_grad():  # a fingerprint of the full parameters (FSDP2's are sharded DTensors)
         digest = sum(float((x.full_tensor() if hasattr(x, "full_tensor") else x).double().sum())
                      for x in m.parameters())
     dist.destroy_process_group()
     from .bench import put_and_exit
-    put_and_exit(q, (t, digest))  # the next row would wait for the interpreter's finalization
+    put_and_exit(q, (t, digest, peak_mib))  # the next row would wait for the interpreter's finalization
 
 
-def run(a, backend: str, wrap: str) -> tuple[float, bool]:
-    """The slowest rank's median step, and whether the ranks ended with equal parameters."""
+def run(a, backend: str, wrap: str) -> tuple[float, bool, float]:
+    """The slowest rank's median step, whether the ranks ended with equal parameters, and the
+    largest peak resident memory of a rank in MiB."""
     from .bench import free_port, rank_context
     port = free_port()
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
@@ -124,7 +133,7 @@ def run(a, backend: str, wrap: str) -> tuple[float, bool]:
             if len(results) < len(ps) and p.is_alive():  # failed: the others would wait forever
                 p.terminate()
             p.join()
-    return max(t for t, _ in results), len({d for _, d in results}) == 1
+    return max(r[0] for r in results), len({r[1] for r in results}) == 1, max(r[2] for r in results)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -146,6 +155,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cpu-bind", choices=("none", "core"), default="none",
                    help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
+    p.add_argument("--thp", choices=("off", "on"), default="off",
+                   help="on: torch's huge pages (neuronrun --thp on) for every process of the run (see above)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     bad = [b for b in a.backends.split(",") if b not in BACKENDS]
@@ -160,8 +171,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
+def _with_thp(argv) -> None:
+    """Restart this process with THP_MEM_ALLOC_ENABLE=1, unless it is set already: torch reads it
+    when a process first allocates, and the reference runs in this one."""
+    from neuronrun_launcher.thp import rank_vars
+    wanted = rank_vars(True, os.environ)
+    if not wanted:
+        return
+    if argv is not None:
+        raise SystemExit(f"bench_train --thp on: set {wanted} in the environment first (only the command "
+                         f"line restarts itself with it)")
+    os.execve(sys.executable, [sys.executable, "-m", "neuron_dist.bench_train", *sys.argv[1:]],
+              {**os.environ, **wanted})
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
+    if a.thp == "on":
+        _with_thp(argv)
+    a.thp = "on" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "off"  # what torch runs with (it
+    # takes "1" only): an exported value counts, as it does under neuronrun
     import torch
     torch.set_num_threads(a.threads)
     nparams = sum(x.numel() for x in _model(a).parameters())
@@ -172,23 +201,24 @@ def main(argv=None) -> int:
 
     refs = [reference()]
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
-          f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, {a.steps} steps after {a.warmup} warm-up, median; cpus {os.cpu_count()}")
+          f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, thp {a.thp}, {a.steps} steps after {a.warmup} "
+          f"warm-up, median; cpus {os.cpu_count()}")
     print("# compute-only: the same step in one process, measured before the first row and after each; "
           "a row's ratio is its step over the mean of the two beside it")
-    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'compute':>8} {'ratio':>6} {'agree':>6}")
+    print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'compute':>8} {'ratio':>6} {'agree':>6} {'peak MiB':>9}")
     rows = []
     for wrap, backend in configs:
         try:
-            t, agree = run(a, backend, wrap)
+            t, agree, peak = run(a, backend, wrap)
         except RuntimeError as e:
             print(f"bench_train: {e}", file=sys.stderr)
             return 1
         refs.append(reference())
         compute = (refs[-2] + refs[-1]) / 2
         rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, compute_ms=compute * 1e3,
-                         ratio=t / compute, agree=agree))
-        print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {compute * 1e3:>8.1f} {t / compute:>6.2f} {str(agree):>6}",
-              flush=True)
+                         ratio=t / compute, agree=agree, peak_mib=peak))
+        print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {compute * 1e3:>8.1f} {t / compute:>6.2f} {str(agree):>6} "
+              f"{peak:>9.0f}", flush=True)
     compute = statistics.median(refs)
     print(f"# compute-only step, median of {len(refs)}: {compute * 1e3:.1f} ms "
           f"({', '.join(f'{r * 1e3:.1f}' for r in refs)})")

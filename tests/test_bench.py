@@ -1,5 +1,6 @@
 """The user-facing benchmarks run end to end (tiny sizes: speed is not asserted here)."""
 import json
+import os
 import subprocess
 import sys
 import time as _time
@@ -183,3 +184,22 @@ def test_training_bench_runs(tmp_path):
     for i, r in enumerate(rows):
         assert r["compute_ms"] == pytest.approx((refs[i] + refs[i + 1]) / 2)
         assert r["ratio"] == pytest.approx(r["step_ms"] / r["compute_ms"])
+        assert r["peak_mib"] > 50  # a rank's peak resident memory (torch alone is more than that)
+    assert result["config"]["thp"] == "off" and "thp off" in p.stdout
+
+
+def test_training_bench_with_torch_huge_pages(tmp_path, monkeypatch):
+    """--thp on restarts the benchmark with THP_MEM_ALLOC_ENABLE=1 (torch reads it once, when a
+    process first allocates), so the reference and every rank run with it; called in-process
+    without the variable it refuses instead of replacing the caller's process."""
+    out = tmp_path / "t.json"
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
+                        "--steps", "2", "--warmup", "1", "--wrap", "ddp", "--backends", "neuron", "--thp", "on",
+                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "thp on" in p.stdout and json.load(open(out))["config"]["thp"] == "on"
+    from neuron_dist import bench_train
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    with pytest.raises(SystemExit, match="THP_MEM_ALLOC_ENABLE"):
+        bench_train.main(["--thp", "on", "--backends", "neuron"])

@@ -90,6 +90,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_spellings("--cpu-bind"), "core: bind each local rank to its own even share of the CPUs neuronrun "
          "may use (as mpirun --bind-to core; more ranks than CPUs wrap around, one CPU each); none: leave "
          "placement to the OS, as torchrun does", "none", choices=("none", "core")),
+    Flag(_spellings("--thp"), "on: THP_MEM_ALLOC_ENABLE=1 in every rank, so torch backs its tensors of 2 MiB "
+         "and more with transparent huge pages and a training step page-faults them in about 20 times "
+         "less often (thp.py; a value the user exported stands); off: as torchrun leaves it", "on",
+         choices=("on", "off")),
     Flag(_spellings("--scheduler"), "read nodes/node rank/master from: auto (detect srun/mpirun), slurm, mpi, "
          "none", "auto", choices=("auto", "slurm", "mpi", "none")),
     Flag(_spellings("--dry-run"), "print every rank's host, node rank, local rank, chip, cores and exact "

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from . import instances, scheduler
+from . import instances, scheduler, thp
 from .cli import ParsedArgs
 from .plan import NeuronPlan, check_host_port, join_host_port
 from .slots import PlacementError, assign_slots, check_cores_per_rank, parse_core_range
@@ -165,7 +165,8 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
         if not hasattr(os, "sched_getaffinity"):
             raise ConfigError("--cpu-bind core needs Linux (sched_setaffinity)")
         host_cpus = tuple(sorted(os.sched_getaffinity(0)))
-    plan = NeuronPlan(spec, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root, host_cpus)
+    plan = NeuronPlan(spec, lnc, model.chips, cores_per_chip, m, nproc, base, pool, root, host_cpus,
+                      thp.rank_vars(args.values["thp"] == "on", env))
     try:  # validates every slot: too many ranks, misaligned pool, pool outside the instance
         assign_slots(1, nproc, cores_per_chip=cores_per_chip, chips=model.chips, cores_per_rank=m,
                      base_core=base, pool_cores=pool)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .slots import Slot, local_slot
 
@@ -24,6 +24,7 @@ NEURON_VARS = (
     "NEURON_LOGICAL_NC_CONFIG",
     "NEURON_RT_ROOT_COMM_ID",
     "NEURON_DIST_INSTANCE",
+    "THP_MEM_ALLOC_ENABLE",  # --thp on (thp.py), unless the user exported it
 )
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\s]+):(\d{1,5})$")
 
@@ -40,6 +41,7 @@ class NeuronPlan:
     pool_cores: int  # cores of the pool (all of the instance unless NEURON_RT_VISIBLE_CORES said otherwise)
     root_comm_id: str | None = None  # user-set NEURON_RT_ROOT_COMM_ID, used as is
     host_cpus: tuple[int, ...] = ()  # --cpu-bind core: the node's CPUs to share out; () = no binding
+    thp_env: dict[str, str] = field(default_factory=dict)  # --thp: what every rank gets (thp.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
@@ -125,12 +127,14 @@ def split_host_port(value: str) -> tuple[str, str]:
 
 
 def neuron_env(plan: NeuronPlan, local_rank: int, master_addr: str, master_port: int | str) -> dict[str, str]:
-    """The Neuron variables of one rank."""
+    """The variables neuronrun sets in one rank: Neuron's, and torch's huge-page switch (--thp)."""
     slot = plan.slot(local_rank)
-    return {
+    env = {
         "NEURON_RT_VISIBLE_CORES": slot.visible_cores,
         "NEURON_RT_NUM_CORES": str(plan.cores_per_rank),
         "NEURON_LOGICAL_NC_CONFIG": str(plan.lnc),
         "NEURON_RT_ROOT_COMM_ID": root_comm_id(plan, master_addr, master_port),
         "NEURON_DIST_INSTANCE": plan.instance,
     }
+    env.update(plan.thp_env)
+    return env

@@ -38,6 +38,12 @@ Neuron's, set by neuronrun:
                             unless exported by the user (then used as is)
   NEURON_DIST_INSTANCE      the instance, so neuron_dist's topology matches this placement
 An exported Neuron variable is respected; one that contradicts a flag is an error.
+torch's huge-page switch, set by neuronrun (--thp on, the default):
+  THP_MEM_ALLOC_ENABLE=1    torch backs tensors of 2 MiB and more with transparent huge
+                            pages: a training step faults its large tensors in about 20
+                            times less often (needs THP at madvise or always in
+                            /sys/kernel/mm/transparent_hugepage/enabled). An exported value
+                            stands; --thp off sets nothing, as torchrun.
 
 Flags from the environment
 --------------------------

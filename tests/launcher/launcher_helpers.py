@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launcher"
 
 _SCRUB = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "NEURON_", "NEURONRUN_", "PET_", "TORCHELASTIC_", "MASTER_",
-          "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+          "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "THP_MEM_ALLOC_ENABLE")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -31,6 +31,7 @@ RANK_SCRIPT = textwrap.dedent('''
     os.rename(pidfile + ".tmp", pidfile)
     env = {k: os.environ[k] for k in ("LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "NEURON_RT_VISIBLE_CORES",
            "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_ROOT_COMM_ID", "NEURON_DIST_INSTANCE")}
+    env["THP_MEM_ALLOC_ENABLE"] = os.environ.get("THP_MEM_ALLOC_ENABLE", "unset")
     assert "NEURONRUN_PLAN" not in os.environ
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}"
     print("env", sorted(env.items()), flush=True)
@@ -118,6 +119,7 @@ def test_two_ranks_allreduce_with_prefixed_output(job):
     assert "[rank0]: sum=1 world=2" in r.stdout and "[rank1]: sum=1 world=2" in r.stdout
     assert "('NEURON_RT_VISIBLE_CORES', '2-3')" in r.stdout.split("[rank1]: env")[1].splitlines()[0]
     assert "('NEURON_DIST_INSTANCE', 'trn1.32xlarge')" in r.stdout
+    assert r.stdout.count("('THP_MEM_ALLOC_ENABLE', '1')") == 2  # --thp on, the default
     assert_all_gone(piddir, 2)
 
 
