@@ -15,6 +15,7 @@ from .config import RunConfig
 from .launch import worker_command
 from .plan import format_cpus, neuron_env, split_host_port
 from .slots import assign_slots
+from .thp import THP_VAR, host_mode
 
 AT_RENDEZVOUS = "<chosen at rendezvous>"
 
@@ -92,6 +93,11 @@ def render(cfg: RunConfig) -> str:
         + (f" (from {cfg.scheduler.name})" if cfg.scheduler else ""),
         "every rank runs: " + shlex.join([entry, *args]),
     ]
+    if THP_VAR in plan.thp_env:  # --thp on: whether this node's kernel will honour it
+        mode = host_mode()
+        lines.append(f"torch's huge pages: {THP_VAR}=1 in every rank; this node's transparent huge pages: "
+                     f"{mode or 'unknown'}" + (" (so it changes nothing here; --thp off to drop it)"
+                                               if mode == "never" else ""))
     if cfg.rdzv_backend != "static":
         lines.append("ranks of nodes other than this one are ordered at rendezvous; "
                      "MASTER_ADDR/MASTER_PORT come from node 0's agent")

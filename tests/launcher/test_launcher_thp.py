@@ -48,6 +48,8 @@ def test_dry_run_shows_it_for_every_rank(flags, env, shown):
     r = neuronrun(["--dry-run", "--nproc-per-node", "2", *flags, "train.py"], env=clean_env(**env))
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(f"\n  {THP_VAR}=1\n") == (2 if shown else 0), r.stdout
+    # the header says whether this node's kernel honours it
+    assert (f"this node's transparent huge pages: {host_mode() or 'unknown'}" in r.stdout) == shown, r.stdout
 
 
 def test_a_bad_value_is_a_usage_error():
