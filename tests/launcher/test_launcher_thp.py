@@ -82,11 +82,14 @@ def _faults_per_round(env: dict[str, str]) -> int:
 
 def test_what_a_rank_gets_cuts_its_page_faults():
     """The variable neuronrun gives a rank, in a process of its own: torch takes it, and the
-    large tensors fault in far less often, where the kernel has THP at madvise or always."""
+    large tensors fault in far less often, where the kernel gives huge pages only when asked."""
+    pages = 2 * (48 << 20) // 4096
     plain = _faults_per_round({})
     with_thp = _faults_per_round(rank_vars(True, {}))
-    assert plain >= 2 * (48 << 20) // 4096 * 0.9  # every 4 KiB page of both tensors, each round
-    if host_mode() in ("madvise", "always"):
-        assert with_thp * 8 < plain, (with_thp, plain)
-    else:  # THP off in this kernel: the switch changes nothing (README says so)
-        assert with_thp * 2 > plain, (with_thp, plain, host_mode())
+    mode = host_mode()
+    if mode == "madvise":  # huge pages only where advised: torch's switch is what asks
+        assert plain >= 0.9 * pages and with_thp * 8 < plain, (with_thp, plain)
+    elif mode == "always":  # large mappings may get them unasked; with the switch they must
+        assert with_thp * 8 < pages, (with_thp, plain)
+    else:  # never (or unreadable): the switch changes nothing (README says so)
+        assert plain >= 0.9 * pages and with_thp * 2 > plain, (with_thp, plain, mode)
