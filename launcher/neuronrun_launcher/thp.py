@@ -13,11 +13,10 @@ What. ``THP_MEM_ALLOC_ENABLE=1`` is torch's own switch (c10's CPU allocator): al
 2 MiB and more are advised ``MADV_HUGEPAGE``, so the kernel backs them with 2 MiB pages, each
 faulted in once where 512 small ones were (a block's ends, where it does not start or stop on a
 2 MiB boundary, stay in small pages: a 48 MiB tensor faulted 536 times here instead of 12,289).
-Memory is still returned on free, as before. It
-takes effect where /sys/kernel/mm/transparent_hugepage/enabled is ``madvise`` or ``always``;
-at ``never`` nothing changes. torch reads it once, when a process first allocates, so it must
-be in the environment a rank starts with: neuronrun puts it there, and leaves a value the user
-exported alone.
+Memory is still returned on free, as before. It takes effect where
+/sys/kernel/mm/transparent_hugepage/enabled is ``madvise`` or ``always``; at ``never`` nothing
+changes. torch reads it once, when a process first allocates, so it must be in the environment a
+rank starts with: neuronrun puts it there, and leaves a value the user exported alone.
 
 Not chosen: glibc's malloc thresholds raised so that freed blocks stay in the process (what
 torch's CPU launcher gets from jemalloc told never to return memory). That saves the zeroing
