@@ -35,6 +35,8 @@ import statistics
 import sys
 import time
 
+from neuronrun_launcher.thp import THP_VAR, rank_vars
+
 BACKENDS = ("neuron", "gloo", "none")
 
 
@@ -174,7 +176,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _with_thp(argv) -> None:
     """Restart this process with THP_MEM_ALLOC_ENABLE=1, unless it is set already: torch reads it
     when a process first allocates, and the reference runs in this one."""
-    from neuronrun_launcher.thp import rank_vars
     wanted = rank_vars(True, os.environ)
     if not wanted:
         return
@@ -189,8 +190,8 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.thp == "on":
         _with_thp(argv)
-    a.thp = "on" if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" else "off"  # what torch runs with (it
-    # takes "1" only): an exported value counts, as it does under neuronrun
+    a.thp = "on" if os.environ.get(THP_VAR) == "1" else "off"  # what torch runs with (it takes "1"
+    # only): an exported value counts, as it does under neuronrun
     import torch
     torch.set_num_threads(a.threads)
     nparams = sum(x.numel() for x in _model(a).parameters())

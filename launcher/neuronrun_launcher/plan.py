@@ -17,15 +17,6 @@ from dataclasses import asdict, dataclass, field
 from .slots import Slot, local_slot
 
 PLAN_VAR = "NEURONRUN_PLAN"
-# What neuron_env sets, in the order it is printed.
-NEURON_VARS = (
-    "NEURON_RT_VISIBLE_CORES",
-    "NEURON_RT_NUM_CORES",
-    "NEURON_LOGICAL_NC_CONFIG",
-    "NEURON_RT_ROOT_COMM_ID",
-    "NEURON_DIST_INSTANCE",
-    "THP_MEM_ALLOC_ENABLE",  # --thp on (thp.py), unless the user exported it
-)
 _HOST_PORT = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[^:\s]+):(\d{1,5})$")
 
 
