@@ -13,9 +13,11 @@ NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288, 64 to
                        also the size of one ring slot
 NEURON_DIST_SHM_SLOTS  slots per shared-memory ring, one ring per peer pair and direction
                        (default 4, at least 2): memory per pair = slots x FRAME_BYTES each way
-NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory doorbell before it
-                       sleeps on a futex (default 50; 20, with sched_yield, when local ranks
-                       outnumber cores)
+NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory doorbell (default 50;
+                       20, with sched_yield, when local ranks outnumber cores)
+NEURON_DIST_SHM_YIELD_US  how much longer it then spins yielding its core at each turn, before it
+                       sleeps on a futex (default 1000; 0 when local ranks outnumber cores);
+                       both are spent once per episode of waiting, not per call
 NEURON_DIST_SHM_LEND   0 (or false/off/no) turns single-copy lending off (default on where every
                        local pair can read the other's memory: transport/cma.py)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)

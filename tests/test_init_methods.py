@@ -66,8 +66,8 @@ def test_report_at_shutdown(tmp_path):
 @pytest.mark.parametrize("forced", ["", "zmq"])
 def test_debug_logs_the_transport_choice(forced):
     """NEURON_DIST_DEBUG=TRANSPORT logs, per rank, which transport serves which peers (and that
-    NEURON_DIST_TRANSPORT forced it); NEURON_DIST_SHM_SPIN_US is the shared-memory spin."""
-    extra = {"NEURON_DIST_DEBUG": "TRANSPORT", "NEURON_DIST_SHM_SPIN_US": "7"}
+    NEURON_DIST_TRANSPORT forced it); NEURON_DIST_SHM_SPIN_US and _YIELD_US the shared-memory spin."""
+    extra = {"NEURON_DIST_DEBUG": "TRANSPORT", "NEURON_DIST_SHM_SPIN_US": "7", "NEURON_DIST_SHM_YIELD_US": "9"}
     if forced:
         extra["NEURON_DIST_TRANSPORT"] = forced
     os.environ.update(extra)
@@ -84,7 +84,7 @@ def test_debug_logs_the_transport_choice(forced):
         assert "neuron_dist.coll DEBUG" not in out, "a subsystem not named in NEURON_DIST_DEBUG logged"
         if not forced:
             assert f"rank {rank}: shm rings with ranks [{peer}]: 4 slots x 512 KiB per pair" in out, out[-3000:]
-            assert "; spin 7 us" in out, out[-3000:]
+            assert "; spin 7 us, then 9 us yielding" in out, out[-3000:]
 
 
 def test_debug_topo_and_coll_log_their_subsystems():

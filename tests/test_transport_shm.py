@@ -423,6 +423,7 @@ def test_affinity_published_as_runs(monkeypatch):
 @pytest.mark.parametrize("var,value,bound", [
     ("NEURON_DIST_SHM_SLOTS", "1", "least"), ("NEURON_DIST_FRAME_BYTES", "0", "least"),
     ("NEURON_DIST_FRAME_BYTES", "-5", "least"), ("NEURON_DIST_SHM_SPIN_US", "-1", "least"),
+    ("NEURON_DIST_SHM_YIELD_US", "-2", "least"),
     ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most")])
 def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound):
     """A ring setting out of range is an error at set-up that names the variable (a 0-byte frame
@@ -455,6 +456,69 @@ def test_wake_ends_a_wait_from_another_thread():
         b.close()
     b.wake()  # after close: nothing to wake, and no error
 
+
+
+def _count_yields(monkeypatch) -> list:
+    calls = []
+    real = os.sched_yield
+    monkeypatch.setattr(os, "sched_yield", lambda: (calls.append(1), real())[1])
+    return calls
+
+
+def test_a_wait_spins_once_per_episode_then_sleeps(monkeypatch):
+    """`wait` spins (then yields) once per episode of waiting, not once per call: the engine
+    calls it every 5 ms, and a rank that waits a long time (a barrier while its peer saves a
+    checkpoint) must sleep after one spin, not burn a core. Anything that moves starts a new
+    episode, with a full spin again."""
+    yields = _count_yields(monkeypatch)
+    a, b = pair("tspin")
+    try:
+        b.oversubscribed, b.spin, b.yield_spin = False, 0.0, 0.003
+        b.wait(0.01)  # nothing arrives: spins 3 ms yielding, then sleeps out the time-out
+        assert len(yields) > 0 and b._spun >= 0.003
+        del yields[:]
+        b.wait(0.01)  # the same episode: no spin left, it sleeps at once
+        b.wait(0.001)
+        assert yields == []
+        assert a.send(1, hdr(0, 1, 0, 3), torch.ones(3, dtype=torch.uint8))
+        b.wait(1.0)  # the frame: returns, and a new episode begins
+        assert b._spun == 0.0
+        assert b.recv(0) is not None
+        b.release(0)
+        b.wait(0.005)
+        assert len(yields) > 0, "a new episode of waiting did not spin again"
+        del yields[:]
+        b.yield_spin = 0.0  # spin only, never yields (a core per rank: no sched_yield while hot)
+        b.spin, b._spun = 0.002, 0.0
+        b.wait(0.005)
+        assert yields == [] and b._spun >= 0.002
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_the_yielding_spin_is_for_a_core_per_rank(monkeypatch, cpus):
+    """With a core per local rank a waiter spins 50 us, then up to NEURON_DIST_SHM_YIELD_US
+    (default 1000) yielding; oversubscribed it spins 20 us yielding from the start and sleeps
+    after (the peer it waits for may need this core). An explicit setting stands in both."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    a, b = pair(f"tyield{cpus}")
+    try:
+        over = cpus < 2
+        assert b.oversubscribed is over
+        assert b.spin == pytest.approx(20e-6 if over else 50e-6)
+        assert b.yield_spin == pytest.approx(0.0 if over else 1e-3)  # 1000 us, as documented
+    finally:
+        a.close()
+        b.close()
+    monkeypatch.setenv("NEURON_DIST_SHM_YIELD_US", "250")
+    a, b = pair(f"tyieldset{cpus}")
+    try:
+        assert b.yield_spin == pytest.approx(250e-6)
+    finally:
+        a.close()
+        b.close()
 
 # -- single-copy lending (transport/cma.py) -------------------------------------------------------
 def test_a_lent_frame_is_read_in_place_and_held_until_released():

@@ -67,6 +67,7 @@ LINE = 64
 SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
 MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
+YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
 LEND_STEP_OVERSUBSCRIBED = 2 << 20  # the smallest step lent where local ranks outnumber cores
@@ -111,10 +112,6 @@ def _futex_wait(addr: int, expected: int, timeout: float) -> None:
 
 def _futex_wake(addr: int) -> None:
     _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, ctypes.c_int(1 << 30), None, None, 0)
-
-
-def _nothing() -> None:
-    pass
 
 
 _OWNED: set[str] = set()  # segments this process created and has not unlinked yet
@@ -293,6 +290,10 @@ class ShmTransport(Transport):
         # more local ranks than cores: yield instead of spinning (the peer may need this core)
         self.oversubscribed = len(self.peers) + 1 > ncpu
         self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
+        # then, with a core per rank, spin on with sched_yield before sleeping (see `wait`)
+        self.yield_spin = env_int("NEURON_DIST_SHM_YIELD_US", 0 if self.oversubscribed else YIELD_US,
+                                  minimum=0) * 1e-6
+        self._spun = 0.0  # seconds this rank has spun since something last moved (see `wait`)
         # single-copy lending, on unless set off
         self.lend_allowed = env_flag("NEURON_DIST_SHM_LEND", default=True)
         self.closed = False
@@ -370,9 +371,10 @@ class ShmTransport(Transport):
         self.held: set[int] = set()              # peers whose last frame is still lent out
         self.blocked: set[int] = set()           # peers whose ring was full at the last send
         self.doorbell_addr = self.mine.base + _DOORBELL
-        log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped); spin %d us%s",
+        log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped); spin %d us, "
+                  "then %d us yielding%s",
                   self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10,
-                  round(self.spin * 1e6), f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
+                  round(self.spin * 1e6), round(self.yield_spin * 1e6), f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
                   if self.oversubscribed else "")
 
     def _probe_lending(self) -> str:
@@ -559,23 +561,43 @@ class ShmTransport(Transport):
             pass
 
     def wait(self, timeout):
+        """Until something may have moved (a frame, a freed slot, a release, `wake`) or `timeout`.
+
+        Three phases per episode of waiting (from the last time something moved, over however
+        many calls the caller makes): a spin on the doorbell (`spin`), a spin that yields the
+        core at each turn (`yield_spin`), then futex sleeps. A futex wake-up costs a sleeper
+        100-250 us on the VMs measured, so a peer a millisecond late costs a sleeping rank more
+        than its lateness; yielding keeps the core for any thread that needs it (a peer's thread
+        the kernel woke on this CPU, this rank's own compute). The budget is per episode, so a
+        rank that waits long (a barrier while a peer checkpoints) spins once, then sleeps."""
         if self._woken:
             self._woken = False
+            self._spun = 0.0
             return
         bell = self.mine.doorbell
         v = bell.value
         if self._ready():
+            self._spun = 0.0
             return
-        deadline = time.perf_counter() + timeout
-        if self.spin:
-            spin_end = time.perf_counter() + min(self.spin, timeout)
-            # with a core per rank, spin without sched_yield (under load it hands the core away
-            # for a whole time slice); oversubscribed, yield so the peer we wait for can run
-            yield_ = os.sched_yield if self.oversubscribed else _nothing
-            while time.perf_counter() < spin_end:
+        now = time.perf_counter()
+        deadline = now + timeout
+        budget = self.spin + self.yield_spin - self._spun
+        if budget > 0:
+            start = now
+            end = now + min(budget, timeout)
+            hot_end = now + max(0.0, self.spin - self._spun)
+            # a core per rank: spin without sched_yield at first (under load it hands the core
+            # away for a whole time slice); oversubscribed, `spin` yields from the start
+            if self.oversubscribed:
+                hot_end = now
+            while now < end:
                 if bell.value != v or self._woken:
+                    self._spun = 0.0
                     return
-                yield_()
+                if now >= hot_end:
+                    os.sched_yield()
+                now = time.perf_counter()
+            self._spun += now - start
         sleeping = self.mine.sleeping
         while True:
             left = deadline - time.perf_counter()
@@ -586,6 +608,7 @@ class ShmTransport(Transport):
                 _futex_wait(self.doorbell_addr, v, min(left, MAX_SLEEP))
             sleeping.value = 0
             if bell.value != v or self._woken or self._ready():
+                self._spun = 0.0
                 return
 
     def flush(self, timeout):
