@@ -16,10 +16,12 @@ slots (NEURON_DIST_SHM_SLOTS, default 4) of one frame each (NEURON_DIST_FRAME_BY
 pair; a full ring makes `send` return False (the executor retries after `wait`).
 
 Waiting. `wait` spins briefly (NEURON_DIST_SHM_SPIN_US: 50 us with a core per rank; 20 us of
-sched_yield when local ranks outnumber cores, so the peer we wait for gets the core) and then
-sleeps on the doorbell with futex(2); a peer that publishes a frame or frees a slot bumps the
-doorbell and wakes the sleeper only when its "sleeping" flag is set. Each sleep is capped at
-1 ms, so a wake-up lost to store/load reordering costs at most that.
+sched_yield when local ranks outnumber cores, so the peer we wait for gets the core), with a core
+per rank spins on yielding at each turn (NEURON_DIST_SHM_YIELD_US, 1000 us: a futex wake-up
+costs more than a short wait), once per episode of waiting, and then sleeps on the doorbell with
+futex(2); a peer that publishes a frame or frees a slot bumps the doorbell and wakes the sleeper
+only when its "sleeping" flag is set. Each sleep is capped at 1 ms, so a wake-up lost to
+store/load reordering costs at most that.
 
 Lending. For the collectives that only move data, the steps of others marked `lend` in their
 schedules (those that only copy; those their receiver reduces, from `lend_reduce_from`), and
