@@ -457,7 +457,6 @@ def test_wake_ends_a_wait_from_another_thread():
     b.wake()  # after close: nothing to wake, and no error
 
 
-
 def _count_yields(monkeypatch) -> list:
     calls = []
     real = os.sched_yield
@@ -519,6 +518,7 @@ def test_the_yielding_spin_is_for_a_core_per_rank(monkeypatch, cpus):
     finally:
         a.close()
         b.close()
+
 
 # -- single-copy lending (transport/cma.py) -------------------------------------------------------
 def test_a_lent_frame_is_read_in_place_and_held_until_released():

@@ -376,7 +376,8 @@ class ShmTransport(Transport):
         log.debug("rank %d: shm rings with ranks %s: %d slots x %d KiB per pair (%d KiB mapped); spin %d us, "
                   "then %d us yielding%s",
                   self.rank, self.peers, self.nslots, self.slot_bytes >> 10, nbytes * (1 + len(self.peers)) >> 10,
-                  round(self.spin * 1e6), round(self.yield_spin * 1e6), f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
+                  round(self.spin * 1e6), round(self.yield_spin * 1e6),
+                  f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
                   if self.oversubscribed else "")
 
     def _probe_lending(self) -> str:
