@@ -588,11 +588,9 @@ class ShmTransport(Transport):
         if budget > 0:
             start = now
             end = now + min(budget, timeout)
-            hot_end = now + max(0.0, self.spin - self._spun)
             # a core per rank: spin without sched_yield at first (under load it hands the core
             # away for a whole time slice); oversubscribed, `spin` yields from the start
-            if self.oversubscribed:
-                hot_end = now
+            hot_end = now if self.oversubscribed else now + max(0.0, self.spin - self._spun)
             while now < end:
                 if bell.value != v or self._woken:
                     self._spun = 0.0
