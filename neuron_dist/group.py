@@ -29,7 +29,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import Execution, Mailbox, SingleFrameRecv, SingleFrameSend, Stamp, one_copied_frame
+from .collectives.executor import (Execution, Mailbox, PairReduce, SingleFrameRecv, SingleFrameSend, Stamp,
+                                   one_copied_frame, pair_exchange)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
@@ -56,6 +57,7 @@ LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
 _P2P = Kind.P2P
+_ALLREDUCE = Kind.ALLREDUCE
 _DTYPE_NAMES: dict = {}
 
 
@@ -493,6 +495,11 @@ class Group(HangDiagnosis):
             self._deaths.check(self, op)
         # the frames' stamp: a message's size stands in a send/recv's sequence field
         stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
+        out = bufs[1]
+        if out is not None and self.size == 2 and op.kind == _ALLREDUCE:  # the small two-rank all-reduce
+            pair = pair_exchange(schedule, out.numel(), dtype.itemsize, self.frame_bytes)
+            if pair is not None and pair[0] != self.rank:
+                return PairReduce(self.mailbox, stamp, self.rank, pair[0], out, reduce, pair[1])
         return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
 
     def one_frame(self, count: int, itemsize: int) -> bool:
