@@ -43,6 +43,7 @@ _OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}
 
 
 _SUM = _ReduceOp.SUM
+_AllreduceOptions = dist.AllreduceOptions
 
 
 def _reduce_op(op) -> tuple[str, object]:
@@ -317,6 +318,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
         self._plans: dict[tuple, _Plan] = {}
+        self._common: dict[tuple, _Plan] = {}  # the common all-reduce's plans (_allreduce_common)
         # per argument set: a send's (description, schedule, or None and its one frame's header); a
         # receive's (description, or None and its sources with the headers their one frame must
         # carry), and the schedule its Execution runs (_recv_schedule)
@@ -392,9 +394,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
         before the schedule starts (premultiply; it may return a new IN to use), `after` once it
         has finished (AVG, copy-back). `name` replaces the collective's in the description;
         `detail` is added to its arguments (see _plan)."""
-        g = self.group
-        algo = algorithm or _choose_algorithm(collective, nbytes, g)  # (Group.choose, one call fewer)
+        algo = algorithm or _choose_algorithm(collective, nbytes, self.group)  # (Group.choose, one call fewer)
         plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
+        return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
+
+    def _run_plan(self, plan: "_Plan", kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
+                  before, after, outputs, nbytes: int, opts) -> NeuronWork:
+        """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
+        g = self.group
 
         def start(op: Op) -> Execution:
             src = inp
@@ -419,12 +426,52 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- all-reduce ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None, timeout=None):
+        if type(tensors) is list and len(tensors) == 1 and type(opts) is _AllreduceOptions:
+            work = self._allreduce_common(tensors, opts)  # dist.all_reduce's call
+            if work is not None:
+                return work
         if isinstance(tensors, torch.Tensor):  # allreduce(tensor, op)
             tensors = [tensors]
         # allreduce(tensors, op); a type check, as hasattr would build a ReduceOp to test for one
         if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
         return self._allreduce_flat([_one(tensors, "allreduce", self.group.rank)], opts, "allreduce")
+
+    def _allreduce_common(self, tensors, opts) -> NeuronWork | None:
+        """The common all-reduce, `dist.all_reduce` of one contiguous dense CPU tensor with any op
+        but PREMUL_SUM, with what `_allreduce_flat` checks and decides per call looked up instead:
+        for such a tensor the checks and the plan depend on (dtype, size, op, algorithm) alone,
+        so they are made once per group and kept (`_common`). The same plan, so the same frames
+        and checksum, as the general path (a peer may take either). About a sixth of a 4 KiB
+        call at two ranks (RESULTS.md "Thirty-fourth pass"). None: take the general path (the
+        debug check on, any other argument form, an unsupported dtype: its error comes from
+        there)."""
+        t = tensors[0]
+        if not isinstance(t, torch.Tensor) or not t.is_cpu or t.is_sparse or not t.is_contiguous() or debug.enabled():
+            return None
+        rop = opts.reduceOp
+        if rop == _SUM:
+            op_name = "sum"
+        else:
+            op_name, factor = _reduce_op(rop)
+            if factor is not None:
+                return None
+        dtype, n = t.dtype, t.numel()
+        nbytes = n * dtype.itemsize
+        g = self.group
+        algo = _choose_algorithm("allreduce", nbytes, g)
+        key = (dtype, n, op_name, algo)
+        plan = self._common.get(key)
+        if plan is None:
+            if dtype not in DTYPE_CODE:
+                return None  # (the general path's check says so)
+            _check_op(op_name, dtype, "allreduce", g.rank)
+            if len(self._common) >= _PLAN_CACHE:
+                self._common.clear()
+            plan = self._common[key] = self._plan("allreduce", Kind.ALLREDUCE, algo, {"count": n}, dtype, op_name,
+                                                  nbytes)
+        buf = t if t.dim() == 1 else t.view(-1)
+        return self._run_plan(plan, Kind.ALLREDUCE, algo, buf, buf, dtype, op_name, None, None, tensors, nbytes, opts)
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)

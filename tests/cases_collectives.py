@@ -54,6 +54,67 @@ def allreduce_noncontig(rank, world):
     return 2
 
 
+def allreduce_common_path(rank, world):
+    """dist.all_reduce of one contiguous dense tensor takes the adapter's common path
+    (`_allreduce_common`: checks and plan looked up), every other form the general one, and the
+    two interoperate: a rank whose tensor is a non-contiguous view (general path) meets peers
+    whose tensor is contiguous (common path) in the same collective, with the same frames."""
+    from neuron_dist import NeuronProcessGroup, debug
+    pg = dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, NeuronProcessGroup):
+        pg = pg._get_backend(torch.device("cpu"))
+    taken = []
+    real = pg._allreduce_common
+
+    def watch(tensors, opts):
+        work = real(tensors, opts)
+        taken.append(work is not None)
+        return work
+
+    pg._allreduce_common = watch
+    checks = 0
+    try:
+        def run(x, op, want, what, common):
+            nonlocal checks
+            taken.clear()
+            dist.all_reduce(x, op=c10d_op(op))
+            same(x, want, what)
+            assert taken == [common], f"{what}: common path taken {taken}, expected [{common}]"
+            checks += 1
+
+        for dtype, op in ((torch.float32, "sum"), (torch.bfloat16, "avg"), (torch.int64, "max"), (torch.bool, "bor")):
+            ins = [values(r, 12, dtype, op, 5) for r in range(world)]
+            want = reference(ins, op, dtype)
+            run(ins[rank].clone(), op, want, f"{dtype} {op} first call", True)
+            run(ins[rank].clone().reshape(3, 4), op, want.reshape(3, 4), f"{dtype} {op} 2-D", True)
+            # one rank non-contiguous (general path), the others contiguous (common path): same collective
+            x = ins[rank].clone()
+            if rank == world - 1:
+                x = torch.stack([x, x], dim=1)[:, 0]  # same values, stride 2
+                assert not x.is_contiguous()
+            run(x, op, want, f"{dtype} {op} mixed forms", rank != world - 1)
+        ins = [values(r, 9, torch.float32, "premul_sum", 6) for r in range(world)]
+        run(ins[rank].clone(), "premul_sum", reference(ins, "premul_sum", torch.float32), "premul_sum", False)
+        debug.set_enabled(True)
+        try:
+            ins = [values(r, 5, torch.float32, "sum", 7) for r in range(world)]
+            run(ins[rank].clone(), "sum", reference(ins, "sum", torch.float32), "debug check on", False)
+        finally:
+            debug.set_enabled(None)
+        # a reduce op the dtype lacks is refused with the general path's error, on every call
+        for _ in range(2):
+            try:
+                dist.all_reduce(torch.ones(3, dtype=torch.bool), op=dist.ReduceOp.AVG)
+            except ValueError as e:
+                assert str(e).startswith(f"[rank {rank}] allreduce: ") and "avg" in str(e).lower(), e
+            else:
+                raise AssertionError("AVG of bool was accepted")
+        checks += 1
+    finally:
+        del pg._allreduce_common
+    return checks
+
+
 def allreduce_coalesced(rank, world):
     checks = 0
     for dtype in (torch.float32, torch.bfloat16, torch.int64):

@@ -1,9 +1,12 @@
-"""In-process A/B of the two-rank one-frame all-reduce (PairReduce) against the Execution it
-stands in for: the same pair of processes alternates batches with the short form on and off
-(`group.pair_exchange` patched to answer None), so both see the same host minute.
+"""In-process A/B of a short form of the small all-reduce against the path it stands in for:
+the same pair of processes alternates batches with the short form on and off, so both see the
+same host minute. --switch pair: the two-rank one-frame all-reduce (PairReduce) against the
+Execution (`group.pair_exchange` patched to answer None); --switch common: the adapter's common
+all-reduce (`NeuronProcessGroup._allreduce_common`) against its general path (patched to answer
+None).
 
-    NEURON_DIST_TUNING=host torchrun --nproc-per-node 2 inproc_ab.py [--bytes 4K] [--pairs 10]
-        [--batch 300] [--mode loop|barrier]
+    NEURON_DIST_TUNING=host torchrun --nproc-per-node 2 inproc_ab.py [--switch pair|common]
+        [--bytes 4K] [--pairs 10] [--batch 300] [--mode loop|barrier]
 
 Per batch the slowest rank's mean call time (loop: back to back; barrier: a Gloo barrier before
 each call, timed from after it, as collbench does). Prints each pair and the median ratio."""
@@ -16,6 +19,7 @@ import torch.distributed as dist
 
 import neuron_dist  # noqa: F401
 from neuron_dist import group as G
+from neuron_dist.c10d import NeuronProcessGroup as PG
 from neuron_dist.bench import parse_size
 
 p = argparse.ArgumentParser()
@@ -23,17 +27,21 @@ p.add_argument("--bytes", default="4K")
 p.add_argument("--pairs", type=int, default=10)
 p.add_argument("--batch", type=int, default=300)
 p.add_argument("--mode", choices=("loop", "barrier"), default="loop")
+p.add_argument("--switch", choices=("pair", "common"), default="pair")
 a = p.parse_args()
 
 dist.init_process_group("neuron")
 meta = dist.new_group(backend="gloo")
 rank = dist.get_rank()
 t = torch.ones(parse_size(a.bytes) // 4)
-real = G.pair_exchange
+real = G.pair_exchange if a.switch == "pair" else PG._allreduce_common
 
 
 def batch(short: bool) -> float:
-    G.pair_exchange = real if short else (lambda *args: None)
+    if a.switch == "pair":
+        G.pair_exchange = real if short else (lambda *args: None)
+    else:
+        PG._allreduce_common = real if short else (lambda *args: None)
     for _ in range(20):
         dist.all_reduce(t)
     if a.mode == "loop":
@@ -61,10 +69,10 @@ for i in range(a.pairs):
     got = {s: batch(s) for s in order}
     rows.append((got[False], got[True]))
     if rank == 0:
-        print(f"pair {i}: execution {got[False]:7.1f} us   pair form {got[True]:7.1f} us   "
+        print(f"pair {i}: off {got[False]:7.1f} us   on {got[True]:7.1f} us   "
               f"{got[True] / got[False]:.2f}x", flush=True)
 if rank == 0:
     old, new = np.array(rows).T
-    print(f"# {a.bytes} {a.mode}: median execution {np.median(old):.1f} us, pair form {np.median(new):.1f} us, "
-          f"median ratio {np.median(new / old):.2f}x, pair form faster in {int((new < old).sum())} of {len(rows)}")
+    print(f"# {a.switch} {a.bytes} {a.mode}: median off {np.median(old):.1f} us, on {np.median(new):.1f} us, "
+          f"median ratio {np.median(new / old):.2f}x, on faster in {int((new < old).sum())} of {len(rows)}")
 dist.destroy_process_group()
