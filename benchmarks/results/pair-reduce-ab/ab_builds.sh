@@ -7,7 +7,7 @@ BASE=$1; OUT=$2; R=${3:-3}
 NEW=$(cd "$(dirname "$0")/../../.." && pwd)
 CB=${COLLBENCH:-$NEW/../shared/tools/collbench.py}
 export NEURON_DIST_TUNING=${NEURON_DIST_TUNING:-host}
-mkdir -p "$OUT"
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 for i in $(seq "$R"); do
   for b in base new; do
     P=$NEW; [ "$b" = base ] && P=$BASE
