@@ -442,7 +442,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         but PREMUL_SUM, with what `_allreduce_flat` checks and decides per call looked up instead:
         for such a tensor the checks and the plan depend on (dtype, size, op, algorithm) alone,
         so they are made once per group and kept (`_common`). The same plan, so the same frames
-        and checksum, as the general path (a peer may take either). About a sixth of a 4 KiB
+        and checksum, as the general path (a peer may take either). About a tenth of a 4 KiB
         call at two ranks (RESULTS.md "Thirty-fourth pass"). None: take the general path (the
         debug check on, any other argument form, an unsupported dtype: its error comes from
         there)."""

@@ -1,12 +1,12 @@
 """A send or receive that fits one copied frame skips the Execution (collectives/executor.py,
-SingleFrameSend, SingleFrameRecv), and so does the two-rank all-reduce of one frame (PairReduce). A send must put on the wire exactly the frame an Execution of
-the send's schedule would, be chosen exactly when an Execution would cut the message into one
-copied frame, and stall and finish as that Execution does (a full ring, memory the transport
-still refers to). A receive must accept exactly the frames an Execution's receive accepts
-(shorter messages included), deliver the same bytes, reject the rest naming the frame, and
-release every frame it takes. The all-reduce must send the Execution's frame, compute the same bits on
-both ranks, run exactly for the schedule shape it stands in for, and stall and fail as the
-Execution does."""
+SingleFrameSend, SingleFrameRecv), and so does the two-rank all-reduce of one frame
+(PairReduce). A send must put on the wire exactly the frame an Execution of the send's schedule
+would, be chosen exactly when an Execution would cut the message into one copied frame, and
+stall and finish as that Execution does (a full ring, memory the transport still refers to). A
+receive must accept exactly the frames an Execution's receive accepts (shorter messages
+included), deliver the same bytes, reject the rest naming the frame, and release every frame it
+takes. The all-reduce must send the Execution's frame, compute the same bits on both ranks, run
+exactly for the schedule shape it stands in for, and stall and fail as the Execution does."""
 from collections import deque
 from types import SimpleNamespace
 
@@ -330,8 +330,8 @@ def test_group_execution_runs_the_pair_form_exactly_for_a_two_rank_all_reduce_of
         g.size, g.rank = size, rank
         out = torch.ones(count)
         op = SimpleNamespace(kind=kind, nbytes=4 * count, seq=3)
-        exe = Group.execution(g, op, direct.allreduce(rank, size, count, FRAME // 4), [out, out, torch.empty(3 * count)],
-                              red, torch.float32, TAG)
+        sched = direct.allreduce(rank, size, count, FRAME // 4)
+        exe = Group.execution(g, op, sched, [out, out, torch.empty(3 * count)], red, torch.float32, TAG)
         assert type(exe) is want, (size, rank, kind, count)
 
 

@@ -449,10 +449,10 @@ _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 def pair_exchange(schedule: Schedule, count: int, itemsize: int, frame_bytes: int) -> tuple[int, bool] | None:
     """Whether `schedule` is the two-rank swap-and-reduce of one frame that `PairReduce` runs:
-    (the peer, its Recv's `incoming_first`), or None. The shape, whoever built it: a round sending the
-    whole of OUT (`count` elements) to the peer, unmarked, then a round receiving the peer's
-    vector and reducing it straight into OUT, no scratch, the vector within one frame (what
-    direct.allreduce builds at two ranks for a vector that fits a frame). Kept with the
+    (the peer, its Recv's `incoming_first`), or None. The shape, whoever built it: a round
+    sending the whole of OUT (`count` elements) to the peer, unmarked, then a round receiving
+    the peer's vector and reducing it straight into OUT, no scratch, the vector within one frame
+    (what direct.allreduce builds at two ranks for a vector that fits a frame). Kept with the
     schedule's frame plans."""
     key = ("pair", count, itemsize, frame_bytes)
     got = schedule.plans.get(key, _UNKNOWN)
@@ -476,7 +476,8 @@ class PairReduce:
     at two ranks.
 
     An Execution's set-up (frame plan, rounds, per-peer queues) and its walk through two rounds
-    cost a 4 KiB all-reduce a sixth of its time, as they did the small send (SingleFrameSend).
+    cost a 4 KiB all-reduce a fifth of its time (RESULTS.md "Thirty-fourth pass"), as they did
+    the small send (SingleFrameSend).
     This sends the same frame (chunk 0, the whole vector copied into the transport), waits
     until the transport no longer refers to the vector (`unflushed`, as the Execution does
     before its second round, which overwrites it), takes the peer's frame, checks it against
@@ -612,5 +613,5 @@ class SingleFrameRecv:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "PairReduce", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError", "LOCAL_STEPS",
-           "one_copied_frame", "p2p_lent", "pair_exchange"]
+__all__ = ["Execution", "Mailbox", "PairReduce", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError",
+           "LOCAL_STEPS", "one_copied_frame", "p2p_lent", "pair_exchange"]
