@@ -29,8 +29,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import (Execution, Mailbox, PairReduce, SingleFrameRecv, SingleFrameSend, Stamp,
-                                   one_copied_frame, pair_exchange)
+from .collectives.executor import (Execution, Mailbox, PairExchange, SingleFrameRecv, SingleFrameSend, Stamp,
+                                   execution_plan, one_copied_frame)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env_int
@@ -57,7 +57,6 @@ LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
 _P2P = Kind.P2P
-_ALLREDUCE = Kind.ALLREDUCE
 _DTYPE_NAMES: dict = {}
 
 
@@ -490,17 +489,24 @@ class Group(HangDiagnosis):
         receiver whose peer called it differently (reduce op, root, sizes) or chose another
         algorithm fails its frame check instead of mixing data.
         `arrived`: a receive built once its message's first frame is here, whose sender may have
-        exited since, its data delivered (no check that the peers are alive)."""
+        exited since, its data delivered (no check that the peers are alive).
+        A collective whose frame plan moves one frame each way with one peer (the small calls at
+        two ranks) runs as a PairExchange instead; the plan is kept with the schedule, which is
+        this group's own (built per call form by the adapter), so kind and dtype key it."""
         if not arrived:
             self._deaths.check(self, op)
         # the frames' stamp: a message's size stands in a send/recv's sequence field
         stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
-        out = bufs[1]
-        if out is not None and self.size == 2 and op.kind == _ALLREDUCE:  # the small two-rank all-reduce
-            pair = pair_exchange(schedule, out.numel(), dtype.itemsize, self.frame_bytes)
-            if pair is not None and pair[0] != self.rank:
-                return PairReduce(self.mailbox, stamp, self.rank, pair[0], out, reduce, pair[1])
-        return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
+        if op.kind == _P2P:
+            return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
+        plans = schedule.plans  # (the group's own schedule: its transport and frame size are the key's rest)
+        plan = plans.get((op.kind, dtype))
+        if plan is None:
+            plan = plans[(op.kind, dtype)] = execution_plan(schedule, stamp, self.mailbox.transport, self.frame_bytes)
+        pair = plan.pair
+        if pair is not None and pair.peer != self.rank:  # one frame each way with one peer: the small
+            return PairExchange(pair, bufs, reduce, stamp, self.rank, self.mailbox)  # calls at two ranks
+        return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views, plan)
 
     def one_frame(self, count: int, itemsize: int) -> bool:
         """Whether a point-to-point message of `count` elements travels as one copied frame in

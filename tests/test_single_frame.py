@@ -1,12 +1,13 @@
 """A send or receive that fits one copied frame skips the Execution (collectives/executor.py,
-SingleFrameSend, SingleFrameRecv), and so does the two-rank all-reduce of one frame
-(PairReduce). A send must put on the wire exactly the frame an Execution of the send's schedule
-would, be chosen exactly when an Execution would cut the message into one copied frame, and
-stall and finish as that Execution does (a full ring, memory the transport still refers to). A
+SingleFrameSend, SingleFrameRecv), and so does a collective whose plan moves one frame each way
+with one peer (PairExchange: the small calls at two ranks). A send must put on the wire exactly
+the frame an Execution of the send's schedule would, be chosen exactly when an Execution would
+cut the message into one copied frame, and stall and finish as that Execution does (a full ring, memory the transport still refers to). A
 receive must accept exactly the frames an Execution's receive accepts (shorter messages
 included), deliver the same bytes, reject the rest naming the frame, and release every frame it
-takes. The all-reduce must send the Execution's frame, compute the same bits on both ranks, run
-exactly for the schedule shape it stands in for, and stall and fail as the Execution does."""
+takes. The pair form must send the Execution's frames, leave the same buffers (the same bits on
+both ranks of an all-reduce), run exactly for the plan shape it stands in for, and stall and
+fail as the Execution does."""
 from collections import deque
 from types import SimpleNamespace
 
@@ -14,8 +15,8 @@ import pytest
 import torch
 
 from neuron_dist.collectives import direct, rdh, reduce_ops, ring
-from neuron_dist.collectives.executor import (Execution, Mailbox, PairReduce, SingleFrameRecv, SingleFrameSend, Stamp,
-                                              pair_exchange)
+from neuron_dist.collectives.executor import (Execution, Mailbox, PairExchange, SingleFrameRecv, SingleFrameSend, Stamp,
+                                              execution_plan)
 from neuron_dist.collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from neuron_dist.group import Group
 from neuron_dist.transport.frame import FrameError, Kind
@@ -217,7 +218,7 @@ def test_a_one_frame_receive_waits_for_its_tag_and_takes_from_the_first_source_w
     assert not one.progress() and one.waiting_on is None
 
 
-# -- the two-rank all-reduce of one frame (PairReduce) --------------------------------------------
+# -- one frame each way with one peer (PairExchange) ----------------------------------------------
 class Duplex(Recorder):
     """A Recorder that also hands out the frames queued for it, as an Inbox does."""
 
@@ -231,42 +232,73 @@ def _allreduce_stamp(dtype, seq=5, tag=TAG, token=TOKEN):
     return Stamp(Kind.ALLREDUCE, dtype, token, GROUP_ID, seq, tag)
 
 
-def _pair_run(exe_for, xs, dtype):
-    """Both ranks' vectors all-reduced by the executions `exe_for(rank, out, transport)` builds:
-    (each rank's output, each rank's sent frames). Rank r's frames go to rank 1 - r."""
-    outs, sent = [x.clone() for x in xs], []
-    for r in (0, 1):  # each rank's send first (its first progress), collected
-        t = Duplex()
-        exe_for(r, outs[r].clone(), t).progress()
-        sent.append([(1 - r, h, b) for _, h, b in t.frames])
-    for r in (0, 1):
-        t = Duplex([(1 - r, h, b) for _, h, b in sent[1 - r]])
-        exe = exe_for(r, outs[r], t)
-        for _ in range(10):
-            exe.progress()
-            if exe.done:
-                break
-        assert exe.done and t.pending_frames() == 0 and [f[1:] for f in t.frames] == [f[1:] for f in sent[r]]
-    return outs, sent
+def _pair_exe(sched, bufs, red, stamp, r, transport):
+    """PairExchange for `sched`'s frame plan where it has the pair shape, else the Execution
+    (as Group.execution chooses)."""
+    plan = execution_plan(sched, stamp, transport, FRAME)
+    if plan.pair is None:
+        return _plain_exe(sched, bufs, red, stamp, r, transport)
+    return PairExchange(plan.pair, bufs, red, stamp, r, Mailbox(transport, r))
 
 
-def _pair_reduce_exe(op_name, dtype):
-    red = reduce_ops.reducer(op_name, dtype)
-
-    def make(r, out, transport):
-        first = pair_exchange(direct.allreduce(r, 2, out.numel(), FRAME // out.element_size()), out.numel(),
-                              out.element_size(), FRAME)
-        assert first == (1 - r, r == 1)
-        return PairReduce(Mailbox(transport, r), _allreduce_stamp(dtype), r, 1 - r, out, red, first[1])
-    return make
+def _plain_exe(sched, bufs, red, stamp, r, transport):
+    return Execution(sched, bufs, red, stamp, r, Mailbox(transport, r), FRAME)
 
 
 def _execution_exe(op_name, dtype):
     red = reduce_ops.reducer(op_name, dtype)
 
     def make(r, out, transport):
+        return _plain_exe(direct.allreduce(r, 2, out.numel(), FRAME // out.element_size()), [out, out, None], red,
+                          _allreduce_stamp(dtype), r, transport)
+    return make
+
+
+def _both_ranks(make, scheds, bufs, red, stamp):
+    """Both ranks of a two-rank collective run by the executions `make` builds: (each rank's
+    buffers after it, each rank's sent frames). Each rank's sends come first (collected from a
+    run on copies of its buffers), then each rank runs to the end on the peer's frames."""
+    sent = []
+    for r in (0, 1):
+        t = Duplex()
+        make(scheds[r], [None if b is None else b.clone() for b in bufs[r]], red, stamp, r, t).progress()
+        sent.append([(1 - r, h, b) for _, h, b in t.frames])
+    outs = []
+    for r in (0, 1):
+        t = Duplex([(1 - r, h, b) for _, h, b in sent[1 - r]])
+        mine = [None if b is None else b.clone() for b in bufs[r]]
+        exe = make(scheds[r], mine, red, stamp, r, t)
+        for _ in range(10):
+            exe.progress()
+            if exe.done:
+                break
+        assert exe.done and t.pending_frames() == 0 and [f[1:] for f in t.frames] == [f[1:] for f in sent[r]]
+        outs.append(mine)
+    return outs, sent
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t is not None and t.numel() else t
+
+
+def _same_as_the_execution(scheds, bufs, red, stamp):
+    got, frames = _both_ranks(_pair_exe, scheds, bufs, red, stamp)
+    want, want_frames = _both_ranks(_plain_exe, scheds, bufs, red, stamp)
+    assert frames == want_frames
+    for r in (0, 1):
+        for g_, w_ in zip(got[r], want[r]):
+            assert (g_ is None and w_ is None) or torch.equal(_bits(g_), _bits(w_)), r
+    return got
+
+
+def _pair_allreduce_exe(op_name, dtype):
+    red = reduce_ops.reducer(op_name, dtype)
+
+    def make(r, out, transport):
         sched = direct.allreduce(r, 2, out.numel(), FRAME // out.element_size())
-        return Execution(sched, [out, out, None], red, _allreduce_stamp(dtype), r, Mailbox(transport, r), FRAME)
+        exe = _pair_exe(sched, [out, out, None], red, _allreduce_stamp(dtype), r, transport)
+        assert type(exe) is PairExchange
+        return exe
     return make
 
 
@@ -277,6 +309,7 @@ def test_the_pair_all_reduce_sends_and_computes_what_the_execution_does(op_name,
     """The same frames on the wire and the same bits on both ranks, with operands whose order
     shows in the bits (max of +0.0 and -0.0; NaNs of either sign added)."""
     per = FRAME // torch.empty(0, dtype=dtype).element_size()
+    red = reduce_ops.reducer(op_name, dtype)
     for count in (0, 1, 7, per):
         g = torch.Generator().manual_seed(count)
         if dtype.is_floating_point:
@@ -288,45 +321,107 @@ def test_the_pair_all_reduce_sends_and_computes_what_the_execution_does(op_name,
             xs = [torch.randn(count, generator=g, dtype=dtype) for _ in range(2)]
         else:
             xs = [torch.randint(-50, 50, (count,), generator=g).to(dtype) for _ in range(2)]
-        got, frames = _pair_run(_pair_reduce_exe(op_name, dtype), xs, dtype)
-        want, want_frames = _pair_run(_execution_exe(op_name, dtype), xs, dtype)
-        assert frames == want_frames, (op_name, dtype, count)
+        scheds = [direct.allreduce(r, 2, count, per) for r in (0, 1)]
+        bufs = [[x, x, None] for x in xs]  # in place, as dist.all_reduce calls it
+        assert all(execution_plan(scheds[r], _allreduce_stamp(dtype), Recorder(), FRAME).pair for r in (0, 1))
+        got = _same_as_the_execution(scheds, bufs, red, _allreduce_stamp(dtype))
+        assert torch.equal(_bits(got[0][1]), _bits(got[1][1])), (op_name, dtype, count)
+
+
+def _two_rank_cases(per):
+    """(name, kind, schedules of ranks 0 and 1, their [IN, OUT] sizes, the ranks whose plan has
+    the pair shape) of the two-rank calls within a frame."""
+    c = per // 2
+    return [
+        ("allgather", Kind.ALLGATHER, [ring.allgather([0, 1], r, [c, c]) for r in (0, 1)], (c, 2 * c), (0, 1)),
+        ("reduce_scatter", Kind.REDUCE_SCATTER, [ring.reduce_scatter([0, 1], r, [c, c]) for r in (0, 1)], (2 * c, c),
+         (0, 1)),
+        ("alltoall", Kind.ALLTOALL, [direct.alltoall(r, 2, [c, c], [c, c]) for r in (0, 1)], (2 * c, 2 * c), (0, 1)),
+        ("broadcast", Kind.BROADCAST, [direct.broadcast_flat(r, 2, 1, per) for r in (0, 1)], (0, per), (0, 1)),
+        ("barrier", Kind.BARRIER, [direct.barrier(r, 2) for r in (0, 1)], (0, 0), (0, 1)),
+        ("scatter", Kind.SCATTER, [direct.scatter(r, 2, 0, [c, c]) for r in (0, 1)], (2 * c, c), (1,)),
+        ("reduce", Kind.REDUCE, [direct.reduce(r, 2, 0, per) for r in (0, 1)], (per, per), ()),  # scratch
+        ("gather", Kind.GATHER, [direct.gather(r, 2, 1, [c, c]) for r in (0, 1)], (c, 2 * c), ()),  # three rounds
+    ]
+
+
+@pytest.mark.parametrize("dtype,op_name", [(torch.float32, "sum"), (torch.bfloat16, "max"), (torch.int64, "bxor")])
+def test_the_pair_form_moves_and_computes_what_the_execution_does_for_every_two_rank_call(dtype, op_name):
+    """All-gather, reduce-scatter (in place too), all-to-all, broadcast, scatter (whose root
+    keeps the Execution) and barrier at two ranks: the same frames, the same buffers afterwards."""
+    per = FRAME // torch.empty(0, dtype=dtype).element_size()
+    red = reduce_ops.reducer(op_name, dtype)
+    for name, kind, scheds, (n_in, n_out), pair_ranks in _two_rank_cases(per):
+        if not pair_ranks:
+            continue
+        stamp = Stamp(kind, dtype, TOKEN, GROUP_ID, 11, TAG)
+        bufs = []
         for r in (0, 1):
-            b = lambda t: t.view(torch.uint8) if t.numel() else t  # noqa: E731 - bitwise, NaN payloads included
-            assert torch.equal(b(got[r]), b(want[r])), (op_name, dtype, count, r)
-        assert torch.equal(b(got[0]), b(got[1]))
+            x = (torch.arange(n_in) * (r + 3) % 113).to(dtype) if n_in else None
+            out = torch.full((n_out,), -1).to(dtype)
+            bufs.append([x, out, None])
+        got = _same_as_the_execution(scheds, bufs, red, stamp)
+        if name == "allgather":
+            assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][1][:per // 2], bufs[0][0])
+        if name == "reduce_scatter":  # the in-place form: each rank's input is the output's whole
+            ip = [[b[0], b[0][r * (per // 2):(r + 1) * (per // 2)], None] for r, b in enumerate(bufs)]
+            _same_as_the_execution(scheds, ip, red, stamp)
 
 
-def test_the_pair_all_reduce_shape_is_recognised_exactly():
-    """Recognised by shape: direct's two-rank schedule of a vector within one frame, on both
-    ranks; not its scratch form past the frame, nor any other algorithm or world."""
-    for isz, dtype in ((4, torch.float32), (2, torch.bfloat16), (8, torch.int64)):
+def test_the_pair_shape_is_recognised_exactly():
+    """By the frames a plan moves, whoever built the schedule: one frame each way with one peer
+    in one round (local steps before), or a send round and then a receive round; not two frames
+    of a step, a lent frame, scratch, a second peer or a third round."""
+    def shape(sched, kind=Kind.ALLREDUCE, isz=4, transport=None):
+        stamp = Stamp(kind, {4: torch.float32, 2: torch.bfloat16, 8: torch.int64}[isz], TOKEN, GROUP_ID, 3, TAG)
+        return execution_plan(sched, stamp, transport or Recorder(), FRAME).pair
+    for isz in (4, 2, 8):
         per = FRAME // isz
         for count in (0, 1, per - 1, per, per + 1, 3 * per):
             for r in (0, 1):
-                s = direct.allreduce(r, 2, count, per)
-                want = (1 - r, r == 1) if count <= per else None
-                assert pair_exchange(s, count, isz, FRAME) == want, (isz, count, r)
-                # a larger frame's eager schedule, run over a group of smaller frames: two frames
-                assert pair_exchange(direct.allreduce(r, 2, count, 4 * per), count, isz, FRAME) == want
-        assert pair_exchange(ring.allreduce([0, 1], 0, 8), 8, 4, FRAME) is None
-        assert pair_exchange(rdh.rdh_allreduce(0, [0, 1], 8), 8, 4, FRAME) is None
-        assert pair_exchange(direct.allreduce(0, 3, 8, per), 8, 4, FRAME) is None
-    # marks that change how frames are cut: lent or reduced-on-receipt sends are not this shape
-    whole = Chunk(OUT, 0, 8)
+                got = shape(direct.allreduce(r, 2, count, per), isz=isz)
+                if count <= per:
+                    assert got is not None and got.split and got.peer == 1 - r, (isz, count, r)
+                    assert got.send == (OUT, 0, count, count * isz) and got.recv.reduce and \
+                        got.recv.incoming_first == (r == 1) and not got.local
+                else:
+                    assert got is None, (isz, count, r)
+                # a larger frame's eager schedule over this group's frames: a step of two frames
+                big = shape(direct.allreduce(r, 2, count, 4 * per), isz=isz)
+                assert (big is not None) == (count <= per), (isz, count, r)
+    for name, kind, scheds, _, pair_ranks in _two_rank_cases(FRAME // 4):
+        for r in (0, 1):
+            got = shape(scheds[r], kind)
+            assert (got is not None) == (r in pair_ranks) and (got is None or got.peer == 1 - r), (name, r)
+    assert shape(ring.allreduce([0, 1], 0, 8)) is None  # two rounds each way
+    assert shape(rdh.rdh_allreduce(0, [0, 1], 8)) is None  # scratch
+    assert shape(direct.allreduce(0, 3, 8, FRAME // 4)) is None  # two peers
+    assert shape(ring.allgather([0, 1, 2, 3], 1, [4] * 4), Kind.ALLGATHER) is None  # three rounds
+    assert shape(direct.barrier(0, 4), Kind.BARRIER) is None  # a peer per round
+    assert shape(direct.broadcast_flat(0, 4, 0, 8), Kind.BROADCAST) is None  # the root of four
+    assert shape(direct.broadcast_flat(2, 4, 0, 8), Kind.BROADCAST) is not None  # a non-root of four
+    # a step the transport lends (all-gather's from its lending size; all-reduce's where marked)
+    lender = Recorder(lend_bytes=FRAME, eager_bytes=FRAME)
+    lender.lend_from = lender.lend_min = lender.lend_reduce_from = 64
+    assert shape(ring.allgather([0, 1], 0, [32, 32]), Kind.ALLGATHER, transport=lender) is None
+    assert shape(ring.allgather([0, 1], 0, [8, 8]), Kind.ALLGATHER, transport=lender) is not None
+    whole = Chunk(OUT, 0, 32)
     lent = Schedule("x").add(Send(1, whole, lend=True)).add(Recv(1, whole, reduce=True, lend=True))
-    copied = Schedule("x").add(Send(1, whole)).add(Recv(1, whole))
-    part = Schedule("x").add(Send(1, Chunk(OUT, 0, 4))).add(Recv(1, Chunk(OUT, 0, 4), reduce=True))
-    assert [pair_exchange(s, 8, 4, FRAME) for s in (lent, copied, part)] == [None, None, None]
+    assert shape(lent, transport=lender) is None and shape(lent) is not None
+    # another peer for the receive, and a receive round before the send's
+    assert shape(Schedule("x").add(Send(1, whole), Recv(2, whole))) is None
+    assert shape(Schedule("x").add(Recv(1, whole)).add(Send(1, whole))) is None
 
 
-def test_group_execution_runs_the_pair_form_exactly_for_a_two_rank_all_reduce_of_that_shape():
+def test_group_execution_runs_the_pair_form_exactly_for_plans_of_that_shape():
     g = SimpleNamespace(token=TOKEN, group_id=GROUP_ID, frame_bytes=FRAME, mailbox=Mailbox(Duplex(), 0),
                         _deaths=SimpleNamespace(check=lambda group, op: None))
     red = reduce_ops.reducer("sum", torch.float32)
-    for size, rank, kind, count, want in ((2, 0, Kind.ALLREDUCE, 8, PairReduce), (2, 1, Kind.ALLREDUCE, 8, PairReduce),
-                                          (2, 0, Kind.REDUCE, 8, Execution), (3, 0, Kind.ALLREDUCE, 8, Execution),
-                                          (2, 0, Kind.ALLREDUCE, 2 * FRAME, Execution)):
+    for size, rank, kind, count, want in ((2, 0, Kind.ALLREDUCE, 8, PairExchange),
+                                          (2, 1, Kind.ALLREDUCE, 8, PairExchange),
+                                          (2, 0, Kind.REDUCE, 8, PairExchange), (3, 0, Kind.ALLREDUCE, 8, Execution),
+                                          (2, 0, Kind.ALLREDUCE, 2 * FRAME, Execution),
+                                          (2, 0, Kind.P2P, 8, Execution)):
         g.size, g.rank = size, rank
         out = torch.ones(count)
         op = SimpleNamespace(kind=kind, nbytes=4 * count, seq=3)
@@ -335,9 +430,28 @@ def test_group_execution_runs_the_pair_form_exactly_for_a_two_rank_all_reduce_of
         assert type(exe) is want, (size, rank, kind, count)
 
 
+def test_a_one_round_pair_takes_its_frame_while_its_send_waits_then_waits_for_the_flush():
+    """As the Execution: a send the ring refuses does not keep the round's receive waiting; the
+    round ends once the send is out and the transport no longer refers to it."""
+    c = 8
+    scheds = [ring.allgather([0, 1], r, [c, c]) for r in (0, 1)]
+    stamp = Stamp(Kind.ALLGATHER, torch.float32, TOKEN, GROUP_ID, 11, TAG)
+    src = Duplex()
+    _plain_exe(scheds[1], [torch.arange(c, dtype=torch.float32) + 100, torch.zeros(2 * c), None], None, stamp, 1,
+               src).progress()
+    t = Duplex([(1, h, b) for _, h, b in src.frames], full=2, unflushed=1)
+    out = torch.zeros(2 * c)
+    exe = _pair_exe(scheds[0], [torch.arange(c, dtype=torch.float32), out, None], None, stamp, 0, t)
+    assert exe.progress() and not exe.done and list(exe.sends) == [1]  # its frame taken, its own refused
+    assert out[c:].tolist() == [100.0 + i for i in range(c)] and t.pending_frames() == 0
+    assert not exe.progress() and not exe.done and list(exe.sends) == [1]  # refused again: nothing moved
+    assert exe.progress() and not exe.done and exe.waiting_on == PEER and not exe.sends  # sent, unflushed
+    assert exe.progress() and exe.done and exe.waiting_on is None and len(t.frames) == 1
+
+
 def test_the_pair_all_reduce_stalls_fails_and_releases_as_the_execution_does():
     x = torch.arange(8, dtype=torch.float32)
-    make = _pair_reduce_exe("sum", torch.float32)
+    make = _pair_allreduce_exe("sum", torch.float32)
     t = Duplex(full=2, unflushed=2)
     exe = make(RANK % 2, x.clone(), t)
     for _ in range(2):  # a full ring: nothing moved, the peer still owed its frame

@@ -11,6 +11,8 @@ per-peer frame counter, and `frame.check` rejects anything else with an error na
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
+
 import torch
 
 from ..transport.bytecopy import copy_into
@@ -18,7 +20,7 @@ from ..transport.cma import Lent
 from ..transport.frame import DEFAULT_FRAME_BYTES as FRAME_BYTES
 from ..transport.frame import DTYPE_CODE, FrameError, Header, Kind, PeerAborted, abort_reason, check, make_header
 from .reduce_ops import Reducer
-from .schedule import LOCAL_STEPS, OUT, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
+from .schedule import LOCAL_STEPS, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
 
 
 class Stamp:
@@ -143,7 +145,7 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                     for o in range(0, count, lend_elems)]
         return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
 
-    rounds = []
+    rounds, recv_lent = [], False
     for steps in schedule.rounds:
         local = tuple((isinstance(s, Copy), s.src, s.dst, isinstance(s, LocalReduce) and s.src_first)
                       for s in steps if isinstance(s, (Copy, LocalReduce)))
@@ -155,19 +157,45 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                     (s.src.buf, s.src.start + off, n, n * itemsize, lent)
                     for off, n, lent in frames(s.src.count, s.lend, s.reduced))
             elif isinstance(s, Recv):
-                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in frames(s.dst.count, s.lend, s.reduce))
+                cut = frames(s.dst.count, s.lend, s.reduce)
+                recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in cut)
+                recv_lent |= any(lent for *_, lent in cut)
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = Plan(rounds)
     plan.lends = any(lent for _, sends, _ in rounds for _, q in sends for *_, lent in q)
+    if not plan.lends and not recv_lent and not schedule.tmp_count:
+        plan.pair = pair_shape(rounds)
     schedule.plans[key] = plan
     return plan
 
 
 class Plan(tuple):
-    """frame_plan's rounds, and `lends`: whether any frame of them is lent (a plan that lends
-    none runs without the per-round in-place check)."""
+    """frame_plan's rounds; `lends`: whether any frame of them is lent (a plan that lends
+    none runs without the per-round in-place check); `pair`: the PairShape that PairExchange
+    runs in place of an Execution, or None."""
     lends = False
+    pair = None
+
+
+def execution_plan(schedule: Schedule, stamp: "Stamp", transport, frame_bytes: int) -> Plan:
+    """The frame plan an Execution of `schedule` runs over `transport` (frame_plan, with the
+    lending this call's kind and size allow; see transport/cma.py): large steps are cut into
+    large frames the peer reads from this process, the rest is copied through the transport.
+    Lent are every step of a collective that only moves data, and of a point-to-point message
+    larger than what the ring holds (it already waits for its receiver, so lending it changes
+    nothing a caller sees; the size rule is one both ends know); elsewhere the steps the
+    schedule marks (e.g. the all-gather half of a ring all-reduce)."""
+    itemsize = stamp.dtype.itemsize
+    lend, marked_only = (0, 0, 0, 0), False
+    lend_bytes = getattr(transport, "lend_bytes", 0)  # (duck-typed transports: none)
+    if lend_bytes:
+        every = stamp._kind in _LENDABLE or stamp._kind == _P2P and p2p_lent(transport, stamp.seq)
+        if every or schedule.lends:
+            lend = (max(1, lend_bytes // itemsize), transport.lend_from, transport.lend_min,
+                    transport.lend_reduce_from)
+            marked_only = not every
+    return frame_plan(schedule, itemsize, max(1, frame_bytes // itemsize), lend, marked_only)
 
 
 _P2P = int(Kind.P2P)
@@ -200,19 +228,35 @@ def one_copied_frame(transport, frame_bytes: int, count: int, itemsize: int) -> 
     return 0 < count <= max(1, frame_bytes // itemsize) and not p2p_lent(transport, count * itemsize)
 
 
+def run_local(local: tuple, view, reduce: Reducer | None) -> None:
+    """A round's local steps, as frame_plan lists them: (is_copy, src, dst, src_first) with
+    `view` cutting a Chunk's tensor."""
+    for is_copy, src, dst, src_first in local:
+        d = view(dst)
+        if is_copy:
+            s = view(src)
+            if s.data_ptr() != d.data_ptr():  # an in-place call (FSDP2's all-gather input
+                copy_into(d, s)               # is its block of the output): nothing to copy
+        elif src_first:
+            reduce(d, view(src), d)
+        else:
+            reduce(d, d, view(src))
+
+
 class Execution:
     """One schedule in flight. Raises from progress() on any protocol error."""
 
-    __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "frame_elems", "rounds",
+    __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
                  "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lending", "_lend_safe", "_lent")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
-                 tmp_views: dict | None = None):
+                 tmp_views: dict | None = None, plan: Plan | None = None):
         """`tmp_views`: where to keep the views cut from TMP, when the caller keeps TMP itself
         across calls (the c10d adapter keeps a plan's small scratch buffer, and its views with
-        it: slicing costs ~1 us a view)."""
+        it: slicing costs ~1 us a view). `plan`: execution_plan's answer for these arguments,
+        when the caller has it already."""
         dtype = stamp.dtype
         if bufs[0] is None or bufs[1] is None or bufs[2] is None:  # (not `None in bufs`: that calls Tensor.__eq__)
             empty = _EMPTIES.get(dtype)
@@ -222,23 +266,11 @@ class Execution:
         self.bufs, self.reduce = bufs, reduce
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
-        self.itemsize = itemsize = dtype.itemsize
-        # lending (see transport/cma.py): large steps are cut into large frames the peer reads
-        # from this process (frame_plan says which); the rest is copied through the transport
-        lend, t, marked_only = (0, 0, 0, 0), self.transport, False
-        lend_bytes = getattr(t, "lend_bytes", 0)  # (duck-typed transports: none)
-        if lend_bytes:
-            # every step of a collective that only moves data, and of a point-to-point message
-            # larger than what the ring holds (it already waits for its receiver, so lending it
-            # changes nothing a caller sees; the size rule is one both ends know); elsewhere the
-            # steps the schedule marks (e.g. the all-gather half of a ring all-reduce)
-            every = stamp._kind in _LENDABLE or stamp._kind == _P2P and p2p_lent(t, stamp.seq)
-            if every or schedule.lends:
-                lend = (max(1, lend_bytes // itemsize), t.lend_from, t.lend_min, t.lend_reduce_from)
-                marked_only = not every
-        self.frame_elems = max(1, frame_bytes // itemsize)
-        self.rounds = rounds = frame_plan(schedule, itemsize, self.frame_elems, lend, marked_only)
-        self.lending = rounds.lends
+        self.itemsize = dtype.itemsize
+        if plan is None:
+            plan = execution_plan(schedule, stamp, self.transport, frame_bytes)
+        self.rounds = plan
+        self.lending = plan.lends
         self._lend_safe = True
         self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
         self._tviews = tmp_views
@@ -294,16 +326,8 @@ class Execution:
                 self.done = True
                 return True
             local, sends, recvs = self.rounds[self.round]
-            for is_copy, src, dst, src_first in local:
-                d = view(dst)
-                if is_copy:
-                    s = view(src)
-                    if s.data_ptr() != d.data_ptr():  # an in-place call (FSDP2's all-gather input
-                        copy_into(d, s)               # is its block of the output): nothing to copy
-                elif src_first:
-                    self.reduce(d, view(src), d)
-                else:
-                    self.reduce(d, d, view(src))
+            if local:
+                run_local(local, view, self.reduce)
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
             self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
             if self.lending:
@@ -442,60 +466,106 @@ class Execution:
             self._reduce(step, dst[o:o + k], base[o:o + k], p)
 
 
-_UNKNOWN = object()
 LENT_PART_BYTES = 256 << 10  # 64 KiB and 1 MiB parts were slower at a 16 MiB reduce-scatter (L2: 2 MiB+)
 _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
-def pair_exchange(schedule: Schedule, count: int, itemsize: int, frame_bytes: int) -> tuple[int, bool] | None:
-    """Whether `schedule` is the two-rank swap-and-reduce of one frame that `PairReduce` runs:
-    (the peer, its Recv's `incoming_first`), or None. The shape, whoever built it: a round
-    sending the whole of OUT (`count` elements) to the peer, unmarked, then a round receiving
-    the peer's vector and reducing it straight into OUT, no scratch, the vector within one frame
-    (what direct.allreduce builds at two ranks for a vector that fits a frame). Kept with the
-    schedule's frame plans."""
-    key = ("pair", count, itemsize, frame_bytes)
-    got = schedule.plans.get(key, _UNKNOWN)
-    if got is not _UNKNOWN:
-        return got
-    got = None
-    r = schedule.rounds
-    if len(r) == 2 and len(r[0]) == 1 and len(r[1]) == 1 and not schedule.tmp_count and \
-            count * itemsize <= frame_bytes:
-        s, v = r[0][0], r[1][0]
-        whole = Chunk(OUT, 0, count)
-        if type(s) is Send and type(v) is Recv and s.peer == v.peer and s.src == whole and v.dst == whole \
-                and not s.lend and not s.reduced and v.reduce and v.base is None and not v.lend:
-            got = (s.peer, v.incoming_first)
-    schedule.plans[key] = got
-    return got
+class PairShape(NamedTuple):
+    """What PairExchange runs: a round's local steps (frame_plan's), then at most one copied
+    frame sent to `peer` (buffer, element offset, elements, bytes) and at most one received
+    from it (its Recv step, the frame covering the whole step); `split`: the send is a round
+    of its own before the receive's (the receive overwrites what the send reads)."""
+    peer: int
+    local: tuple
+    send: tuple | None
+    recv: Recv | None
+    split: bool
 
 
-class PairReduce:
-    """The schedule `pair_exchange` recognises, run without an Execution: the small all-reduce
-    at two ranks.
+def pair_shape(rounds: tuple) -> PairShape | None:
+    """The PairShape of a frame plan without lent frames or scratch, or None. Two shapes, by
+    what the frames are, whoever built the schedule: one round of local steps and at most one
+    frame each way with one peer (at two ranks the all-gather, reduce-scatter, all-to-all and
+    barrier; at any size a direct broadcast's or a scatter's non-root), or a round sending one
+    frame and a round receiving one from the same peer (at two ranks the all-reduce within a
+    frame, direct's eager form, and the broadcast's root, whose second round is its peer's
+    empty confirmation)."""
+    if len(rounds) == 1:
+        (local, sends, recvs), split = rounds[0], False
+    elif len(rounds) == 2 and not rounds[0][0] and not rounds[0][2] and not rounds[1][0] and not rounds[1][1]:
+        local, sends, recvs, split = (), rounds[0][1], rounds[1][2], True
+        if not sends or not recvs:
+            return None
+    else:
+        return None
+    if len(sends) > 1 or len(recvs) > 1 or not (sends or recvs):
+        return None
+    send = recv = None
+    if sends:
+        peer, q = sends[0]
+        if len(q) != 1:
+            return None
+        send = q[0][:4]
+    if recvs:
+        (rpeer, q), peer = recvs[0], (peer if sends else recvs[0][0])
+        if len(q) != 1 or rpeer != peer:
+            return None
+        recv = q[0][0]
+    return PairShape(peer, local, send, recv, split)
 
-    An Execution's set-up (frame plan, rounds, per-peer queues) and its walk through two rounds
-    cost a 4 KiB all-reduce a fifth of its time (RESULTS.md "Thirty-fourth pass"), as they did
-    the small send (SingleFrameSend).
-    This sends the same frame (chunk 0, the whole vector copied into the transport), waits
-    until the transport no longer refers to the vector (`unflushed`, as the Execution does
-    before its second round, which overwrites it), takes the peer's frame, checks it against
-    the header the Execution would expect and reduces it into OUT with the same operand order
-    (`incoming_first`: rank 0's vector first on both ranks, so both compute the same bits)."""
-    __slots__ = ("transport", "mailbox", "peer", "out", "reduce", "dtype", "payload", "header", "want", "key",
-                 "seq", "incoming_first", "sends", "done", "waiting_on")
 
-    def __init__(self, mailbox: Mailbox, stamp: Stamp, rank: int, peer: int, out: torch.Tensor,
-                 reduce: Reducer, incoming_first: bool):
-        self.mailbox, self.transport, self.peer, self.out, self.reduce = mailbox, mailbox.transport, peer, out, reduce
-        self.dtype, self.incoming_first = stamp.dtype, incoming_first
-        nbytes = out.numel() * stamp.dtype.itemsize
-        self.payload = out if nbytes else _EMPTY
-        self.header = stamp.header(rank, peer, 0, nbytes)
-        self.want = stamp.header(peer, rank, 0, nbytes)
+def _cut(bufs: list, b: int, start: int, count: int) -> torch.Tensor:
+    """Buffer `b`'s elements start..start+count (the whole buffer unsliced: slicing costs ~1 us)."""
+    t = bufs[b]
+    return t if start == 0 and count == t.numel() else t[start:start + count]
+
+
+class PairExchange:
+    """A frame plan of `pair_shape`'s shape, run without an Execution: the small collectives
+    at two ranks (and the non-root ends of rooted ones at any size).
+
+    An Execution's set-up (per-round dicts and queues) and its walk through the rounds cost a
+    4 KiB all-reduce at two ranks a fifth of its time (RESULTS.md "Thirty-fourth pass"), as
+    they did the small send (SingleFrameSend). This moves the same frames (chunk 0 each way,
+    copied through the transport) in the Execution's order: the local steps; the send; for a
+    split shape, the wait until the transport no longer refers to what was sent (the
+    Execution's wait before its second round, which overwrites it); the peer's frame, checked
+    against the header the Execution would expect and copied or reduced into place with the
+    same operand order (`Recv.incoming_first`: at two ranks the all-reduce puts rank 0's vector
+    first on both, so both compute the same bits); for one round, the same wait at the end."""
+    __slots__ = ("transport", "mailbox", "peer", "payload", "header", "want", "dst", "base", "incoming_first",
+                 "reduce", "dtype", "key", "seq", "split", "sends", "done", "waiting_on")
+
+    def __init__(self, shape: PairShape, bufs: list, reduce: Reducer | None, stamp: Stamp, rank: int,
+                 mailbox: Mailbox):
+        self.mailbox, self.transport, self.peer, self.reduce = mailbox, mailbox.transport, shape.peer, reduce
+        self.dtype = dtype = stamp.dtype
+        self.split = shape.split
         self.key, self.seq = ("coll", stamp.seq), stamp.seq
-        self.sends = {peer: None}  # what the stall check reads: the peer still owed a frame
+        peer, local, send, step, _ = shape
+        if bufs[0] is None or bufs[1] is None:  # (an empty step may name an absent buffer; no scratch here)
+            empty = _EMPTIES.get(dtype)
+            if empty is None:
+                empty = torch.empty(0, dtype=dtype)
+            bufs = [empty if b is None else b for b in bufs]
+        if local:
+            run_local(local, lambda c: _cut(bufs, c.buf, c.start, c.count), reduce)
+        self.sends, self.header = {}, None
+        if send is not None:
+            b, a, n, nb = send
+            self.payload = _cut(bufs, b, a, n) if nb else _EMPTY
+            self.header = stamp.header(rank, peer, 0, nb)
+            self.sends = {peer: None}  # what the stall check reads: the peer still owed a frame
+        self.want = self.dst = self.base = None
+        if step is not None:
+            d = step.dst
+            self.want = stamp.header(peer, rank, 0, d.count * dtype.itemsize)
+            if d.count:
+                self.dst = _cut(bufs, d.buf, d.start, d.count)
+                if step.reduce:
+                    b = step.base
+                    self.base = self.dst if b is None else _cut(bufs, b.buf, b.start, b.count)
+                self.incoming_first = step.incoming_first
         self.done = False
         self.waiting_on: int | None = None
 
@@ -503,35 +573,52 @@ class PairReduce:
         self.waiting_on = None
         moved = False
         if self.sends:
-            if not self.transport.send(self.peer, self.header, self.payload):
+            if self.transport.send(self.peer, self.header, self.payload):
+                self.sends, moved = {}, True
+            elif self.split or self.want is None:
                 return False  # a full ring: the engine waits, watching the peer
-            self.sends, moved = {}, True
+        if self.split:
+            if self.sends or not self._flushed():
+                return moved
+        if self.want is not None:
+            got = self.mailbox.take(self.peer, self.key, self.seq)
+            if got is None:
+                self.waiting_on = self.peer
+                return moved
+            self._deliver(*got)
+            self.want, moved = None, True
+        if self.sends or (self.header is not None and not self.split and not self._flushed()):
+            return moved
+        self.done = True
+        return True
+
+    def _flushed(self) -> bool:
+        """Whether the transport no longer refers to what was sent (else wait on the peer it names)."""
         waiting = self.transport.unflushed()
         if waiting is not None:
             self.waiting_on = waiting
-            return moved
-        got = self.mailbox.take(self.peer, self.key, self.seq)
-        if got is None:
-            self.waiting_on = self.peer
-            return moved
-        h, payload, owned = got
+            return False
+        return True
+
+    def _deliver(self, h: Header, payload, owned: bool) -> None:
         try:
             check(h, self.want, payload.nbytes)
-            if self.want.nbytes:
+            dst = self.dst
+            if dst is not None:
                 if type(payload) is Lent:  # (the sender's plan lends no frame of this shape)
                     payload = payload.clone()
                 if payload.dtype is not self.dtype:
                     payload = payload.view(self.dtype)
-                out = self.out
-                if self.incoming_first:
-                    self.reduce(out, payload, out)
+                base = self.base
+                if base is None:
+                    copy_into(dst, payload)
+                elif self.incoming_first:  # operand order: see schedule.py
+                    self.reduce(dst, payload, base)
                 else:
-                    self.reduce(out, out, payload)
+                    self.reduce(dst, base, payload)
         finally:
             if not owned:
                 self.transport.release(self.peer)
-        self.done = True
-        return True
 
 
 class SingleFrameSend:
@@ -613,5 +700,5 @@ class SingleFrameRecv:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "PairReduce", "SingleFrameRecv", "SingleFrameSend", "Stamp", "FrameError",
-           "LOCAL_STEPS", "one_copied_frame", "p2p_lent", "pair_exchange"]
+__all__ = ["Execution", "Mailbox", "PairExchange", "PairShape", "SingleFrameRecv", "SingleFrameSend", "Stamp",
+           "FrameError", "LOCAL_STEPS", "execution_plan", "one_copied_frame", "p2p_lent", "pair_shape", "run_local"]
