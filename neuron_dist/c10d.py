@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch._C import _set_grad_enabled  # private: grad mode on/off without a context object
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
+from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
 from .collectives import reduce_ops
 from .collectives.algorithms import Spec, build
@@ -44,6 +45,8 @@ _OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}
 
 _SUM = _ReduceOp.SUM
 _AllreduceOptions = dist.AllreduceOptions
+_BroadcastOptions = dist.BroadcastOptions
+_ReduceScatterOptions = dist.ReduceScatterOptions
 
 
 def _reduce_op(op) -> tuple[str, object]:
@@ -189,6 +192,13 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
         raise ValueError(f"[rank {rank}] {what}: the output tensor (shape {tuple(t.shape)}, strides "
                          f"{t.stride()}) has elements that share memory, as an expand()ed view does; "
                          f"pass one whose elements have their own memory (.clone())")
+
+
+def _common_tensor(t) -> bool:
+    """Whether `t` takes a common path (_allreduce_common and its kin): a contiguous dense CPU
+    tensor, the debug check off. Anything else takes the general path, which checks it."""
+    return isinstance(t, torch.Tensor) and t.is_cpu and not t.is_sparse and t.is_contiguous() and \
+        not debug.enabled()
 
 
 def _one(tensors, what: str, rank: int) -> torch.Tensor:
@@ -447,7 +457,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         debug check on, any other argument form, an unsupported dtype: its error comes from
         there)."""
         t = tensors[0]
-        if not isinstance(t, torch.Tensor) or not t.is_cpu or t.is_sparse or not t.is_contiguous() or debug.enabled():
+        if not _common_tensor(t):
             return None
         rop = opts.reduceOp
         if rop == _SUM:
@@ -466,12 +476,17 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if dtype not in DTYPE_CODE:
                 return None  # (the general path's check says so)
             _check_op(op_name, dtype, "allreduce", g.rank)
-            if len(self._common) >= _PLAN_CACHE:
-                self._common.clear()
-            plan = self._common[key] = self._plan("allreduce", Kind.ALLREDUCE, algo, {"count": n}, dtype, op_name,
-                                                  nbytes)
+            plan = self._keep_common(key, self._plan("allreduce", Kind.ALLREDUCE, algo, {"count": n}, dtype, op_name,
+                                                     nbytes))
         buf = t if t.dim() == 1 else t.view(-1)
         return self._run_plan(plan, Kind.ALLREDUCE, algo, buf, buf, dtype, op_name, None, None, tensors, nbytes, opts)
+
+    def _keep_common(self, key: tuple, plan: "_Plan") -> "_Plan":
+        """Keep a common path's plan (_allreduce_common and its kin) under its key."""
+        if len(self._common) >= _PLAN_CACHE:
+            self._common.clear()
+        self._common[key] = plan
+        return plan
 
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
@@ -510,6 +525,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     # -- broadcast -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None, timeout=None):
+        if type(tensors) is list and len(tensors) == 1 and type(opts) is _BroadcastOptions:
+            work = self._broadcast_common(tensors[0], opts)  # dist.broadcast's call
+            if work is not None:
+                return work
         if isinstance(tensors, torch.Tensor):  # broadcast(tensor, root)
             tensors, opts = [tensors], _options(dist.BroadcastOptions, rootRank=opts, timeout=timeout)
         t = _one(tensors, "broadcast", self._r)
@@ -519,6 +538,25 @@ class NeuronProcessGroup(dist.ProcessGroup):
         after = None if buf.data_ptr() == t.data_ptr() or t.numel() == 0 else (lambda: t.copy_(buf.view_as(t)))
         return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
                                 t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
+
+    def _broadcast_common(self, t, opts) -> NeuronWork | None:
+        """`dist.broadcast` of one contiguous dense CPU tensor: broadcast's checks and plan
+        looked up (as _allreduce_common), the plan `broadcast` makes. None: the general path."""
+        root = opts.rootRank
+        if not _common_tensor(t) or not 0 <= root < self.group.size:
+            return None
+        dtype, n = t.dtype, t.numel()
+        nbytes = n * dtype.itemsize
+        algo = _choose_algorithm("broadcast", nbytes, self.group)
+        key = ("broadcast", dtype, n, root, algo)
+        plan = self._common.get(key)
+        if plan is None:
+            if dtype not in DTYPE_CODE:
+                return None
+            plan = self._keep_common(key, self._plan("broadcast", Kind.BROADCAST, algo, dict(count=n, root=root), dtype,
+                                                     "sum", nbytes))
+        buf = t if t.dim() == 1 else t.view(-1)
+        return self._run_plan(plan, Kind.BROADCAST, algo, buf, buf, dtype, "sum", None, None, [t], nbytes, opts)
 
     def _root(self, root: int, what: str) -> int:
         if not 0 <= root < self.group.size:
@@ -595,10 +633,39 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                 opts=opts, detail=detail)
 
     def all_gather_single(self, output, input, opts=None):
+        if type(opts) is _AllgatherOptions:
+            work = self._allgather_common(output, input, opts)  # dist.all_gather_into_tensor's call
+            if work is not None:
+                return work
         self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
         return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts)
 
     _allgather_base = all_gather_single
+
+    def _allgather_common(self, output, inp, opts) -> NeuronWork | None:
+        """`dist.all_gather_into_tensor` of contiguous dense CPU tensors of one dtype, the output
+        world_size times the input: the checks and plan `_allgather_packed` makes, looked up
+        (as _allreduce_common). The input may be the output's block (FSDP2's in-place call);
+        elsewhere inside the output it is copied first, as there. None: the general path."""
+        g = self.group
+        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+                output.numel() != inp.numel() * g.size:
+            return None
+        dtype, c = inp.dtype, inp.numel()
+        nbytes = c * g.size * dtype.itemsize
+        algo = _choose_algorithm("allgather", nbytes, g)
+        key = ("allgather", dtype, c, algo)
+        plan = self._common.get(key)
+        if plan is None:
+            if dtype not in DTYPE_CODE:
+                return None
+            plan = self._keep_common(key, self._plan("allgather", Kind.ALLGATHER, algo, dict(counts=(c,) * g.size),
+                                                     dtype, "sum", nbytes))
+        out = output if output.dim() == 1 else output.view(-1)
+        src = inp if inp.dim() == 1 else inp.view(-1)
+        if c and _overlap(out, src) and src.data_ptr() != out.data_ptr() + g.rank * c * dtype.itemsize:
+            src = src.clone()
+        return self._run_plan(plan, Kind.ALLGATHER, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
 
     def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
         """`whole` must hold world_size x `part` elements of the same dtype (all-gather's output
@@ -671,10 +738,47 @@ class NeuronProcessGroup(dist.ProcessGroup):
                              f"elements, the output {mine.numel()}")
 
     def reduce_scatter_single(self, output, input, opts=None):
+        if type(opts) is _ReduceScatterOptions:
+            work = self._reduce_scatter_common(output, input, opts)  # dist.reduce_scatter_tensor's call
+            if work is not None:
+                return work
         self._check_whole_part(input, output, "reduce_scatter_tensor", "input", "output")
         return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
+
+    def _reduce_scatter_common(self, output, inp, opts) -> NeuronWork | None:
+        """`dist.reduce_scatter_tensor` of contiguous dense CPU tensors of one dtype, the input
+        world_size times the output, apart, any op but PREMUL_SUM: the checks and plan
+        `_reduce_scatter_packed` makes, looked up (as _allreduce_common). None: the general path
+        (an output inside the input is staged there)."""
+        g = self.group
+        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+                inp.numel() != output.numel() * g.size or _overlap(output, inp):
+            return None
+        rop = opts.reduceOp
+        if rop == _SUM:
+            op_name = "sum"
+        else:
+            op_name, factor = _reduce_op(rop)
+            if factor is not None:
+                return None
+        dtype, c = inp.dtype, output.numel()
+        nbytes = c * g.size * dtype.itemsize
+        algo = _choose_algorithm("reduce_scatter", nbytes, g)
+        key = ("reduce_scatter", dtype, c, op_name, algo)
+        plan = self._common.get(key)
+        if plan is None:
+            if dtype not in DTYPE_CODE:
+                return None
+            _check_op(op_name, dtype, "reduce_scatter_tensor", g.rank)
+            plan = self._keep_common(key, self._plan("reduce_scatter", Kind.REDUCE_SCATTER, algo,
+                                                     {"counts": (c,) * g.size}, dtype, op_name, nbytes,
+                                                     "reduce_scatter_tensor"))
+        out = output if output.dim() == 1 else output.view(-1)
+        src = inp if inp.dim() == 1 else inp.view(-1)
+        return self._run_plan(plan, Kind.REDUCE_SCATTER, algo, src, out, dtype, op_name, None, None, [output], nbytes,
+                              opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         what = "reduce_scatter_tensor_coalesced"

@@ -115,6 +115,132 @@ def allreduce_common_path(rank, world):
     return checks
 
 
+def common_paths(rank, world):
+    """dist.all_gather_into_tensor, dist.reduce_scatter_tensor and dist.broadcast of contiguous
+    dense tensors take the adapter's common paths (`_allgather_common`, `_reduce_scatter_common`,
+    `_broadcast_common`: checks and plan looked up), every other form the general one, and the
+    two meet in one collective: a rank passing a non-contiguous tensor (general path) with peers
+    passing contiguous ones (common path). The in-place forms: an all-gather whose input is this
+    rank's block of the output (FSDP2's call) stays common, one whose input sits elsewhere in the
+    output is copied first; a reduce-scatter whose output lies inside its input goes general."""
+    from neuron_dist import NeuronProcessGroup, debug
+    pg = dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, NeuronProcessGroup):
+        pg = pg._get_backend(torch.device("cpu"))
+    taken = []
+    names = ("_allgather_common", "_reduce_scatter_common", "_broadcast_common")
+
+    def watch(real):
+        def call(*args):
+            work = real(*args)
+            taken.append(work is not None)
+            return work
+        return call
+
+    for name in names:
+        setattr(pg, name, watch(getattr(pg, name)))
+    checks = 0
+
+    def expect(what, common):
+        nonlocal checks
+        assert taken == [common], f"{what}: common path taken {taken}, expected [{common}]"
+        taken.clear()
+        checks += 1
+
+    def strided(x):  # the same values at stride 2
+        y = torch.stack([x, x], dim=1)[:, 0] if x.dim() == 1 else torch.stack([x, x], dim=-1)[..., 0]
+        assert not y.is_contiguous()
+        return y
+
+    try:
+        taken.clear()
+        for dtype, op in ((torch.float32, "sum"), (torch.bfloat16, "avg"), (torch.int64, "max")):
+            c = 6
+            blocks = [values(r, c, dtype, "sum", 11) for r in range(world)]
+            gathered = torch.cat(blocks)
+            for mixed in (False, True):
+                odd = mixed and rank == world - 1
+                out = torch.full((world * c,), -1).to(dtype)
+                dist.all_gather_into_tensor(strided(out) if odd else out, strided(blocks[rank]) if odd else
+                                            blocks[rank].clone())
+                if not odd:
+                    same(out, gathered, f"all_gather_into_tensor {dtype} mixed={mixed}")
+                expect(f"all_gather_into_tensor {dtype} mixed={mixed}", not odd)
+            out2 = torch.empty(world, c, dtype=dtype)  # a 2-D output, as FSDP2's
+            dist.all_gather_into_tensor(out2, blocks[rank].clone())
+            same(out2.view(-1), gathered, f"all_gather_into_tensor 2-D {dtype}")
+            expect("all_gather_into_tensor 2-D", True)
+            inplace = torch.zeros(world * c, dtype=dtype)  # input = this rank's block of the output
+            inplace[rank * c:(rank + 1) * c] = blocks[rank]
+            dist.all_gather_into_tensor(inplace, inplace[rank * c:(rank + 1) * c])
+            same(inplace, gathered, f"all_gather_into_tensor in place {dtype}")
+            expect("all_gather_into_tensor in place", True)
+            for k in (c, 70_001):  # input inside the output, not as this rank's block (large: lent frames)
+                bs = [values(r, k, dtype, "sum", 15) for r in range(world)]
+                elsewhere = torch.zeros(world * k, dtype=dtype)
+                at = ((rank + 1) % world) * k
+                elsewhere[at:at + k] = bs[rank]
+                dist.all_gather_into_tensor(elsewhere, elsewhere[at:at + k])
+                same(elsewhere, torch.cat(bs), f"all_gather_into_tensor input elsewhere in the output {dtype} {k}")
+                expect("all_gather_into_tensor input elsewhere", True)
+
+            ins = [values(r, world * c, dtype, op, 12) for r in range(world)]
+            want = reference(ins, op, dtype)[rank * c:(rank + 1) * c]
+            for mixed in (False, True):
+                odd = mixed and rank == 0
+                out = torch.zeros(c, dtype=dtype)
+                dist.reduce_scatter_tensor(out, strided(ins[rank]) if odd else ins[rank].clone(), op=c10d_op(op))
+                same(out, want, f"reduce_scatter_tensor {dtype} {op} mixed={mixed}")
+                expect(f"reduce_scatter_tensor {dtype} {op} mixed={mixed}", not odd)
+            x = ins[rank].clone()  # in place: the output is this rank's block of the input
+            dist.reduce_scatter_tensor(x[rank * c:(rank + 1) * c], x, op=c10d_op(op))
+            same(x[rank * c:(rank + 1) * c], want, f"reduce_scatter_tensor in place {dtype} {op}")
+            expect("reduce_scatter_tensor in place", False)
+
+            for root in range(world):
+                src = values(root, 2 * c, dtype, "sum", 13).reshape(2, c)
+                for mixed in (False, True):
+                    odd = mixed and rank == (root + 1) % world
+                    t = src.clone() if rank == root else torch.zeros(2, c, dtype=dtype)
+                    if odd:
+                        t = strided(t)
+                    dist.broadcast(t, src=root)
+                    same(t, src, f"broadcast {dtype} root {root} mixed={mixed}")
+                    expect(f"broadcast root {root} mixed={mixed}", not odd)
+        ins = [values(r, world * 3, torch.float32, "premul_sum", 14) for r in range(world)]
+        out = torch.zeros(3)
+        dist.reduce_scatter_tensor(out, ins[rank].clone(), op=c10d_op("premul_sum"))
+        same(out, reference(ins, "premul_sum", torch.float32)[rank * 3:(rank + 1) * 3], "reduce_scatter premul_sum")
+        expect("reduce_scatter_tensor premul_sum", False)
+        debug.set_enabled(True)
+        try:
+            t = torch.ones(4)
+            dist.broadcast(t, src=0)
+            expect("broadcast under the debug check", False)
+        finally:
+            debug.set_enabled(None)
+        # wrong sizes and ops are refused with the general path's errors
+        for call, words in ((lambda: dist.all_gather_into_tensor(torch.empty(world * 3 + 1), torch.ones(3)),
+                             "all_gather_into_tensor: output has"),
+                            (lambda: dist.reduce_scatter_tensor(torch.empty(3, dtype=torch.bool),
+                                                                torch.ones(world * 3, dtype=torch.bool),
+                                                                op=dist.ReduceOp.AVG), "reduce_scatter_tensor: "),
+                            (lambda: dist.broadcast(torch.ones(3), src=world), "broadcast")):
+            for _ in range(2):
+                try:
+                    call()
+                except (ValueError, RuntimeError) as e:
+                    assert words in str(e), (words, str(e))
+                else:
+                    raise AssertionError(f"accepted: {words}")
+            checks += 1
+        taken.clear()
+    finally:
+        for name in names:
+            delattr(pg, name)
+    return checks
+
+
 def allreduce_coalesced(rank, world):
     checks = 0
     for dtype in (torch.float32, torch.bfloat16, torch.int64):

@@ -3,7 +3,7 @@ against a reference reduction and against Gloo on the same inputs (cases_collect
 import pytest
 
 WORLDS = (1, 2, 3, 4)
-CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "allreduce_coalesced", "async_ops", "allgather",
+CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "common_paths", "allreduce_coalesced", "async_ops", "allgather",
          "allgather_coalesced", "reduce_scatter", "reduce_scatter_coalesced", "broadcast", "reduce",
          "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh",
          "in_place", "autograd_tensors", "call_forms", "move_only_dtypes", "no_reference_cycles",

@@ -1,11 +1,14 @@
-"""In-process A/B of the pair form (PairExchange: a plan of one frame each way with one peer run
-without an Execution) against the Execution it stands in for: the same pair of processes
-alternates batches with the pair form on and off (off: `Group.execution` replaced by a copy of
-itself without the pair branch, so both arms build and keep the same plan), so both see the
-same host minute.
+"""In-process A/B of a short form against the path it stands in for: the same pair of processes
+alternates batches with it on and off, so both see the same host minute. --switch pair: the pair
+form (PairExchange: a plan of one frame each way with one peer run without an Execution)
+against the Execution (off: `Group.execution` replaced by a copy of itself without the pair
+branch, so both arms build and keep the same plan); --switch common: the adapter's common path
+of the call (`_allgather_common`, `_reduce_scatter_common`, `_broadcast_common`,
+`_allreduce_common`) against its general path (patched to answer None).
 
-    NEURON_DIST_TUNING=host torchrun --nproc-per-node 2 inproc_ab.py [--op allreduce|allgather|
-        reduce_scatter|broadcast|alltoall] [--bytes 4K] [--pairs 10] [--batch 300] [--mode loop|barrier]
+    NEURON_DIST_TUNING=host torchrun --nproc-per-node 2 inproc_ab.py [--switch pair|common]
+        [--op allreduce|allgather|reduce_scatter|broadcast|alltoall] [--bytes 4K] [--pairs 10]
+        [--batch 300] [--mode loop|barrier]
 
 Per batch the slowest rank's mean call time (loop: back to back; barrier: a Gloo barrier before
 each call, timed from after it, as collbench does). Prints each pair and the median ratio."""
@@ -16,10 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-import neuron_dist  # noqa: F401
 from neuron_dist import group as G
 from neuron_dist.collectives.executor import Execution, Stamp, execution_plan
 from neuron_dist.bench import parse_size
+from neuron_dist.c10d import NeuronProcessGroup as PG
 
 p = argparse.ArgumentParser()
 p.add_argument("--op", default="allreduce",
@@ -28,6 +31,7 @@ p.add_argument("--bytes", default="4K")
 p.add_argument("--pairs", type=int, default=10)
 p.add_argument("--batch", type=int, default=300)
 p.add_argument("--mode", choices=("loop", "barrier"), default="loop")
+p.add_argument("--switch", choices=("pair", "common"), default="pair")
 a = p.parse_args()
 
 dist.init_process_group("neuron")
@@ -43,6 +47,9 @@ calls = {"allreduce": lambda: dist.all_reduce(x),
          "alltoall": lambda: dist.all_to_all_single(out, x)}
 call = calls[a.op]
 real = G.Group.execution
+COMMON = {"allreduce": "_allreduce_common", "allgather": "_allgather_common",
+          "reduce_scatter": "_reduce_scatter_common", "broadcast": "_broadcast_common"}
+common = getattr(PG, COMMON.get(a.op, "_allreduce_common"))
 
 
 def without_pair(self, op, schedule, bufs, reduce, dtype, tag, tmp_views=None, arrived=False):
@@ -59,8 +66,11 @@ def without_pair(self, op, schedule, bufs, reduce, dtype, tag, tmp_views=None, a
     return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views, plan)
 
 
-def batch(pair: bool) -> float:
-    G.Group.execution = real if pair else without_pair
+def batch(on: bool) -> float:
+    if a.switch == "pair":
+        G.Group.execution = real if on else without_pair
+    else:
+        setattr(PG, COMMON[a.op], common if on else (lambda *args: None))
     for _ in range(20):
         call()
     if a.mode == "loop":
@@ -92,6 +102,6 @@ for i in range(a.pairs):
               f"{got[True] / got[False]:.2f}x", flush=True)
 if rank == 0:
     old, new = np.array(rows).T
-    print(f"# {a.op} {a.bytes} {a.mode}: median off {np.median(old):.1f} us, on {np.median(new):.1f} us, "
+    print(f"# {a.switch} {a.op} {a.bytes} {a.mode}: median off {np.median(old):.1f} us, on {np.median(new):.1f} us, "
           f"median ratio {np.median(new / old):.2f}x, on faster in {int((new < old).sum())} of {len(rows)}")
 dist.destroy_process_group()
