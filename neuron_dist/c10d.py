@@ -201,6 +201,14 @@ def _common_tensor(t) -> bool:
         not debug.enabled()
 
 
+def _common_op(rop) -> str | None:
+    """The reduce op's name for a common path, None for PREMUL_SUM (its factor: the general path)."""
+    if rop == _SUM:
+        return "sum"
+    op_name, factor = _reduce_op(rop)
+    return op_name if factor is None else None
+
+
 def _one(tensors, what: str, rank: int) -> torch.Tensor:
     if len(tensors) != 1:
         raise ValueError(f"[rank {rank}] {what}: expects exactly one tensor per process, got {len(tensors)}")
@@ -459,13 +467,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         t = tensors[0]
         if not _common_tensor(t):
             return None
-        rop = opts.reduceOp
-        if rop == _SUM:
-            op_name = "sum"
-        else:
-            op_name, factor = _reduce_op(rop)
-            if factor is not None:
-                return None
+        op_name = _common_op(opts.reduceOp)
+        if op_name is None:
+            return None
         dtype, n = t.dtype, t.numel()
         nbytes = n * dtype.itemsize
         g = self.group
@@ -756,13 +760,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or _overlap(output, inp):
             return None
-        rop = opts.reduceOp
-        if rop == _SUM:
-            op_name = "sum"
-        else:
-            op_name, factor = _reduce_op(rop)
-            if factor is not None:
-                return None
+        op_name = _common_op(opts.reduceOp)
+        if op_name is None:
+            return None
         dtype, c = inp.dtype, output.numel()
         nbytes = c * g.size * dtype.itemsize
         algo = _choose_algorithm("reduce_scatter", nbytes, g)

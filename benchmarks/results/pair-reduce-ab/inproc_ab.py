@@ -9,7 +9,9 @@ None).
         [--bytes 4K] [--pairs 10] [--batch 300] [--mode loop|barrier]
 
 Per batch the slowest rank's mean call time (loop: back to back; barrier: a Gloo barrier before
-each call, timed from after it, as collbench does). Prints each pair and the median ratio."""
+each call, timed from after it, as collbench does). Prints each pair and the median ratio.
+It runs against stop 42's code (bcedfc1-5eced00): `pair_exchange` and `PairReduce` gave way to
+the pair form in the thirty-fifth pass, measured by ../pair-exchange-ab/inproc_ab.py."""
 import argparse
 import time
 
