@@ -47,6 +47,7 @@ _SUM = _ReduceOp.SUM
 _AllreduceOptions = dist.AllreduceOptions
 _BroadcastOptions = dist.BroadcastOptions
 _ReduceScatterOptions = dist.ReduceScatterOptions
+_AllToAllOptions = dist.AllToAllOptions
 
 
 def _reduce_op(op) -> tuple[str, object]:
@@ -931,6 +932,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                               opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if not output_split_sizes and not input_split_sizes and type(opts) is _AllToAllOptions:
+            work = self._alltoall_common(output, input, opts)  # dist.all_to_all_single's even call
+            if work is not None:
+                return work
         _check_tensor(input, "all_to_all_single", self._r)
         _check_tensor(output, "all_to_all_single", self._r, written=True)
         if output.dtype != input.dtype:
@@ -945,6 +950,30 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
 
     alltoall_base = all_to_all_single
+
+    def _alltoall_common(self, output, inp, opts) -> NeuronWork | None:
+        """`dist.all_to_all_single` without split sizes, of contiguous dense CPU tensors of one
+        dtype, apart, each dim 0 divisible by the group size: the checks and plan the general
+        path makes, looked up (as _allreduce_common). None: the general path."""
+        g = self.group
+        n = g.size
+        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+                not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or _overlap(output, inp):
+            return None
+        dtype, ci, co = inp.dtype, inp.numel() // n, output.numel() // n
+        nbytes = ci * n * dtype.itemsize
+        algo = _choose_algorithm("alltoall", nbytes, g)
+        key = ("alltoall", dtype, ci, co, algo)
+        plan = self._common.get(key)
+        if plan is None:
+            if dtype not in DTYPE_CODE:
+                return None
+            plan = self._keep_common(key, self._plan("alltoall", Kind.ALLTOALL, algo,
+                                                     dict(counts=(ci,) * n, recv_counts=(co,) * n), dtype, "sum",
+                                                     nbytes))
+        out = output if output.dim() == 1 else output.view(-1)
+        src = inp if inp.dim() == 1 else inp.view(-1)
+        return self._run_plan(plan, Kind.ALLTOALL, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
 
     def _splits(self, t, splits, n, which) -> list[int]:
         rows = t.shape[0] if t.dim() else 1

@@ -116,9 +116,10 @@ def allreduce_common_path(rank, world):
 
 
 def common_paths(rank, world):
-    """dist.all_gather_into_tensor, dist.reduce_scatter_tensor and dist.broadcast of contiguous
-    dense tensors take the adapter's common paths (`_allgather_common`, `_reduce_scatter_common`,
-    `_broadcast_common`: checks and plan looked up), every other form the general one, and the
+    """dist.all_gather_into_tensor, dist.reduce_scatter_tensor, dist.broadcast and
+    dist.all_to_all_single (without split sizes) of contiguous dense tensors take the adapter's
+    common paths (`_allgather_common`, `_reduce_scatter_common`, `_broadcast_common`,
+    `_alltoall_common`: checks and plan looked up), every other form the general one, and the
     two meet in one collective: a rank passing a non-contiguous tensor (general path) with peers
     passing contiguous ones (common path). The in-place forms: an all-gather whose input is this
     rank's block of the output (FSDP2's call) stays common, one whose input sits elsewhere in the
@@ -128,7 +129,7 @@ def common_paths(rank, world):
     if not isinstance(pg, NeuronProcessGroup):
         pg = pg._get_backend(torch.device("cpu"))
     taken = []
-    names = ("_allgather_common", "_reduce_scatter_common", "_broadcast_common")
+    names = ("_allgather_common", "_reduce_scatter_common", "_broadcast_common", "_alltoall_common")
 
     def watch(real):
         def call(*args):
@@ -207,6 +208,26 @@ def common_paths(rank, world):
                     dist.broadcast(t, src=root)
                     same(t, src, f"broadcast {dtype} root {root} mixed={mixed}")
                     expect(f"broadcast root {root} mixed={mixed}", not odd)
+            # all_to_all_single without split sizes: block j of rank r's input goes to rank j
+            rows = [(torch.arange(world * 2 * c) % 97 + 100 * r).to(dtype).reshape(world * 2, c) for r in range(world)]
+            want = torch.cat([rows[j][rank * 2:(rank + 1) * 2] for j in range(world)])
+            for mixed in (False, True):
+                odd = mixed and rank == world - 1
+                out = torch.zeros(world * 2, c, dtype=dtype)
+                dist.all_to_all_single(strided(out) if odd else out, rows[rank].clone())
+                if not odd:
+                    same(out, want, f"all_to_all_single {dtype} mixed={mixed}")
+                expect(f"all_to_all_single {dtype} mixed={mixed}", not odd)
+            x = rows[rank].clone()  # in place: the general path stages the output
+            dist.all_to_all_single(x, x)
+            same(x, want, f"all_to_all_single in place {dtype}")
+            expect("all_to_all_single in place", False)
+            splits = [2] * world  # explicit split sizes: the general path
+            out = torch.zeros(world * 2, c, dtype=dtype)
+            dist.all_to_all_single(out, rows[rank].clone(), splits, splits)
+            same(out, want, f"all_to_all_single with split sizes {dtype}")
+            assert taken == [], taken
+            checks += 1
         ins = [values(r, world * 3, torch.float32, "premul_sum", 14) for r in range(world)]
         out = torch.zeros(3)
         dist.reduce_scatter_tensor(out, ins[rank].clone(), op=c10d_op("premul_sum"))
@@ -225,7 +246,9 @@ def common_paths(rank, world):
                             (lambda: dist.reduce_scatter_tensor(torch.empty(3, dtype=torch.bool),
                                                                 torch.ones(world * 3, dtype=torch.bool),
                                                                 op=dist.ReduceOp.AVG), "reduce_scatter_tensor: "),
-                            (lambda: dist.broadcast(torch.ones(3), src=world), "broadcast")):
+                            (lambda: dist.broadcast(torch.ones(3), src=world), "broadcast")) + \
+                ((lambda: dist.all_to_all_single(torch.empty(world * 2 + 1), torch.ones(world * 2 + 1)),
+                  "is not divisible by the group size"),) * (world > 1):
             for _ in range(2):
                 try:
                     call()

@@ -4,7 +4,7 @@ form (PairExchange: a plan of one frame each way with one peer run without an Ex
 against the Execution (off: `Group.execution` replaced by a copy of itself without the pair
 branch, so both arms build and keep the same plan); --switch common: the adapter's common path
 of the call (`_allgather_common`, `_reduce_scatter_common`, `_broadcast_common`,
-`_allreduce_common`) against its general path (patched to answer None).
+`_alltoall_common`, `_allreduce_common`) against its general path (patched to answer None).
 
     NEURON_DIST_TUNING=host torchrun --nproc-per-node 2 inproc_ab.py [--switch pair|common]
         [--op allreduce|allgather|reduce_scatter|broadcast|alltoall] [--bytes 4K] [--pairs 10]
@@ -48,7 +48,8 @@ calls = {"allreduce": lambda: dist.all_reduce(x),
 call = calls[a.op]
 real = G.Group.execution
 COMMON = {"allreduce": "_allreduce_common", "allgather": "_allgather_common",
-          "reduce_scatter": "_reduce_scatter_common", "broadcast": "_broadcast_common"}
+          "reduce_scatter": "_reduce_scatter_common", "broadcast": "_broadcast_common",
+          "alltoall": "_alltoall_common"}
 common = getattr(PG, COMMON.get(a.op, "_allreduce_common"))
 
 

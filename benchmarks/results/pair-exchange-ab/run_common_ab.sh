@@ -1,5 +1,5 @@
 #!/bin/bash
-# In-process A/Bs of the adapter's common paths for all-gather, reduce-scatter and broadcast
+# In-process A/Bs of the adapter's common paths for all-gather, reduce-scatter and broadcast (all-to-all: common_ab_alltoall.txt, the same commands with --op alltoall)
 # (inproc_ab.py --switch common), back to back and behind a Gloo barrier at 4 KiB, back to back
 # at 64 KiB and 1 MiB.  Usage: run_common_ab.sh OUT.txt
 cd "$(dirname "$0")/../../.."
