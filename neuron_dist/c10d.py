@@ -475,22 +475,29 @@ class NeuronProcessGroup(dist.ProcessGroup):
         nbytes = n * dtype.itemsize
         g = self.group
         algo = _choose_algorithm("allreduce", nbytes, g)
-        key = (dtype, n, op_name, algo)
+        plan = self._common_plan(("allreduce", dtype, n, op_name, algo), "allreduce", Kind.ALLREDUCE, algo,
+                                 {"count": n}, dtype, op_name, nbytes, check_as="allreduce")
+        if plan is None:
+            return None
+        buf = _flat(t)
+        return self._run_plan(plan, Kind.ALLREDUCE, algo, buf, buf, dtype, op_name, None, None, tensors, nbytes, opts)
+
+    def _common_plan(self, key: tuple, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype,
+                     op_name: str, nbytes: int, name: str | None = None, check_as: str | None = None):
+        """A common path's plan (_allreduce_common and its kin), kept per group under `key`
+        (what the general path's checks and plan depend on): on a miss the general path's op
+        check (`check_as`, its error naming that call) and its `_plan`. None for a dtype the
+        general path refuses (its check says so)."""
         plan = self._common.get(key)
         if plan is None:
             if dtype not in DTYPE_CODE:
-                return None  # (the general path's check says so)
-            _check_op(op_name, dtype, "allreduce", g.rank)
-            plan = self._keep_common(key, self._plan("allreduce", Kind.ALLREDUCE, algo, {"count": n}, dtype, op_name,
-                                                     nbytes))
-        buf = t if t.dim() == 1 else t.view(-1)
-        return self._run_plan(plan, Kind.ALLREDUCE, algo, buf, buf, dtype, op_name, None, None, tensors, nbytes, opts)
-
-    def _keep_common(self, key: tuple, plan: "_Plan") -> "_Plan":
-        """Keep a common path's plan (_allreduce_common and its kin) under its key."""
-        if len(self._common) >= _PLAN_CACHE:
-            self._common.clear()
-        self._common[key] = plan
+                return None
+            if check_as:
+                _check_op(op_name, dtype, check_as, self.group.rank)
+            plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
+            if len(self._common) >= _PLAN_CACHE:
+                self._common.clear()
+            self._common[key] = plan
         return plan
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -553,14 +560,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         dtype, n = t.dtype, t.numel()
         nbytes = n * dtype.itemsize
         algo = _choose_algorithm("broadcast", nbytes, self.group)
-        key = ("broadcast", dtype, n, root, algo)
-        plan = self._common.get(key)
+        plan = self._common_plan(("broadcast", dtype, n, root, algo), "broadcast", Kind.BROADCAST, algo,
+                                 dict(count=n, root=root), dtype, "sum", nbytes)
         if plan is None:
-            if dtype not in DTYPE_CODE:
-                return None
-            plan = self._keep_common(key, self._plan("broadcast", Kind.BROADCAST, algo, dict(count=n, root=root), dtype,
-                                                     "sum", nbytes))
-        buf = t if t.dim() == 1 else t.view(-1)
+            return None
+        buf = _flat(t)
         return self._run_plan(plan, Kind.BROADCAST, algo, buf, buf, dtype, "sum", None, None, [t], nbytes, opts)
 
     def _root(self, root: int, what: str) -> int:
@@ -659,15 +663,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         dtype, c = inp.dtype, inp.numel()
         nbytes = c * g.size * dtype.itemsize
         algo = _choose_algorithm("allgather", nbytes, g)
-        key = ("allgather", dtype, c, algo)
-        plan = self._common.get(key)
+        plan = self._common_plan(("allgather", dtype, c, algo), "allgather", Kind.ALLGATHER, algo,
+                                 dict(counts=(c,) * g.size), dtype, "sum", nbytes)
         if plan is None:
-            if dtype not in DTYPE_CODE:
-                return None
-            plan = self._keep_common(key, self._plan("allgather", Kind.ALLGATHER, algo, dict(counts=(c,) * g.size),
-                                                     dtype, "sum", nbytes))
-        out = output if output.dim() == 1 else output.view(-1)
-        src = inp if inp.dim() == 1 else inp.view(-1)
+            return None
+        out, src = _flat(output), _flat(inp)
         if c and _overlap(out, src) and src.data_ptr() != out.data_ptr() + g.rank * c * dtype.itemsize:
             src = src.clone()
         return self._run_plan(plan, Kind.ALLGATHER, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
@@ -767,19 +767,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
         dtype, c = inp.dtype, output.numel()
         nbytes = c * g.size * dtype.itemsize
         algo = _choose_algorithm("reduce_scatter", nbytes, g)
-        key = ("reduce_scatter", dtype, c, op_name, algo)
-        plan = self._common.get(key)
+        plan = self._common_plan(("reduce_scatter", dtype, c, op_name, algo), "reduce_scatter", Kind.REDUCE_SCATTER,
+                                 algo, {"counts": (c,) * g.size}, dtype, op_name, nbytes, "reduce_scatter_tensor",
+                                 check_as="reduce_scatter_tensor")
         if plan is None:
-            if dtype not in DTYPE_CODE:
-                return None
-            _check_op(op_name, dtype, "reduce_scatter_tensor", g.rank)
-            plan = self._keep_common(key, self._plan("reduce_scatter", Kind.REDUCE_SCATTER, algo,
-                                                     {"counts": (c,) * g.size}, dtype, op_name, nbytes,
-                                                     "reduce_scatter_tensor"))
-        out = output if output.dim() == 1 else output.view(-1)
-        src = inp if inp.dim() == 1 else inp.view(-1)
-        return self._run_plan(plan, Kind.REDUCE_SCATTER, algo, src, out, dtype, op_name, None, None, [output], nbytes,
-                              opts)
+            return None
+        return self._run_plan(plan, Kind.REDUCE_SCATTER, algo, _flat(inp), _flat(output), dtype, op_name, None, None,
+                              [output], nbytes, opts)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         what = "reduce_scatter_tensor_coalesced"
@@ -963,17 +957,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
         dtype, ci, co = inp.dtype, inp.numel() // n, output.numel() // n
         nbytes = ci * n * dtype.itemsize
         algo = _choose_algorithm("alltoall", nbytes, g)
-        key = ("alltoall", dtype, ci, co, algo)
-        plan = self._common.get(key)
+        plan = self._common_plan(("alltoall", dtype, ci, co, algo), "alltoall", Kind.ALLTOALL, algo,
+                                 dict(counts=(ci,) * n, recv_counts=(co,) * n), dtype, "sum", nbytes)
         if plan is None:
-            if dtype not in DTYPE_CODE:
-                return None
-            plan = self._keep_common(key, self._plan("alltoall", Kind.ALLTOALL, algo,
-                                                     dict(counts=(ci,) * n, recv_counts=(co,) * n), dtype, "sum",
-                                                     nbytes))
-        out = output if output.dim() == 1 else output.view(-1)
-        src = inp if inp.dim() == 1 else inp.view(-1)
-        return self._run_plan(plan, Kind.ALLTOALL, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
+            return None
+        return self._run_plan(plan, Kind.ALLTOALL, algo, _flat(inp), _flat(output), dtype, "sum", None, None, [output],
+                              nbytes, opts)
 
     def _splits(self, t, splits, n, which) -> list[int]:
         rows = t.shape[0] if t.dim() else 1
