@@ -13,11 +13,12 @@ import atexit
 import importlib
 import multiprocessing as mp
 import os
-import socket
 import subprocess
 import sys
 import time
 import traceback
+
+from neuron_dist.bench import free_port  # noqa: F401  (one picker for every test's rendezvous port)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,10 +27,6 @@ class WorkerError(AssertionError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_scripts(script: str, argvs: list[list], env: dict | None = None, timeout: float = 120) -> list[tuple[int, str]]:

@@ -14,6 +14,23 @@ def test_parse_size():
     assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
 
 
+def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch):
+    """A rendezvous port the kernel handed out by bind(0) can be taken by any other socket before
+    the rendezvous binds it (CI once failed so): free_port draws below the ephemeral range, free,
+    and falls back to the kernel's pick where the range is unknown or leaves no room."""
+    import socket
+    ports = [bench.free_port() for _ in range(20)]
+    low = bench._ephemeral_low()
+    if low > 11024:
+        assert all(10000 <= p < low for p in ports), (low, ports)
+        assert len(set(ports)) > 1, ports
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
+    monkeypatch.setattr(bench, "_ephemeral_low", lambda: 1024)
+    assert 0 < bench.free_port() < 65536
+
+
 @pytest.mark.parametrize("instance,n,op,nbytes", [
     ("trn2.48xlarge", 8, "broadcast", 1 << 20),    # the cost model alone picked "ring": no builder
     ("trn1.32xlarge", 4, "alltoall", 64 << 20),    # the same

@@ -4,10 +4,11 @@ resolve to another directory's conftest once the repository has several)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from neuron_dist.bench import free_port  # noqa: F401  (one picker for every test's rendezvous port)
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launcher"
@@ -23,10 +24,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def neuronrun(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 60,
