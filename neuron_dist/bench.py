@@ -43,11 +43,11 @@ import json
 import math
 import os
 import platform
-import random
-import socket
 import statistics
 import sys
 import time
+
+from .ports import free_port  # the benchmarks' rendezvous port (bench_train and the tests take it from here)
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -364,38 +364,6 @@ def put_and_exit(q, item) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def free_port() -> int:
-    """A TCP port on the loopback interface that was free a moment ago, for a local rendezvous
-    whose processes bind it later. Drawn below the kernel's ephemeral range when that range can
-    be read: a port the kernel hands out for ``bind(0)`` goes back to that range on close, where
-    any socket's connect or ``bind(0)`` may take it before the rendezvous binds it (a test run
-    once failed so, EADDRINUSE); below the range only another explicit bind can. Random, so that
-    parallel test workers rarely draw the same one; the kernel's own pick if none is free."""
-    low = _ephemeral_low()
-    if low > 11024:
-        rng = random.Random()
-        for _ in range(64):
-            port = rng.randrange(10000, low - 1)
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ephemeral_low() -> int:
-    """The first port of Linux's ephemeral range (0 where it cannot be read)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 def rank_context(preload: tuple[str, ...] = ()):

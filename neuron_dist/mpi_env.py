@@ -13,6 +13,8 @@ import os
 import socket
 import warnings
 
+from .ports import free_port
+
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
@@ -41,9 +43,7 @@ def _master_from_mpi() -> tuple[str, str] | None:
     comm = MPI.COMM_WORLD
     addr = None
     if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
+        port = free_port("")  # below the ephemeral range: see ports.py
         host = socket.gethostname()
         addr = ("127.0.0.1" if comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)) else
                 socket.gethostbyname(host), str(port))

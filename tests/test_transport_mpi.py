@@ -3,6 +3,7 @@ sequence of calls, and the training cases of test_training.py): the worker pools
 multiprocessing, not mpirun, so this test launches `mpirun -n N python tests/mpi_rank.py CASES...`
 itself."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,32 @@ def test_cases_over_mpi(world):
     assert p.returncode == 0, out[-6000:]
     for case in CASES:
         assert out.count(f": {case} ok") == world, f"{case} did not pass on every rank:\n{out[-6000:]}"
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_mpirun_without_a_master_agrees_on_one_below_the_ephemeral_range(tmp_path):
+    """Under mpirun with no MASTER_ADDR/MASTER_PORT, rank 0 picks the rendezvous port and MPI
+    broadcasts it (mpi_env): every rank gets the same one, drawn below the kernel's ephemeral
+    range (ports.py: a bind(0) port may be taken by another socket before the store binds it),
+    and the job runs."""
+    from neuron_dist import ports
+    script = tmp_path / "agree.py"
+    script.write_text("import os, torch, torch.distributed as dist, neuron_dist\n"
+                      "dist.init_process_group('neuron')\n"
+                      "x = torch.full((4,), float(dist.get_rank() + 1)); dist.all_reduce(x)\n"
+                      "print(f'rank {dist.get_rank()} port {os.environ[\"MASTER_PORT\"]} sum {x[0].item()}', flush=True)\n"
+                      "dist.destroy_process_group()\n")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    p = subprocess.run([_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none", sys.executable,
+                        str(script)], capture_output=True, text=True, timeout=120, env=env)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    found = re.findall(r"rank (\d) port (\d+) sum ([\d.]+)", out)
+    assert sorted(r for r, _, _ in found) == ["0", "1"] and {s for _, _, s in found} == {"3.0"}, out[-4000:]
+    used = {int(port) for _, port, _ in found}
+    low = ports.ephemeral_low()
+    assert len(used) == 1 and (low <= ports.LOWEST + 1024 or ports.LOWEST <= min(used) < low), (used, low)
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
