@@ -370,8 +370,9 @@ def test_the_pair_form_moves_and_computes_what_the_execution_does_for_every_two_
 
 def test_the_pair_shape_is_recognised_exactly():
     """By the frames a plan moves, whoever built the schedule: one frame each way with one peer
-    in one round (local steps before), or a send round and then a receive round; not two frames
-    of a step, a lent frame, scratch, a second peer or a third round."""
+    in one round (local steps before), or a send round and then a receive round, either frame
+    copied or lent; not two frames of a step, a lent frame its receiver reduces, scratch, a
+    second peer or a third round."""
     def shape(sched, kind=Kind.ALLREDUCE, isz=4, transport=None):
         stamp = Stamp(kind, {4: torch.float32, 2: torch.bfloat16, 8: torch.int64}[isz], TOKEN, GROUP_ID, 3, TAG)
         return execution_plan(sched, stamp, transport or Recorder(), FRAME).pair
@@ -403,8 +404,13 @@ def test_the_pair_shape_is_recognised_exactly():
     # a step the transport lends (all-gather's from its lending size; all-reduce's where marked)
     lender = Recorder(lend_bytes=FRAME, eager_bytes=FRAME)
     lender.lend_from = lender.lend_min = lender.lend_reduce_from = 64
+    got = shape(ring.allgather([0, 1], 0, [32, 32]), Kind.ALLGATHER, transport=lender)
+    assert got is not None and got.lent and got.send == (IN, 0, 32, 128)  # one lent frame each way
+    got = shape(ring.allgather([0, 1], 0, [8, 8]), Kind.ALLGATHER, transport=lender)
+    assert got is not None and not got.lent  # below the lending size: copied
+    lender.lend_bytes = 64  # a step of two lent frames
     assert shape(ring.allgather([0, 1], 0, [32, 32]), Kind.ALLGATHER, transport=lender) is None
-    assert shape(ring.allgather([0, 1], 0, [8, 8]), Kind.ALLGATHER, transport=lender) is not None
+    lender.lend_bytes = FRAME
     whole = Chunk(OUT, 0, 32)
     lent = Schedule("x").add(Send(1, whole, lend=True)).add(Recv(1, whole, reduce=True, lend=True))
     assert shape(lent, transport=lender) is None and shape(lent) is not None
@@ -447,6 +453,84 @@ def test_a_one_round_pair_takes_its_frame_while_its_send_waits_then_waits_for_th
     assert not exe.progress() and not exe.done and list(exe.sends) == [1]  # refused again: nothing moved
     assert exe.progress() and not exe.done and exe.waiting_on == PEER and not exe.sends  # sent, unflushed
     assert exe.progress() and exe.done and exe.waiting_on is None and len(t.frames) == 1
+
+
+class Lender(Recorder):
+    """A transport that lends as the shared-memory one does from `lend_from` bytes: it records
+    each lent payload (as the pointer the peer would read), holds every ticket unreleased for
+    `hold` looks, and hands out `incoming` (peer, header, tensor) frames as lent frames the
+    receiver reads from this very process (cma.Lent over the tensor's memory)."""
+
+    def __init__(self, incoming=(), hold=0, lend_from=64):
+        super().__init__(lend_bytes=1 << 20, eager_bytes=FRAME)
+        self.lend_from = self.lend_min = self.lend_reduce_from = lend_from
+        self.hold, self.looks, self.lent_payloads, self.released_frames = hold, 0, [], 0
+        self.incoming = {p: deque([(h, t)]) for p, h, t in incoming}
+
+    def lend(self, peer, header, payload):
+        self.lent_payloads.append(payload)
+        return super().lend(peer, header, payload)
+
+    def released(self, peer, ticket):
+        self.looks += 1
+        return self.looks > self.hold
+
+    def recv(self, peer):
+        import os
+        from neuron_dist.transport.cma import Lent
+        q = self.incoming.get(peer)
+        if not q:
+            return None
+        h, t = q[0]
+        return h, Lent(os.getpid(), t.data_ptr(), t.nbytes, t.dtype, peer)
+
+    def release(self, peer):
+        self.incoming[peer].popleft()
+        self.released_frames += 1
+
+
+def test_a_lent_pair_lends_reads_into_place_and_waits_for_the_release():
+    """A two-rank all-gather whose blocks the transport lends runs as the pair form too: it lends
+    the frame the Execution lends (same header, the caller's own memory), reads the peer's lent
+    frame straight into the output, releases it, and is done only once the peer has released
+    what it lent, as the Execution's next round waits for it."""
+    c = 32
+    stamp = Stamp(Kind.ALLGATHER, torch.float32, TOKEN, GROUP_ID, 11, TAG)
+    scheds = [ring.allgather([0, 1], r, [c, c]) for r in (0, 1)]
+    plan = execution_plan(scheds[0], stamp, Lender(), FRAME)
+    assert plan.lends and plan.pair is not None and plan.pair.lent and plan.pair.peer == 1
+    assert not execution_plan(scheds[0], stamp, Lender(lend_from=4 * c + 4), FRAME).pair.lent  # below: copied
+    want_lent = Lender()
+    _plain_exe(scheds[0], [torch.arange(c, dtype=torch.float32), torch.zeros(2 * c), None], None, stamp, 0,
+               want_lent).progress()
+    peer_block = torch.arange(c, dtype=torch.float32) + 100
+    t = Lender([(1, stamp.header(1, 0, 0, 4 * c), peer_block)], hold=2)
+    mine, out = torch.arange(c, dtype=torch.float32), torch.zeros(2 * c)
+    exe = _pair_exe(scheds[0], [mine, out, None], None, stamp, 0, t)
+    assert type(exe) is PairExchange
+    assert exe.progress() and not exe.done and exe.waiting_on == 1  # lent and read; its own still lent
+    assert t.lent == want_lent.lent and t.lent_payloads[0].data_ptr() == mine.data_ptr()
+    assert torch.equal(out, torch.cat([mine, peer_block])) and t.released_frames == 1 and not t.frames
+    assert not exe.progress() and not exe.done and exe.waiting_on == 1
+    assert exe.progress() and exe.done and exe.waiting_on is None
+    # a round whose receive writes where its lent send reads (an in-place call): a copy is lent
+    whole = Chunk(OUT, 0, c)
+    sched = Schedule("x").add(Send(1, whole), Recv(1, whole))
+    buf = torch.arange(c, dtype=torch.float32)
+    t = Lender([(1, stamp.header(1, 0, 0, 4 * c), peer_block)])
+    exe = _pair_exe(sched, [None, buf, None], None, stamp, 0, t)
+    assert type(exe) is PairExchange and exe.progress() and exe.done
+    assert t.lent_payloads[0].data_ptr() != buf.data_ptr() and t.lent_payloads[0].tolist() == list(range(c))
+    assert torch.equal(buf, peer_block)
+    # a split pair (the broadcast's root): its receive round waits for the lent frame's release
+    sched = direct.broadcast_flat(0, 2, 0, c)
+    t = Lender([(1, Stamp(Kind.BROADCAST, torch.float32, TOKEN, GROUP_ID, 11, TAG).header(1, 0, 0, 0),
+                 torch.empty(0))], hold=1)
+    bstamp = Stamp(Kind.BROADCAST, torch.float32, TOKEN, GROUP_ID, 11, TAG)
+    exe = _pair_exe(sched, [None, buf, None], None, bstamp, 0, t)
+    assert type(exe) is PairExchange and exe.progress() and not exe.done and exe.waiting_on == 1
+    assert t.released_frames == 0  # the confirmation not taken before the release
+    assert exe.progress() and exe.done and t.released_frames == 1
 
 
 def test_the_pair_all_reduce_stalls_fails_and_releases_as_the_execution_does():

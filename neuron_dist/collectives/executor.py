@@ -145,7 +145,7 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                     for o in range(0, count, lend_elems)]
         return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
 
-    rounds, recv_lent = [], False
+    rounds, reduce_lent = [], False
     for steps in schedule.rounds:
         local = tuple((isinstance(s, Copy), s.src, s.dst, isinstance(s, LocalReduce) and s.src_first)
                       for s in steps if isinstance(s, (Copy, LocalReduce)))
@@ -159,12 +159,12 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
             elif isinstance(s, Recv):
                 cut = frames(s.dst.count, s.lend, s.reduce)
                 recvs.setdefault(s.peer, []).extend((s, off, n) for off, n, _ in cut)
-                recv_lent |= any(lent for *_, lent in cut)
+                reduce_lent |= s.reduce and any(lent for *_, lent in cut)
         rounds.append((local, tuple((p, tuple(q)) for p, q in sends.items()),
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = Plan(rounds)
     plan.lends = any(lent for _, sends, _ in rounds for _, q in sends for *_, lent in q)
-    if not plan.lends and not recv_lent and not schedule.tmp_count:
+    if not reduce_lent and not schedule.tmp_count:
         plan.pair = pair_shape(rounds)
     schedule.plans[key] = plan
     return plan
@@ -471,25 +471,29 @@ _EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
 class PairShape(NamedTuple):
-    """What PairExchange runs: a round's local steps (frame_plan's), then at most one copied
-    frame sent to `peer` (buffer, element offset, elements, bytes) and at most one received
-    from it (its Recv step, the frame covering the whole step); `split`: the send is a round
-    of its own before the receive's (the receive overwrites what the send reads)."""
+    """What PairExchange runs: a round's local steps (frame_plan's), then at most one frame
+    sent to `peer` (buffer, element offset, elements, bytes) and at most one received from it
+    (its Recv step, the frame covering the whole step); `split`: the send is a round of its own
+    before the receive's (the receive overwrites what the send reads); `lent`: the frame sent
+    is lent (transport/cma.py: the peer reads it from this process), not copied."""
     peer: int
     local: tuple
     send: tuple | None
     recv: Recv | None
     split: bool
+    lent: bool = False
 
 
 def pair_shape(rounds: tuple) -> PairShape | None:
-    """The PairShape of a frame plan without lent frames or scratch, or None. Two shapes, by
-    what the frames are, whoever built the schedule: one round of local steps and at most one
-    frame each way with one peer (at two ranks the all-gather, reduce-scatter, all-to-all and
-    barrier; at any size a direct broadcast's or a scatter's non-root), or a round sending one
-    frame and a round receiving one from the same peer (at two ranks the all-reduce within a
-    frame, direct's eager form, and the broadcast's root, whose second round is its peer's
-    empty confirmation)."""
+    """The PairShape of a frame plan without scratch or a lent frame its receiver reduces, or
+    None. Two shapes, by what the frames are, whoever built the schedule: one round of local
+    steps and at most one frame each way with one peer (at two ranks the all-gather,
+    reduce-scatter, all-to-all and barrier; at any size a direct broadcast's or a scatter's
+    non-root), or a round sending one frame and a round receiving one from the same peer (at
+    two ranks the all-reduce within a frame, direct's eager form, and the broadcast's root,
+    whose second round is its peer's empty confirmation). Either frame may be lent (the
+    all-gather's, all-to-all's and broadcast's blocks from the transport's lending size up to
+    one lent frame)."""
     if len(rounds) == 1:
         (local, sends, recvs), split = rounds[0], False
     elif len(rounds) == 2 and not rounds[0][0] and not rounds[0][2] and not rounds[1][0] and not rounds[1][1]:
@@ -501,17 +505,24 @@ def pair_shape(rounds: tuple) -> PairShape | None:
     if len(sends) > 1 or len(recvs) > 1 or not (sends or recvs):
         return None
     send = recv = None
+    lent = False
     if sends:
         peer, q = sends[0]
         if len(q) != 1:
             return None
-        send = q[0][:4]
+        send, lent = q[0][:4], q[0][4]
     if recvs:
         (rpeer, q), peer = recvs[0], (peer if sends else recvs[0][0])
         if len(q) != 1 or rpeer != peer:
             return None
         recv = q[0][0]
-    return PairShape(peer, local, send, recv, split)
+    return PairShape(peer, local, send, recv, split, lent)
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share memory (Execution._overlap for one frame each way)."""
+    pa, pb = a.data_ptr(), b.data_ptr()
+    return a.nbytes > 0 and b.nbytes > 0 and pa < pb + b.nbytes and pb < pa + a.nbytes
 
 
 def _cut(bufs: list, b: int, start: int, count: int) -> torch.Tensor:
@@ -532,9 +543,12 @@ class PairExchange:
     Execution's wait before its second round, which overwrites it); the peer's frame, checked
     against the header the Execution would expect and copied or reduced into place with the
     same operand order (`Recv.incoming_first`: at two ranks the all-reduce puts rank 0's vector
-    first on both, so both compute the same bits); for one round, the same wait at the end."""
+    first on both, so both compute the same bits); for one round, the same wait at the end.
+    A lent frame goes as the Execution lends it: a copy where the receive writes what it
+    reads (an in-place call), and the wait covers its release by the peer (the ticket); a
+    lent frame received is read straight into place."""
     __slots__ = ("transport", "mailbox", "peer", "payload", "header", "want", "dst", "base", "incoming_first",
-                 "reduce", "dtype", "key", "seq", "split", "sends", "done", "waiting_on")
+                 "reduce", "dtype", "key", "seq", "split", "sends", "done", "waiting_on", "lent", "ticket")
 
     def __init__(self, shape: PairShape, bufs: list, reduce: Reducer | None, stamp: Stamp, rank: int,
                  mailbox: Mailbox):
@@ -542,7 +556,8 @@ class PairExchange:
         self.dtype = dtype = stamp.dtype
         self.split = shape.split
         self.key, self.seq = ("coll", stamp.seq), stamp.seq
-        peer, local, send, step, _ = shape
+        peer, local, send, step, _, self.lent = shape
+        self.ticket = 0
         if bufs[0] is None or bufs[1] is None:  # (an empty step may name an absent buffer; no scratch here)
             empty = _EMPTIES.get(dtype)
             if empty is None:
@@ -566,6 +581,8 @@ class PairExchange:
                     b = step.base
                     self.base = self.dst if b is None else _cut(bufs, b.buf, b.start, b.count)
                 self.incoming_first = step.incoming_first
+        if self.lent and self.dst is not None and not self.split and _overlaps(self.payload, self.dst):
+            self.payload = self.payload.clone()  # the peer reads it while the receive writes here
         self.done = False
         self.waiting_on: int | None = None
 
@@ -573,7 +590,12 @@ class PairExchange:
         self.waiting_on = None
         moved = False
         if self.sends:
-            if self.transport.send(self.peer, self.header, self.payload):
+            if self.lent:
+                self.ticket = self.transport.lend(self.peer, self.header, self.payload)
+                sent = self.ticket != 0
+            else:
+                sent = self.transport.send(self.peer, self.header, self.payload)
+            if sent:
                 self.sends, moved = {}, True
             elif self.split or self.want is None:
                 return False  # a full ring: the engine waits, watching the peer
@@ -593,7 +615,13 @@ class PairExchange:
         return True
 
     def _flushed(self) -> bool:
-        """Whether the transport no longer refers to what was sent (else wait on the peer it names)."""
+        """Whether the transport no longer refers to what was sent, nor the peer to what was
+        lent (else wait on the peer)."""
+        if self.ticket:
+            if not self.transport.released(self.peer, self.ticket):
+                self.waiting_on = self.peer
+                return False
+            self.ticket = 0
         waiting = self.transport.unflushed()
         if waiting is not None:
             self.waiting_on = waiting
@@ -605,8 +633,11 @@ class PairExchange:
             check(h, self.want, payload.nbytes)
             dst = self.dst
             if dst is not None:
-                if type(payload) is Lent:  # (the sender's plan lends no frame of this shape)
-                    payload = payload.clone()
+                if type(payload) is Lent:  # the sender's own bytes: read straight into place
+                    if self.base is None:
+                        payload.read_into(dst)
+                        return
+                    payload = payload.clone()  # (the plan lends no frame its receiver reduces)
                 if payload.dtype is not self.dtype:
                     payload = payload.view(self.dtype)
                 base = self.base
