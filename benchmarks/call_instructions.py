@@ -68,7 +68,7 @@ def _wait_for(path: str, proc: subprocess.Popen, timeout: float) -> None:
 
 def measure(group: str, calls: int, nbytes: int, timeout: float) -> float:
     """Instructions per call of `group`, counted over `calls` back-to-back calls."""
-    from neuron_dist.bench import free_port
+    from neuron_dist.ports import free_port
     with tempfile.TemporaryDirectory(prefix="callinstr-") as d:
         out = os.path.join(d, "callgrind.out")
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}",

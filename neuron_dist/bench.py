@@ -47,7 +47,7 @@ import statistics
 import sys
 import time
 
-from .ports import free_port  # the benchmarks' rendezvous port (bench_train and the tests take it from here)
+from .ports import free_port  # the benchmarks' rendezvous port
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,

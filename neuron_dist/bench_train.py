@@ -108,7 +108,8 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
 def run(a, backend: str, wrap: str) -> tuple[float, bool, float]:
     """The slowest rank's median step, whether the ranks ended with equal parameters, and the
     largest peak resident memory of a rank in MiB."""
-    from .bench import free_port, rank_context
+    from .bench import rank_context
+    from .ports import free_port
     port = free_port()
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()

@@ -23,6 +23,7 @@ from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # 
 from .collectives import reduce_ops
 from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
+from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
 from . import debug
@@ -237,15 +238,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     if t.is_contiguous():
         return t if t.dim() == 1 else t.view(-1)
     return t.contiguous().view(-1)
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory spans of two flat (contiguous) tensors intersect: an output that shares
-    memory with its input (in-place forms) must not be written while the input is still read."""
-    if a.numel() == 0 or b.numel() == 0:
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def _check_op(op_name: str, dtype: torch.dtype, what: str, rank: int) -> None:

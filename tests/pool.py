@@ -18,15 +18,13 @@ import sys
 import time
 import traceback
 
-from neuron_dist.bench import free_port  # noqa: F401  (one picker for every test's rendezvous port)
+from neuron_dist.ports import free_port  # noqa: F401  (one picker for every test's rendezvous port)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class WorkerError(AssertionError):
     pass
-
-
 
 
 def run_scripts(script: str, argvs: list[list], env: dict | None = None, timeout: float = 120) -> list[tuple[int, str]]:

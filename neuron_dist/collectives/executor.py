@@ -207,6 +207,23 @@ _LENDABLE = frozenset(int(k) for k in (Kind.ALLGATHER, Kind.BROADCAST, Kind.GATH
 _EMPTIES = {d: torch.empty(0, dtype=d) for d in DTYPE_CODE}
 
 
+def _with_empties(bufs: list, dtype: torch.dtype) -> list:
+    """`bufs` with each absent buffer (an empty step may name one) an empty tensor of `dtype`."""
+    empty = _EMPTIES.get(dtype)
+    if empty is None:
+        empty = torch.empty(0, dtype=dtype)
+    return [empty if b is None else b for b in bufs]
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two flat (contiguous) tensors intersect: an output that shares
+    memory with its input (in-place forms) must not be written while the input is still read."""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def p2p_lent(transport, nbytes: int) -> bool:
     """Whether a point-to-point message of `nbytes` is lent rather than copied: on a transport
     that lends, one larger than what its ring holds (the sender waits for its receiver anyway).
@@ -259,10 +276,7 @@ class Execution:
         when the caller has it already."""
         dtype = stamp.dtype
         if bufs[0] is None or bufs[1] is None or bufs[2] is None:  # (not `None in bufs`: that calls Tensor.__eq__)
-            empty = _EMPTIES.get(dtype)
-            if empty is None:
-                empty = torch.empty(0, dtype=dtype)
-            bufs = [empty if b is None else b for b in bufs]
+            bufs = _with_empties(bufs, dtype)
         self.bufs, self.reduce = bufs, reduce
         self.stamp, self.rank, self.mailbox = stamp, rank, mailbox
         self.transport = mailbox.transport
@@ -519,12 +533,6 @@ def pair_shape(rounds: tuple) -> PairShape | None:
     return PairShape(peer, local, send, recv, split, lent)
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share memory (Execution._overlap for one frame each way)."""
-    pa, pb = a.data_ptr(), b.data_ptr()
-    return a.nbytes > 0 and b.nbytes > 0 and pa < pb + b.nbytes and pb < pa + a.nbytes
-
-
 def _cut(bufs: list, b: int, start: int, count: int) -> torch.Tensor:
     """Buffer `b`'s elements start..start+count (the whole buffer unsliced: slicing costs ~1 us)."""
     t = bufs[b]
@@ -559,10 +567,7 @@ class PairExchange:
         peer, local, send, step, _, self.lent = shape
         self.ticket = 0
         if bufs[0] is None or bufs[1] is None:  # (an empty step may name an absent buffer; no scratch here)
-            empty = _EMPTIES.get(dtype)
-            if empty is None:
-                empty = torch.empty(0, dtype=dtype)
-            bufs = [empty if b is None else b for b in bufs]
+            bufs = _with_empties(bufs, dtype)
         if local:
             run_local(local, lambda c: _cut(bufs, c.buf, c.start, c.count), reduce)
         self.sends, self.header = {}, None
@@ -581,7 +586,7 @@ class PairExchange:
                     b = step.base
                     self.base = self.dst if b is None else _cut(bufs, b.buf, b.start, b.count)
                 self.incoming_first = step.incoming_first
-        if self.lent and self.dst is not None and not self.split and _overlaps(self.payload, self.dst):
+        if self.lent and self.dst is not None and not self.split and overlaps(self.payload, self.dst):
             self.payload = self.payload.clone()  # the peer reads it while the receive writes here
         self.done = False
         self.waiting_on: int | None = None
@@ -732,4 +737,5 @@ class SingleFrameRecv:
 
 
 __all__ = ["Execution", "Mailbox", "PairExchange", "PairShape", "SingleFrameRecv", "SingleFrameSend", "Stamp",
-           "FrameError", "LOCAL_STEPS", "execution_plan", "one_copied_frame", "p2p_lent", "pair_shape", "run_local"]
+           "FrameError", "LOCAL_STEPS", "execution_plan", "one_copied_frame", "overlaps", "p2p_lent", "pair_shape",
+           "run_local"]

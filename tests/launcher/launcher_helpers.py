@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from neuron_dist.bench import free_port  # noqa: F401  (one picker for every test's rendezvous port)
+from neuron_dist.ports import free_port  # noqa: F401  (one picker for every test's rendezvous port)
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "launcher"
@@ -22,8 +22,6 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(LAUNCHER), str(REPO), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
-
-
 
 
 def neuronrun(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 60,
