@@ -21,6 +21,7 @@ import secrets
 import socket
 import threading
 import time
+import traceback
 import weakref
 import zlib
 from collections import deque
@@ -655,6 +656,7 @@ class Group(HangDiagnosis):
             err.__cause__ = e
         else:
             err = e
+        _drop_locals(e)
         coll_log.debug("%s", err)
         # the peers hear of it before the caller does: a peer may be reading a frame this rank
         # lent (transport/cma.py) from the caller's tensor, which the caller may free or reuse
@@ -900,6 +902,21 @@ class Group(HangDiagnosis):
         # a broken group's peers may be gone: do not linger on frames nobody will read
         hard = abort or self.broken is not None
         self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()
+
+
+def _drop_locals(e: BaseException) -> None:
+    """Clear the locals of the finished frames in `e`'s traceback (and its causes'). The error
+    outlives the op (the group's `broken`, the Work, whoever catches it), and a frame that raised
+    in a receive holds what it was reading: a lent frame's handle (transport/cma.py) keeps a
+    ctypes view of the sender's failure word, and while any such view lives, `mmap.close` of the
+    sender's segment refuses at the group's close (`BufferError`), leaving its descriptor and
+    mapping for the life of the error. The traceback itself (files, lines, functions) stays;
+    frames still running are skipped (`traceback.clear_frames`)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _accepts_abort(t) -> bool:

@@ -715,3 +715,43 @@ def soak(rank, world, count=1500, seed=0, warmup=300):
             dist.destroy_process_group(grp)
     del rankctx
     return dict(checked=checked, wrong=wrong, rss0=rss0, rss1=rss_kib(), fd0=fd0, fd1=len(fds()) )
+
+
+def failed_group_unmaps_on_destroy(rank, world, count):
+    """A group that failed inside a receive of a lent frame (here: rank 0's frame check, patched
+    to fail while the frame is a local of the code that raised) must unmap every segment at
+    destroy_process_group, even while the caller keeps the error and the process group object.
+    A lent frame's handle holds the sender's failure word (a ctypes view of the sender's mapped
+    segment); kept by the error's traceback, it made the segment's `mmap.close` refuse
+    (`BufferError`), so its descriptor and mapping stayed as long as the error did: the fault
+    matrix's rare 'fds left' after a rank was killed in a world-4 reduce-scatter. (A copied
+    frame's tensor view does not pin its mapping: `torch.frombuffer` keeps no buffer export.)"""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist.collectives import executor
+    from neuron_dist.transport.frame import FrameError
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    group = sub.group
+    job = f"nd-{group.token:x}"[:15]
+    orig = executor.check
+
+    def failing_check(h, want, nbytes):
+        raise FrameError(f"rank {rank}: injected frame check failure")
+
+    kept = None
+    try:
+        dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)  # a clean call first
+        mapped = sum(job in what for what in fds().values())
+        if rank == 0:
+            executor.check = failing_check
+        try:
+            dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)
+        except Exception as e:  # noqa: BLE001 - kept, as a caller (or torch's elastic agent) may
+            kept = e
+    finally:
+        executor.check = orig
+        dist.barrier(group=dist.new_group(backend="gloo"))  # both have failed before either destroys
+        dist.destroy_process_group(sub)
+    gc.collect()
+    left = sorted(what for what in fds().values() if job in what)
+    return dict(failed=kept is not None, error=str(kept), mapped=mapped, left=left, alive=sub is not None)

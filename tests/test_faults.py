@@ -218,3 +218,12 @@ def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(transport, 
         return
     assert "rank 0" in line.split(": ", 2)[-1] and "recv(any source" in line, line
     assert float(line.split(" after ")[1].split("s:")[0]) < 10, line
+
+
+def test_a_failed_group_unmaps_its_segments_while_its_error_is_kept(pools):
+    res = pools(2).run("cases_faults:failed_group_unmaps_on_destroy", timeout=120, count=1 << 20)
+    assert res[0]["failed"], "rank 0's call did not fail: the case tests nothing"
+    for r, x in enumerate(res):  # (rank 1 may have finished: it had rank 0's frame)
+        assert x["mapped"] > 0, f"rank {r}: no segment of the group was open: the case tests nothing"
+        assert not x["left"], f"rank {r} still holds the group's segments after destroy: {x['left']}"
+    assert "injected frame check failure" in res[0]["error"], res[0]["error"]
