@@ -894,6 +894,7 @@ class Group(HangDiagnosis):
             self._hb_thread.join(timeout=5)
         self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first
         self.scratch.clear()  # (an op still running keeps its own view of it)
+        self.mailbox.clear()  # before the transport's close: a held lent frame pins a mapping
         LIVE.discard(self)
         self._deaths.close()
         if not abort:

@@ -531,6 +531,28 @@ def scratch_freed(rank, world):
     return len(refs)
 
 
+def closed_group_drops_its_buffers(rank, world):
+    """A destroyed group whose process group object the caller keeps holds no buffer of its
+    mailbox: the part buffer a lent reduce-scatter block is read into (256 KiB per dtype), the
+    frames kept early and any frame put back (a lent one pins its sender's mapping)."""
+    import weakref
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)))
+    group = sub.group
+    block = 1 << 20  # 4 MiB of float32 a block: lent, and reduced part by part
+    out = torch.empty(block)
+    dist.reduce_scatter_tensor(out, torch.ones(block * world), group=sub)
+    assert out[0].item() == world, out[0].item()
+    refs = [weakref.ref(b) for b in group.mailbox._parts.values()]
+    assert refs, f"rank {rank}: no part buffer was made: the case tests nothing"
+    dist.destroy_process_group(sub)
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    assert sub is not None and alive == 0, f"rank {rank}: {alive} part buffers outlived the group's close"
+    return len(refs)
+
+
 def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
     """The last rank enters a large all-reduce after the others timed out on it. Their ABORT
     frames did not fit the full rings to it (it was not reading), so it waited out its own whole

@@ -60,6 +60,10 @@ def test_kept_scratch_buffers_go_with_their_group(pools):
     assert all(n > 0 for n in pools(3).run("cases_faults:scratch_freed"))
 
 
+def test_a_closed_group_drops_its_buffers_while_its_object_is_kept(pools):
+    assert pools(2).run("cases_faults:closed_group_drops_its_buffers") == [1, 1]
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tmp_path):
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)

@@ -64,6 +64,12 @@ class Mailbox:
             b = self._parts[dtype] = torch.empty(max(1, LENT_PART_BYTES // dtype.itemsize), dtype=dtype)
         return b
 
+    def clear(self) -> None:
+        """Drop every frame and buffer kept, at the group's close: the process group object may
+        outlive it (a caller's reference), and a lent frame put back (`held`) keeps a view of
+        its sender's segment, which would stop the transport from unmapping it."""
+        self.early, self.held, self._parts = {}, {}, {}
+
     @staticmethod
     def key(h: Header) -> tuple:
         return ("p2p", h.tag) if h.kind == Kind.P2P else ("coll", h.seq)
