@@ -21,7 +21,6 @@ import secrets
 import socket
 import threading
 import time
-import traceback
 import weakref
 import zlib
 from collections import deque
@@ -906,18 +905,30 @@ class Group(HangDiagnosis):
 
 
 def _drop_locals(e: BaseException) -> None:
-    """Clear the locals of the finished frames in `e`'s traceback (and its causes'). The error
-    outlives the op (the group's `broken`, the Work, whoever catches it), and a frame that raised
-    in a receive holds what it was reading: a lent frame's handle (transport/cma.py) keeps a
-    ctypes view of the sender's failure word, and while any such view lives, `mmap.close` of the
-    sender's segment refuses at the group's close (`BufferError`), leaving its descriptor and
-    mapping for the life of the error. The traceback itself (files, lines, functions) stays;
-    frames still running are skipped (`traceback.clear_frames`)."""
+    """Clear the locals of this package's finished frames in `e`'s traceback (and its causes'
+    and contexts'). The error outlives the op (the group's `broken`, the Work, whoever catches
+    it), and a frame that raised in a receive holds what it was reading: a lent frame's handle
+    (transport/cma.py) keeps a ctypes view of the sender's failure word, and while any such view
+    lives, `mmap.close` of the sender's segment refuses at the group's close (`BufferError`),
+    leaving its descriptor and mapping for the life of the error. The traceback itself (files,
+    lines, functions) stays; frames still running are skipped, and so are frames of other code
+    (a caller's exception that was being handled when the call was made, say)."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
+        tb = e.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+                try:
+                    frame.clear()
+                except RuntimeError:  # still running (the engine's loop, the caller's submit)
+                    pass
+            tb = tb.tb_next
         e = e.__cause__ or e.__context__
+
+
+_PACKAGE = __name__.partition(".")[0] + "."
 
 
 def _accepts_abort(t) -> bool:

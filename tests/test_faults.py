@@ -227,3 +227,28 @@ def test_a_failed_group_unmaps_its_segments_while_its_error_is_kept(pools):
         assert x["mapped"] > 0, f"rank {r}: no segment of the group was open: the case tests nothing"
         assert not x["left"], f"rank {r} still holds the group's segments after destroy: {x['left']}"
     assert "injected frame check failure" in res[0]["error"], res[0]["error"]
+
+
+def test_an_error_keeps_the_callers_frames_and_drops_this_packages_locals():
+    """`_drop_locals` (group.py) clears what this package's finished frames held, and leaves a
+    caller's frames alone (an exception the caller was handling when it called, say)."""
+    from neuron_dist.group import _drop_locals
+    ns = {"__name__": "neuron_dist.fake_module"}
+    exec("def ours(x):\n    held = x\n    raise ValueError('in the package')\n", ns)
+
+    def theirs(x):
+        kept = x  # noqa: F841 - what a caller's frame holds
+        ns["ours"](x)
+
+    try:
+        theirs(object())
+    except ValueError as e:
+        err = e
+    frames, tb = {}, err.__traceback__
+    while tb is not None:
+        frames[tb.tb_frame.f_code.co_name] = tb.tb_frame
+        tb = tb.tb_next
+    assert "held" in frames["ours"].f_locals and "kept" in frames["theirs"].f_locals
+    _drop_locals(err)
+    assert "held" not in frames["ours"].f_locals, "the package's frame kept its locals"
+    assert "kept" in frames["theirs"].f_locals, "a caller's frame lost its locals"
