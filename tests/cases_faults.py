@@ -394,6 +394,37 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         dist.gather(torch.ones(4), None, dst=1 - rank, group=group)
     elif case == "crossed_scatter_root":  # each of ranks 0 and 1 takes the other for the source
         dist.scatter(torch.empty(4), None, src=1 - rank, group=group)
+    elif case.startswith("common_"):  # sizes that disagree, on the adapter's common paths (c10d.py)
+        world = dist.get_world_size(group)
+        n = 16 if rank == 0 else 32
+        if case == "common_allreduce":
+            dist.all_reduce(torch.ones(n), group=group)
+        elif case == "common_allgather":
+            dist.all_gather_into_tensor(torch.empty(n * world), torch.ones(n), group=group)
+        elif case == "common_reduce_scatter":
+            dist.reduce_scatter_tensor(torch.empty(n), torch.ones(n * world), group=group)
+        elif case == "common_broadcast":
+            dist.broadcast(torch.ones(n), src=0, group=group)
+        elif case == "common_alltoall":
+            dist.all_to_all_single(torch.empty(n * world), torch.ones(n * world), group=group)
+        else:
+            raise ValueError(case)
+    elif case.startswith("general_"):  # the same calls on the general path: the backend's methods
+        world = dist.get_world_size(group)  # called without c10d's options object
+        n = 16 if rank == 0 else 32
+        if case == "general_allreduce":
+            w = group.allreduce(torch.ones(n))
+        elif case == "general_allgather":
+            w = group.all_gather_single(torch.empty(n * world), torch.ones(n))
+        elif case == "general_reduce_scatter":
+            w = group.reduce_scatter_single(torch.empty(n), torch.ones(n * world))
+        elif case == "general_broadcast":
+            w = group.broadcast(torch.ones(n), 0)
+        elif case == "general_alltoall":
+            w = group.all_to_all_single(torch.empty(n * world), torch.ones(n * world), [], [])
+        else:
+            raise ValueError(case)
+        w.wait()
     elif case == "alltoall_splits":
         world = dist.get_world_size(group)
         ins = [1] * world if rank == 0 else [2] * world

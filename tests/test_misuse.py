@@ -36,6 +36,24 @@ def test_mismatch_fails_fast_on_every_rank(pools, case):
             assert "different arguments" in x["msg"] and "NEURON_DIST_ALGO" in x["msg"], x["msg"]
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"])
+def test_a_mismatch_on_a_common_path_reads_as_on_the_general_path(pools, collective):
+    """The adapter's common paths (c10d.py: contiguous tensors, c10d's options object) keep
+    their own plan, description included; the frames' checksum leaves the description out, so
+    only a failure's message shows it: the same call's must read alike on both paths."""
+    said = {}
+    for path in ("common", "general"):
+        res = pools(2).run("cases_faults:misuse_mismatch", case=f"{path}_{collective}", check=False,
+                           timeout_s=TIMEOUT)
+        for r, x in enumerate(res):
+            assert x["kind"] != "ok" and x["runtime_error"], (path, r, x)
+            assert x["elapsed"] < TIMEOUT / 2, f"{path}, rank {r}: took {x['elapsed']:.1f}s (the time-out)"
+            assert " (seq " in x["msg"], (path, r, x["msg"])
+        said[path] = [x["msg"].split(" (seq ")[0] for x in res]
+    assert said["common"] == said["general"], said
+    assert all(s.startswith(f"[rank {r}] ") and collective in s for r, s in enumerate(said["common"])), said
+
+
 def test_ranks_that_disagree_on_the_frame_size_fail_at_group_creation(pools):
     res = pools(2).run("cases_faults:frame_bytes_mismatch")
     for r, x in enumerate(res):
