@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often
 LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 
 
+_PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
 _P2P = Kind.P2P
 _DTYPE_NAMES: dict = {}
@@ -275,6 +277,7 @@ class Group(HangDiagnosis):
         self.name = name
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self.group_id = _group_hash(name)
+        self._plan_key = next(_PLAN_KEYS)  # this group's frame plans on a schedule (execution)
         self.records: deque[Record] = deque(maxlen=RECORD_LEN)
         # (kind, algorithm, bytes, or minus a power-of-two bin past STATS_SIZES) -> [calls, host s, bytes]
         self.stats: dict[tuple[str, str, int], list] = {}
@@ -492,17 +495,19 @@ class Group(HangDiagnosis):
         exited since, its data delivered (no check that the peers are alive).
         A collective whose frame plan moves one frame each way with one peer (the small calls at
         two ranks) runs as a PairExchange instead; the plan is kept with the schedule, which is
-        this group's own (built per call form by the adapter), so kind and dtype key it."""
+        this group's own (built per call form by the adapter) unless a user's builder hands one
+        schedule to several groups, so the group keys it too (their transports may cut and lend
+        frames differently)."""
         if not arrived:
             self._deaths.check(self, op)
         # the frames' stamp: a message's size stands in a send/recv's sequence field
         stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
         if op.kind == _P2P:
             return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
-        plans = schedule.plans  # (the group's own schedule: its transport and frame size are the key's rest)
-        plan = plans.get((op.kind, dtype))
+        plans, key = schedule.plans, (op.kind, dtype, self._plan_key)
+        plan = plans.get(key)
         if plan is None:
-            plan = plans[(op.kind, dtype)] = execution_plan(schedule, stamp, self.mailbox.transport, self.frame_bytes)
+            plan = plans[key] = execution_plan(schedule, stamp, self.mailbox.transport, self.frame_bytes)
         pair = plan.pair
         if pair is not None and pair.peer != self.rank:  # one frame each way with one peer: the small
             return PairExchange(pair, bufs, reduce, stamp, self.rank, self.mailbox)  # calls at two ranks

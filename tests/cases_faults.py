@@ -808,3 +808,43 @@ def failed_group_unmaps_on_destroy(rank, world, count):
     gc.collect()
     left = sorted(what for what in fds().values() if job in what)
     return dict(failed=kept is not None, error=str(kept), mapped=mapped, left=left, alive=sub is not None)
+
+
+def one_schedule_for_two_groups(rank, world):
+    """A user's algorithm builder (collectives.algorithms.register) that hands the same Schedule
+    object to two groups whose transports cut and lend frames differently (shared memory and
+    zmq): each group must plan its own frames. The frame plan was kept on the schedule under
+    (kind, dtype) alone, so the second group ran the first one's (lent frames over zmq)."""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist.collectives import algorithms
+    from rankctx import env
+    count = 1 << 18  # 1 MiB of float32 a block: the shared-memory transport lends it
+    made, direct = {}, algorithms.BUILDERS[("allgather", "direct")]
+
+    def shared(spec):  # (a builder in place of the built-in direct all-gather's, for this case)
+        if spec.rank not in made:
+            made[spec.rank] = direct(spec)
+        return made[spec.rank]
+
+    algorithms.register("allgather", "direct", shared)
+    try:
+        with env(NEURON_DIST_TRANSPORT="shm"):
+            g_shm = dist.new_group(list(range(world)))
+        with env(NEURON_DIST_TRANSPORT="zmq"):
+            g_zmq = dist.new_group(list(range(world)))
+        kinds = (type(g_shm.group.transport).__name__, type(g_zmq.group.transport).__name__)
+        assert kinds[0] != kinds[1], kinds
+        results = []
+        with env(NEURON_DIST_ALGO="allgather:direct"):
+            for g in (g_shm, g_zmq, g_shm):
+                out = torch.empty(count * world)
+                dist.all_gather_into_tensor(out, torch.full((count,), float(rank + 1)), group=g)
+                want = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(count)
+                results.append(bool(torch.equal(out, want)))
+        assert len(made) == 1, "the builder was not used: the case tests nothing"
+        dist.destroy_process_group(g_shm)
+        dist.destroy_process_group(g_zmq)
+        return results
+    finally:
+        algorithms.register("allgather", "direct", direct)

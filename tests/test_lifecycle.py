@@ -98,3 +98,7 @@ def test_waiting_ops_start_in_order_per_kind():
 
 def test_report_counts_stay_bounded_and_exact(pools):
     assert all(n > 0 for n in pools(2).run("cases_faults:stats_bounded"))
+
+
+def test_a_schedule_two_groups_share_is_planned_per_group(pools):
+    assert pools(2).run("cases_faults:one_schedule_for_two_groups", timeout=120) == [[True, True, True]] * 2

@@ -421,7 +421,7 @@ def test_the_pair_shape_is_recognised_exactly():
 
 def test_group_execution_runs_the_pair_form_exactly_for_plans_of_that_shape():
     g = SimpleNamespace(token=TOKEN, group_id=GROUP_ID, frame_bytes=FRAME, mailbox=Mailbox(Duplex(), 0),
-                        _deaths=SimpleNamespace(check=lambda group, op: None))
+                        _deaths=SimpleNamespace(check=lambda group, op: None), _plan_key=0)
     red = reduce_ops.reducer("sum", torch.float32)
     for size, rank, kind, count, want in ((2, 0, Kind.ALLREDUCE, 8, PairExchange),
                                           (2, 1, Kind.ALLREDUCE, 8, PairExchange),
