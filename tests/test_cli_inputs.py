@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from neuron_dist import bench, bench_train
+from neuron_dist.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -120,7 +121,7 @@ def test_bench_one_rank_and_wrong_gloo_reference(tmp_path):
     """One rank, joined as a launcher would start it (no spawn): the model column is '-' (it
     crashed with ZeroDivisionError), and Gloo rows made to report wrong values are kept out of
     'Out of bounds values' (which matches the table's #wrong), on a line of their own, exit 1."""
-    port = bench.free_port()
+    port = free_port()
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     code = textwrap.dedent("""
