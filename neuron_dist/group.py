@@ -555,8 +555,15 @@ class Group(HangDiagnosis):
             with self._cv:
                 while not self._queue and not active and not waiting and not self.closed:
                     self._cv.wait()
-                if self.closed and not self._queue and not active and not waiting:
-                    return
+                leaving = self.closed and not self._queue and not active and not waiting
+            if leaving:
+                # an op the caller's thread is running (the fast path, drive lock held) finishes
+                # or is handed over first: leaving under it would strand the op, and `close`
+                # would close the transport beneath it (submit admits none once closed)
+                with self._drive, self._cv:
+                    if not self._queue and not active:
+                        return
+                continue
             with self._drive:  # the caller's fast path may hold it: wait for it to finish or hand over
                 with self._cv:
                     waiting.extend(self._queue)

@@ -584,6 +584,49 @@ def closed_group_drops_its_buffers(rank, world):
     return len(refs)
 
 
+def destroy_beside_a_running_call(rank, world):
+    """Rank 0 destroys a group while another of its threads is inside a synchronous all-reduce
+    on it, run on that thread (the fast path, drive lock held) while the other ranks are late.
+    The call was issued, so it completes, as a destroy drains what was issued. The engine used
+    to leave at once (nothing queued, nothing active), so the transport closed beneath the call
+    ("... failed: 1", a closed transport's missing peer) or the call, handed over to an engine
+    that had left, was never finished."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+    group = sub.group
+    count = 1 << 20
+    dist.all_reduce(torch.ones(4), group=sub)  # (set up, and every rank is here)
+    x = torch.full((count,), float(rank + 1))
+    outcome = []
+
+    def call():
+        try:
+            dist.all_reduce(x, group=sub)
+            outcome.append("ok")
+        except Exception as e:  # noqa: BLE001
+            outcome.append(f"{type(e).__name__}: {e}")
+
+    if rank == 0:
+        t = threading.Thread(target=call)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not group._drive.locked() and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.0002)
+        assert group._drive.locked(), "the call did not run on its thread: the case tests nothing"
+        dist.destroy_process_group(sub)
+        t.join(15)
+        assert not t.is_alive(), "rank 0: the call never finished"
+    else:
+        time.sleep(0.3)  # longer than the fast path's budget: rank 0 hands its call over meanwhile
+        call()
+        dist.destroy_process_group(sub)
+    want = world * (world + 1) / 2
+    assert outcome == ["ok"], f"rank {rank}: {outcome}"
+    assert bool((x == want).all()), f"rank {rank}: {x[:4].tolist()}, want {want}"
+    return outcome[0]
+
+
 def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
     """The last rank enters a large all-reduce after the others timed out on it. Their ABORT
     frames did not fit the full rings to it (it was not reading), so it waited out its own whole

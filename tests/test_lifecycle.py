@@ -64,6 +64,12 @@ def test_a_closed_group_drops_its_buffers_while_its_object_is_kept(pools):
     assert pools(2).run("cases_faults:closed_group_drops_its_buffers") == [1, 1]
 
 
+def test_a_destroy_waits_for_a_call_another_thread_runs(pools):
+    """destroy_process_group on one thread while another is inside a synchronous all-reduce of
+    the same group (on its own thread, the peers late): the call completes, exactly."""
+    assert pools(2).run("cases_faults:destroy_beside_a_running_call") == ["ok", "ok"]
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tmp_path):
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
