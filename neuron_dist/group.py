@@ -661,6 +661,8 @@ class Group(HangDiagnosis):
             e = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
         if not isinstance(e, dist.DistBackendError):
             why = str(e) or type(e).__name__  # str(KeyboardInterrupt()) is empty
+            if isinstance(e, (LookupError, AttributeError, TypeError)):  # a slip, not a failure we
+                why = f"{type(e).__name__}: {why}"                     # word: str(KeyError(1)) is '1'
             if isinstance(e, KeyboardInterrupt):
                 why = "interrupted (KeyboardInterrupt) in the middle of the operation"
             err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {why}")

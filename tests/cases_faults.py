@@ -853,6 +853,34 @@ def failed_group_unmaps_on_destroy(rank, world, count):
     return dict(failed=kept is not None, error=str(kept), mapped=mapped, left=left, alive=sub is not None)
 
 
+def a_slip_reads_with_its_type(rank, world):
+    """An error of a kind this package never raises on purpose (a KeyError, an AttributeError:
+    a bug, or a transport closed beneath a call) reaches the caller with its type: the message
+    used to end in the bare key ("... failed: 1")."""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist.collectives import executor
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    orig = executor.check
+
+    def slipping_check(h, want, nbytes):
+        raise KeyError(7)
+
+    error = None
+    try:
+        if rank == 0:
+            executor.check = slipping_check
+        try:
+            dist.all_gather_into_tensor(torch.empty(1 << 21), torch.ones(1 << 20), group=sub)
+        except Exception as e:  # noqa: BLE001
+            error = str(e)
+    finally:
+        executor.check = orig
+        dist.barrier(group=dist.new_group(backend="gloo"))
+        dist.destroy_process_group(sub)
+    return error
+
+
 def one_schedule_for_two_groups(rank, world):
     """A user's algorithm builder (collectives.algorithms.register) that hands the same Schedule
     object to two groups whose transports cut and lend frames differently (shared memory and

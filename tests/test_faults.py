@@ -252,3 +252,9 @@ def test_an_error_keeps_the_callers_frames_and_drops_this_packages_locals():
     _drop_locals(err)
     assert "held" not in frames["ours"].f_locals, "the package's frame kept its locals"
     assert "kept" in frames["theirs"].f_locals, "a caller's frame lost its locals"
+
+
+def test_an_error_of_a_kind_the_package_never_raises_names_its_type(pools):
+    mine, peers = pools(2).run("cases_faults:a_slip_reads_with_its_type")
+    assert mine is not None and mine.endswith("failed: KeyError: 7"), mine
+    assert peers is not None and "rank 0" in peers, peers
