@@ -1191,3 +1191,63 @@ def lent_frames(rank, world):
     if lending:
         assert t.still_lent() is None, f"rank {rank}: a frame is still lent to rank {t.still_lent()}"
     return checks
+
+
+def groups_on_threads(rank, world, calls=40):
+    """Three threads of each rank, each on its own group (the default one and two subgroups of
+    every rank), issue collectives at once: a data loader's or a checkpoint thread's group
+    beside training's. Groups share nothing a call waits on (each has its engine, transport and
+    scratch), so every result must be exact whatever the interleaving; a thread's draws are the
+    same on every rank."""
+    import random
+    import threading
+    groups = [None, dist.new_group(list(range(world))), dist.new_group(list(range(world))[::-1])]
+    counts = COUNTS + (BIG,)
+    checks, errors = [0, 0, 0], []
+
+    def run(k):
+        group, rng = groups[k], random.Random(1000 + k)
+        me = dist.get_rank(group) if group is not None else rank
+        try:
+            for i in range(calls):
+                kind, count = rng.choice(("all_reduce", "async", "all_gather", "reduce_scatter", "broadcast")), \
+                    rng.choice(counts)
+                dtype = rng.choice((torch.float32, torch.bfloat16, torch.int64))
+                seed = k * 10_000 + i
+                ins = [values(m, count, dtype, "sum", seed) for m in range(world)]
+                what = f"thread {k} call {i}: {kind} of {count} {dtype}"
+                if kind in ("all_reduce", "async"):
+                    x = ins[me].clone()
+                    work = dist.all_reduce(x, group=group, async_op=kind == "async")
+                    if work is not None:
+                        work.wait()
+                    same(x, reference(ins, "sum", dtype), what)
+                elif kind == "all_gather":
+                    out = torch.empty(count * world, dtype=dtype)
+                    dist.all_gather_into_tensor(out, ins[me], group=group)
+                    same(out, torch.cat(ins), what)
+                elif kind == "reduce_scatter":
+                    full = [values(m, count * world, dtype, "sum", seed) for m in range(world)]
+                    out = torch.empty(count, dtype=dtype)
+                    dist.reduce_scatter_tensor(out, full[me], group=group)
+                    same(out, reference(full, "sum", dtype)[me * count:(me + 1) * count], what)
+                else:
+                    root = rng.randrange(world)  # a group rank
+                    x = ins[me].clone()
+                    src = dist.get_global_rank(group, root) if group is not None else root
+                    dist.broadcast(x, src=src, group=group)
+                    same(x, ins[root], what)
+                checks[k] += 1
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"rank {rank}, {e}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), f"rank {rank}: a thread never finished: {checks}"
+    assert not errors, errors[0]
+    for g in groups[1:]:
+        dist.destroy_process_group(g)
+    return sum(checks)

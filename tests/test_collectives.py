@@ -7,7 +7,7 @@ CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "common_pa
          "allgather_coalesced", "reduce_scatter", "reduce_scatter_coalesced", "broadcast", "reduce",
          "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh",
          "in_place", "autograd_tensors", "call_forms", "move_only_dtypes", "no_reference_cycles",
-         "lent_frames", "lent_reductions", "kept_scratch"]
+         "lent_frames", "lent_reductions", "kept_scratch", "groups_on_threads"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
