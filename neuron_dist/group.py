@@ -448,7 +448,7 @@ class Group(HangDiagnosis):
                 return op
         grad = torch.is_grad_enabled()
         try:
-            if grad:  # as on the engine thread: see _engine
+            if grad:  # as on the engine thread: see _drive_ops
                 self._set_grad_enabled(False)
             self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
         finally:
@@ -482,8 +482,12 @@ class Group(HangDiagnosis):
                 raise                          # own, as with Gloo; the group is failed all the same
             return
         with self._cv:  # hand over: the engine finishes it (time-outs and peer checks live there)
-            self._active.append(op)
-            self._cv.notify()
+            broken = self.broken
+            if broken is None:
+                self._active.append(op)
+                self._cv.notify()
+        if broken is not None:  # (the engine failed meanwhile: nobody would finish it)
+            self._done(op, GroupError(f"[rank {self.rank}] {self._name(op)}: not run to its end: {broken}"))
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
                   tmp_views: dict | None = None, arrived: bool = False) -> Execution:
@@ -539,6 +543,32 @@ class Group(HangDiagnosis):
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
+        """The engine thread. Every op's own failure is handled inside `_drive_ops`; should the
+        loop itself ever raise (a bug in the engine), every op left to it fails with that error
+        and the group is broken, instead of waiting for ever: a Work's wait() has no time-out of
+        its own, time-outs being the engine's."""
+        try:
+            self._drive_ops()
+        except BaseException as e:  # noqa: BLE001 - every op waiting on the engine must hear of it
+            err = GroupError(f"[rank {self.rank}] the group's engine thread failed: {type(e).__name__}: {e}")
+            err.__cause__ = e
+            _drop_locals(e)
+            coll_log.error("%s", err)
+            with self._cv:
+                if self.broken is None:
+                    self.broken = err
+                rest = self._active[:] + list(self._waiting) + list(self._queue)
+                self._active.clear()
+                self._waiting.clear()
+                self._queue.clear()
+            try:
+                self._send_abort(str(err))
+            except Exception:  # noqa: BLE001 - best effort, as for any failure
+                pass
+            for o in rest:
+                self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run to its end: {err}"))
+
+    def _drive_ops(self) -> None:
         # A collective writes into tensors autograd may track (a Parameter broadcast or
         # all-reduced in place, views of one): like Gloo's C++, the data path works outside
         # autograd, so out= reductions and in-place copies on them are allowed (grad mode is

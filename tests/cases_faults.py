@@ -881,6 +881,38 @@ def a_slip_reads_with_its_type(rank, world):
     return error
 
 
+def engine_failure_fails_its_ops(rank, world):
+    """Should the engine thread's own loop ever raise (here rank 0's `_admit`, patched to fail),
+    the ops left to it fail with that error at once and the peers hear of it; a Work's wait()
+    has no time-out of its own, so they used to wait for ever. The group is then broken."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    group = sub.group
+    dist.all_reduce(torch.ones(4), group=sub)  # (set up, and every rank is here)
+    if rank == 0:
+        def failing_admit(active, waiting):
+            raise RuntimeError("injected engine failure")
+        group._admit = failing_admit  # (the engine calls self._admit on every pass)
+    x = torch.ones(1 << 20)  # 4 MiB, async: queued for the engine, not run on this thread
+    t0 = time.monotonic()
+    work = dist.all_reduce(x, group=sub, async_op=True)
+    try:
+        work.wait(timedelta(seconds=10))
+        error = None
+    except Exception as e:  # noqa: BLE001
+        error = str(e)
+    elapsed = time.monotonic() - t0
+    try:
+        dist.all_reduce(torch.ones(4), group=sub)
+        after = None
+    except Exception as e:  # noqa: BLE001
+        after = str(e)
+    dist.barrier(group=dist.new_group(backend="gloo"))
+    dist.destroy_process_group(sub)
+    return dict(error=error, elapsed=elapsed, after=after, engine_alive=group._thread.is_alive())
+
+
 def one_schedule_for_two_groups(rank, world):
     """A user's algorithm builder (collectives.algorithms.register) that hands the same Schedule
     object to two groups whose transports cut and lend frames differently (shared memory and

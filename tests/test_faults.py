@@ -259,3 +259,11 @@ def test_an_error_of_a_kind_the_package_never_raises_names_its_type(pools):
     assert mine is not None and mine.endswith("failed: KeyError: 7"), mine
     # the peer may have finished its half first (rank 0 releases the frame it failed on)
     assert peers is None or "rank 0" in peers, peers
+
+
+def test_a_failure_of_the_engine_itself_fails_its_ops_instead_of_leaving_them_waiting(pools):
+    mine, peer = pools(2).run("cases_faults:engine_failure_fails_its_ops")
+    assert mine["error"] and "engine thread failed: RuntimeError: injected engine failure" in mine["error"], mine
+    assert mine["elapsed"] < 5 and mine["after"] and "unusable" in mine["after"], mine
+    assert peer["error"] and "rank 0" in peer["error"] and peer["elapsed"] < 5, peer
+    assert not mine["engine_alive"] and not peer["engine_alive"]
