@@ -668,13 +668,23 @@ class Group(HangDiagnosis):
         any (a rank that fails on another's death closes next, and over TCP its close can
         reach us before its ABORT frame does); else the transport's reason."""
         from .transport.frame import PeerAborted
-        try:
-            self.mailbox.take(p, ("abort-probe",))
-        except PeerAborted as e:
-            return str(e)
-        except Exception:  # noqa: BLE001 - a broken channel: fall back to the transport's reason
-            pass
-        seen = self._gone_seen.get(p, float("inf"))
+        # A peer that failed sends its ABORT, then closes; over TCP the close can be seen first
+        # (a socket monitor's event, beside the data socket the frame is still travelling on),
+        # so its ABORT is waited for until `p` has been seen gone for PEER_GRACE_S, the grace
+        # a waiting op gives a peer seen gone anyway. A killed peer sends none: its neighbours
+        # fail that much later, naming it.
+        deadline = self._gone_seen.setdefault(p, time.monotonic()) + PEER_GRACE_S
+        while True:
+            try:
+                self.mailbox.take(p, ("abort-probe",))
+            except PeerAborted as e:
+                return str(e)
+            except Exception:  # noqa: BLE001 - a broken channel: fall back to the transport's reason
+                break
+            if time.monotonic() >= deadline:
+                break
+            self.transport.wait(0.005)
+        seen = self._gone_seen[p]
         earlier = sorted((t, q) for q, t in self._gone_seen.items() if q != p and t < seen)
         for _, q in earlier:
             try:
