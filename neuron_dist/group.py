@@ -487,7 +487,7 @@ class Group(HangDiagnosis):
                 self._active.append(op)
                 self._cv.notify()
         if broken is not None:  # (the engine failed meanwhile: nobody would finish it)
-            self._done(op, GroupError(f"[rank {self.rank}] {self._name(op)}: not run to its end: {broken}"))
+            self._done(op, GroupError(f"[rank {self.rank}] {self._name(op)}: not run, the group failed: {broken}"))
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
                   tmp_views: dict | None = None, arrived: bool = False) -> Execution:
@@ -554,19 +554,8 @@ class Group(HangDiagnosis):
             err.__cause__ = e
             _drop_locals(e)
             coll_log.error("%s", err)
-            with self._cv:
-                if self.broken is None:
-                    self.broken = err
-                rest = self._active[:] + list(self._waiting) + list(self._queue)
-                self._active.clear()
-                self._waiting.clear()
-                self._queue.clear()
-            try:
-                self._send_abort(str(err))
-            except Exception:  # noqa: BLE001 - best effort, as for any failure
-                pass
-            for o in rest:
-                self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run to its end: {err}"))
+            self._send_abort(str(err))
+            self._break(err, self._active, self._waiting)
 
     def _drive_ops(self) -> None:
         # A collective writes into tensors autograd may track (a Parameter broadcast or
@@ -716,9 +705,15 @@ class Group(HangDiagnosis):
         # once its call has failed; the peer checks this rank's failure flag after each read
         self._send_abort(str(err))
         self._done(op, err)
-        # the peers' view of this group is now unknown: nothing after it can be trusted
+        self._break(err, active, waiting)
+
+    def _break(self, err: GroupError, active: list[Op], waiting: _Waiting) -> None:
+        """After a failure (the peers already told): the peers' view of this group is now
+        unknown, so nothing after it can be trusted: the group is broken and every op not yet
+        finished fails with `err`. The first cause stays the group's (later calls name it)."""
         with self._cv:
-            self.broken = err
+            if self.broken is None:
+                self.broken = err
             rest = active[:] + list(waiting) + list(self._queue)
             active.clear()
             waiting.clear()
