@@ -824,29 +824,16 @@ def failed_group_unmaps_on_destroy(rank, world, count):
     frame's tensor view does not pin its mapping: `torch.frombuffer` keeps no buffer export.)"""
     import torch
     import torch.distributed as dist
-    from neuron_dist.collectives import executor
     from neuron_dist.transport.frame import FrameError
     sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
-    group = sub.group
-    job = f"nd-{group.token:x}"[:15]
-    orig = executor.check
-
-    def failing_check(h, want, nbytes):
-        raise FrameError(f"rank {rank}: injected frame check failure")
-
-    kept = None
+    job = f"nd-{sub.group.token:x}"[:15]
     try:
         dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)  # a clean call first
         mapped = sum(job in what for what in fds().values())
-        if rank == 0:
-            executor.check = failing_check
-        try:
-            dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)
-        except Exception as e:  # noqa: BLE001 - kept, as a caller (or torch's elastic agent) may
-            kept = e
+        # the error is kept, as a caller (or torch's elastic agent) may keep it
+        kept = _all_gather_failing_on_rank0(rank, world, sub, count,
+                                            FrameError(f"rank {rank}: injected frame check failure"))
     finally:
-        executor.check = orig
-        dist.barrier(group=dist.new_group(backend="gloo"))  # both have failed before either destroys
         dist.destroy_process_group(sub)
     gc.collect()
     left = sorted(what for what in fds().values() if job in what)
@@ -857,28 +844,39 @@ def a_slip_reads_with_its_type(rank, world):
     """An error of a kind this package never raises on purpose (a KeyError, an AttributeError:
     a bug, or a transport closed beneath a call) reaches the caller with its type: the message
     used to end in the bare key ("... failed: 1")."""
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    try:
+        error = _all_gather_failing_on_rank0(rank, world, sub, 1 << 20, KeyError(7))
+    finally:
+        dist.destroy_process_group(sub)
+    return None if error is None else str(error)
+
+
+def _all_gather_failing_on_rank0(rank, world, sub, count, failure):
+    """An all-gather of `count` elements a rank on `sub` whose frame check rank 0 makes raise
+    `failure` (patched into the executor for the call): this rank's exception, or None (a peer
+    may finish its half first: rank 0 releases the frame it failed on). Every rank has returned
+    before any goes on (a Gloo barrier), so none destroys the group under another."""
     import torch
     import torch.distributed as dist
     from neuron_dist.collectives import executor
-    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
     orig = executor.check
 
-    def slipping_check(h, want, nbytes):
-        raise KeyError(7)
+    def failing_check(h, want, nbytes):
+        raise failure
 
-    error = None
     try:
         if rank == 0:
-            executor.check = slipping_check
+            executor.check = failing_check
         try:
-            dist.all_gather_into_tensor(torch.empty(1 << 21), torch.ones(1 << 20), group=sub)
-        except Exception as e:  # noqa: BLE001
-            error = str(e)
+            dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)
+        except Exception as e:  # noqa: BLE001 - the caller judges it
+            return e
+        return None
     finally:
         executor.check = orig
         dist.barrier(group=dist.new_group(backend="gloo"))
-        dist.destroy_process_group(sub)
-    return error
 
 
 def engine_failure_fails_its_ops(rank, world):
