@@ -682,7 +682,19 @@ class Group(HangDiagnosis):
                 first = None
             if first:
                 return f"{self._who(q)} is gone: {first}; then {self._who(p)}: {reason}"
-        return f"{self._who(p)} is gone: {reason}"
+        # none seen to go before `p`: a member that went first may not have been looked at yet
+        # (its messenger's failure flag seen first, its ABORT lost to a full ring), so say
+        # which others are gone now
+        also = []
+        for q in range(self.size):
+            if q not in (self.rank, p):
+                try:
+                    gone = self.transport.check_peer(q) if not self.transport.peer_finished(q) else None
+                except Exception:  # noqa: BLE001 - a broken channel tells nothing more
+                    gone = None
+                if gone:
+                    also.append(f"{self._who(q)} is gone too: {gone}")
+        return "; ".join([f"{self._who(p)} is gone: {reason}"] + also)
 
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: _Waiting) -> None:
         from .transport.base import PeerGone

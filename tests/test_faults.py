@@ -302,3 +302,9 @@ def test_a_peer_seen_gone_is_blamed_only_once_its_abort_had_its_grace():
     never = Group._gone_cause(group(float("inf")), 2, "connection to rank 2 closed")
     assert never == "rank 2 is gone: connection to rank 2 closed", never
     assert time.monotonic() - t0 >= PEER_GRACE_S - 0.05  # (its ABORT had the grace)
+    # no ABORT, nobody seen to go first, but the rank that died is gone by now: named too
+    g = group(float("inf"))
+    g.transport = SimpleNamespace(wait=time.sleep, peer_finished=lambda q: False,
+                                  check_peer=lambda q: "its process exited" if q == 1 else None)
+    both = Group._gone_cause(g, 2, "rank 2's copy of the group failed")
+    assert both == "rank 2 is gone: rank 2's copy of the group failed; rank 1 is gone too: its process exited", both
