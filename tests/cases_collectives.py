@@ -1251,3 +1251,42 @@ def groups_on_threads(rank, world, calls=40):
     for g in groups[1:]:
         dist.destroy_process_group(g)
     return sum(checks)
+
+
+def waits_sleep_beside_an_early_message(rank, world, late=0.6, bound=0.3):
+    """Rank 0 waits `late` seconds in a receive from rank 1 while rank 2's message, sent ahead
+    of the receive that takes it (an isend posted early, as pipeline schedules do), and rank 2's
+    frames of the next collective already wait for it (at world 2, only the wait itself). Those
+    frames are not news to a wait after its first look: the wait must sleep, not return at once
+    on every turn, which spun rank 0's engine a whole core until rank 1 came (shared memory,
+    zmq and MPI alike). Rank 0's process may use at most `bound` of a core meanwhile."""
+    import time
+    early = torch.arange(16, dtype=torch.float32) + 7
+    got, checks = torch.empty(16), 0
+    dist.barrier()
+    if rank == 2:
+        work = dist.isend(early, dst=0, tag=7)
+        dist.all_reduce(torch.ones(4))  # straight on into the next collective: its frames reach rank 0 early
+        work.wait()
+    elif rank == 1:
+        time.sleep(late)
+        dist.send(early * 2, dst=0, tag=3)
+        dist.all_reduce(torch.ones(4))
+    elif rank == 0:
+        time.sleep(0.1)  # rank 2's frames land before the receive starts waiting
+        c0, w0 = time.process_time(), time.monotonic()
+        dist.recv(got, src=1, tag=3)
+        share = (time.process_time() - c0) / (time.monotonic() - w0)
+        assert share < bound, f"rank 0 used {share:.0%} of a core while it waited"
+        assert torch.equal(got, early * 2), got
+        if world > 2:
+            dist.recv(got, src=2, tag=7)
+            assert torch.equal(got, early), got
+        x = torch.ones(4)
+        dist.all_reduce(x)
+        assert torch.equal(x, torch.full((4,), float(world))), x
+        checks = 3
+    else:
+        dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    return checks

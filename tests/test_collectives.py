@@ -25,3 +25,15 @@ def test_random_sequence(pools, world, seed):
     """Seeded random mixes of every call form, group, size and async wait order (cases_random.py)."""
     checks = pools(world).run("cases_random:random_sequence", seed=seed, steps=200)
     assert len(checks) == world and all(c > 0 for c in checks), checks
+
+
+
+@pytest.mark.parametrize("world", (2, 3, 4))
+def test_a_wait_sleeps_while_frames_it_cannot_take_yet_wait(pools, world):
+    """A frame waiting for a later receive (another peer's early send, its next collective) must
+    not keep a waiting rank's engine spinning: the shared-memory, zmq and MPI waits counted it
+    as news on every turn and never slept (a whole core burnt, on a host whose cores the ranks
+    share). cases_collectives.waits_sleep_beside_an_early_message; also over MPI
+    (test_transport_mpi.py)."""
+    checks = pools(world).run("cases_collectives:waits_sleep_beside_an_early_message")
+    assert checks[0] == 3 and checks[1:] == [0] * (world - 1), checks

@@ -15,7 +15,7 @@ sys.path.insert(0, HERE)
 from pool import free_port  # noqa: E402
 from test_collectives import CASES as COLLECTIVE_CASES  # noqa: E402
 
-CASES = COLLECTIVE_CASES + ["cases_random:random_sequence", "cases_training:ddp", "cases_training:fsdp1",
+CASES = COLLECTIVE_CASES + ["waits_sleep_beside_an_early_message", "cases_random:random_sequence", "cases_training:ddp", "cases_training:fsdp1",
                             "cases_training:fsdp2", "cases_training:dtensor", "cases_training:checkpoint"]
 
 

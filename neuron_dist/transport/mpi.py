@@ -79,6 +79,7 @@ class MpiTransport(Transport):
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
         self.closed = False
         self._woken = False  # set by wake(): the wait in progress, or the next, returns
+        self._told: dict[int, list] = {}  # peer -> the inbox head the last wait reported arrived (`_news`)
         log.debug("rank %d: mpi to ranks %s (MPI ranks %s, tag %d)", self.rank, self.peers,
                   [self.world[p] for p in self.peers], self.tag)
 
@@ -147,13 +148,24 @@ class MpiTransport(Transport):
             if self._woken:
                 self._woken = False
                 return
-            if self._poll() or any(q and (q[0][2] is None or q[0][2].Test()) for q in self.inbox.values()):
+            if self._poll() or self._news():
                 return
             left = deadline - time.perf_counter()
             if left <= 0:
                 return
             time.sleep(min(nap, left))
             nap = min(nap * 2, 1e-3)
+
+    def _news(self) -> bool:
+        """Whether a frame at the head of a peer's inbox has arrived whole since the last look.
+        One that had arrived by then is not news: the caller's progress pass since saw it and
+        could not take it yet, and counting it kept the wait from ever napping."""
+        news = False
+        for p, q in self.inbox.items():
+            if q and (q[0][2] is None or q[0][2].Test()) and self._told.get(p) is not q[0]:
+                self._told[p] = q[0]
+                news = True
+        return news
 
     def wake(self):
         """The wait naps at most 1 ms at a time and looks at this flag after each nap."""

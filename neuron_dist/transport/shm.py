@@ -300,6 +300,7 @@ class ShmTransport(Transport):
         self.lend_allowed = env_flag("NEURON_DIST_SHM_LEND", default=True)
         self.closed = False
         self._woken = False  # set by wake() (another thread of this rank): the next wait returns
+        self._seen: dict[int, int] = {}  # what the last wait saw: peer -> ring head, ~peer -> tail (`_news`)
         # the members of this transport, in one order every rank agrees on
         members = sorted(self.peers + [self.rank])
         self.index = {r: i for i, r in enumerate(members)}
@@ -541,17 +542,31 @@ class ShmTransport(Transport):
         elif head.value - (t - 1) >= self.nslots:
             self.theirs[peer].ring()
 
-    def _ready(self) -> bool:
+    def _news(self) -> bool:
+        """Whether something arrived or was freed since the last look: a frame in a ring, a slot
+        freed for a blocked send, a lent frame released. A frame that was already waiting at the
+        last look is not news: the caller's progress pass since then saw it and could not take
+        it yet (it belongs to a peer's next collective, or to a receive not yet posted). Counted
+        as news, it kept every wait from sleeping, and the engine spun a whole core until the op
+        it really waited on moved."""
+        seen, news = self._seen, False
         for p in self.peers:
-            if self.inn[p][0].value != self.tail[p]:
-                return True
-        for p in self.blocked:
-            if self.head[p] - self.out[p][1].value < self.nslots:
-                return True
+            h = self.inn[p][0].value
+            if h != self.tail[p] and h != seen.get(p):
+                news = True
+            seen[p] = h
+        for p in self.blocked:  # its ring was full: any slot freed since is news
+            t = self.out[p][1].value
+            if t != seen.get(~p):
+                news = True
+            seen[~p] = t
         for p, q in self.lent.items():
-            if q and self.out[p][1].value >= q[0][0]:
-                return True
-        return False
+            if q:
+                t = self.out[p][1].value
+                if t != seen.get(~p) and t >= q[0][0]:
+                    news = True
+                seen[~p] = t
+        return news
 
     def wake(self):
         """Set the flag a wait looks at, then ring this rank's own doorbell (a waiter asleep on
@@ -579,7 +594,7 @@ class ShmTransport(Transport):
             return
         bell = self.mine.doorbell
         v = bell.value
-        if self._ready():
+        if self._news():
             self._spun = 0.0
             return
         now = time.perf_counter()
@@ -605,10 +620,13 @@ class ShmTransport(Transport):
             if left <= 0:
                 return
             sleeping.value = 1
-            if bell.value == v and not self._woken and not self._ready():
+            if bell.value == v and not self._woken and not self._news():
                 _futex_wait(self.doorbell_addr, v, min(left, MAX_SLEEP))
+                news = bell.value != v or self._woken or self._news()
+            else:
+                news = True
             sleeping.value = 0
-            if bell.value != v or self._woken or self._ready():
+            if news:
                 self._spun = 0.0
                 return
 

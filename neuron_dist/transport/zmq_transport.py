@@ -149,6 +149,7 @@ class ZmqTransport(Transport):
         self.gone: dict[int, str] = {}
         self.finished: set[int] = set()  # peers that sent BYE (closed in order)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
+        self._arrived = self._arrived_seen = 0  # frames drained in all, and as the last wait saw them
         self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
         # wake(): a byte down this pipe ends the poll in wait() (the poller watches its read end)
         self._wake_r = self._wake_w = -1
@@ -258,12 +259,14 @@ class ZmqTransport(Transport):
                 raise frame.FrameError(f"rank {self.rank}: frame claims to come from rank {h.src} to rank {h.dst}")
             if h.kind == frame.Kind.BYE:  # the peer closed in order: nothing more will come
                 self.finished.add(h.src)
+                self._arrived += 1
                 continue
             body = parts[1].buffer
             if body.nbytes != h.nbytes:
                 raise frame.FrameError(f"rank {self.rank}: frame from rank {h.src} announces {h.nbytes} bytes "
                                        f"but carries {body.nbytes}")
             self.queues[h.src].append((h, tensor_of(body)))
+            self._arrived += 1
 
     def recv(self, peer):
         q = self.queues[peer]
@@ -272,7 +275,12 @@ class ZmqTransport(Transport):
         return q.popleft() if q else None
 
     def wait(self, timeout):
-        if any(self.queues.values()):
+        # frames drained since the last wait are news; frames that were already queued then are
+        # not (the caller's progress pass since saw them and could not take them yet: a peer's
+        # next collective, a receive not yet posted); counting them kept the wait from ever
+        # sleeping, the engine spinning a core until the op it waited on moved
+        if self._arrived != self._arrived_seen:
+            self._arrived_seen = self._arrived
             return
         for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
             if sock == self._wake_r:
