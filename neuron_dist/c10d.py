@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import operator
 import weakref
 import zlib
 from datetime import timedelta
@@ -161,6 +162,8 @@ class NeuronWork(dist.Work):
                                f"correspond to a recv or recv-from-any call")
         return op.source_rank
 
+    source_rank = _source_rank  # the public (deprecated) name: torch's binding of it does not reach Python
+
     def get_future(self) -> torch.futures.Future:
         op = self._op
         fut = self._fut
@@ -233,6 +236,12 @@ def _factor_for(factor, dtype: torch.dtype):
     return factor.to(dtype) if isinstance(factor, torch.Tensor) else factor
 
 
+def _sizes(splits) -> list[int]:
+    """Split sizes as ints: torch's binding takes any sequence of integers (a numpy array,
+    numpy integers), as Gloo does; `not splits` on a numpy array raised."""
+    return [] if splits is None else [operator.index(s) for s in splits]
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """A flat view of `t` if contiguous (`t` itself if already 1-D), else a flat staging copy."""
     if t.is_contiguous():
@@ -279,6 +288,7 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
 
 
 _MAX_TAG = 2**31 - 1  # c10d's `int tag`
+_NO_TIMEOUT = timedelta(0)  # an options object's time-out at or below this is unset
 _PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
 _KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan (larger: Group.scratch)
 
@@ -372,8 +382,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
             debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm)
-        if opts is not None and getattr(opts, "asyncOp", True) is False:
-            op.sync = True  # the caller waits at once: run it on this thread whatever its size
+        if opts is not None:
+            if getattr(opts, "asyncOp", True) is False:
+                op.sync = True  # the caller waits at once: run it on this thread whatever its size
+            timeout = getattr(opts, "timeout", None)  # unset: -1 ms (c10d's kUnsetTimeout)
+            if timeout is not None and timeout > _NO_TIMEOUT:  # dist.barrier(timeout=...), as Gloo
+                op.timeout = timeout.total_seconds()
         return NeuronWork(self.group.submit(op))
 
     def _plan(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype,
@@ -918,6 +932,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                               opts)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        output_split_sizes, input_split_sizes = _sizes(output_split_sizes), _sizes(input_split_sizes)
         if not output_split_sizes and not input_split_sizes and type(opts) is _AllToAllOptions:
             work = self._alltoall_common(output, input, opts)  # dist.all_to_all_single's even call
             if work is not None:
@@ -927,8 +942,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if output.dtype != input.dtype:
             raise ValueError(f"[rank {self._r}] all_to_all_single: output dtype {output.dtype} != input dtype {input.dtype}")
         n = self.group.size
-        send = self._splits(input, list(input_split_sizes), n, "input")
-        recv = self._splits(output, list(output_split_sizes), n, "output")
+        send = self._splits(input, input_split_sizes, n, "input")
+        recv = self._splits(output, output_split_sizes, n, "output")
         inp = _flat(input)
         direct = output.is_contiguous() and not _overlap(output, inp)  # in place: stage, as above
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
@@ -993,7 +1008,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         t = _one(tensors, "send", r)
         _check_tensor(t, "send", r)
         self._peer(dstRank, "send")
-        self._tag(tag, "send")
+        tag = self._tag(tag, "send")
         g, flat, count = self.group, _flat(t), t.numel()
         nbytes = count * t.element_size()
         key = ("send", dstRank, count, nbytes, tag, t.dtype)
@@ -1029,7 +1044,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         r = self.group.rank
         t = _one(tensors, "recv", r)
         _check_tensor(t, "recv", r, written=True)
-        self._tag(tag, "recv")
+        tag = self._tag(tag, "recv")
         # a non-contiguous tensor receives into a contiguous copy of itself, copied back after:
         # its current values, so that a shorter message leaves the rest of the tensor as it was
         contiguous = t.is_contiguous()
@@ -1080,13 +1095,20 @@ class NeuronProcessGroup(dist.ProcessGroup):
             sched = self._p2p_plans[key] = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, count)))
         return sched
 
-    def _tag(self, tag, what: str) -> None:
-        """c10d's tags are C++ ints: a negative one, or one past 2**31 - 1, fails here, before any
-        byte moves, as with Gloo. (A frame's tag field would take up to 2**32 - 1; a negative tag
-        failed the group at its first frame, and a receive with one waited out the time-out.)"""
-        if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= _MAX_TAG:
+    def _tag(self, tag, what: str) -> int:
+        """The tag as an int. c10d's tags are C++ ints, which torch's binding fills from anything
+        with __index__ (a numpy integer, a bool), as Gloo takes them; a negative one, or one
+        past 2**31 - 1, fails here, before any byte moves, as with Gloo. (A frame's tag field
+        would take up to 2**32 - 1; a negative tag failed the group at its first frame, and a
+        receive with one waited out the time-out.)"""
+        try:
+            value = operator.index(tag)
+        except TypeError:
+            value = -1
+        if not 0 <= value <= _MAX_TAG:
             raise ValueError(f"[rank {self._r}] {what}: tag {tag!r} is invalid: a tag is an integer "
                              f"from 0 to {_MAX_TAG}")
+        return value
 
     def _peer(self, peer: int, what: str) -> None:
         if not 0 <= peer < self.group.size or peer == self.group.rank:

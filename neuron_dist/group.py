@@ -803,14 +803,16 @@ class Group(HangDiagnosis):
                             f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(p, gone)}"),
                             active, waiting)
                         return
-            if now - op.t0 > limit:
+            own = op.timeout  # the call's own (dist.barrier(timeout=...)), else the group's
+            if now - op.t0 > (own or limit):
                 active.remove(op)
                 who = f"waiting for {self._who(peer)}" if peer is not None else \
                     "waiting for a message from any rank" if op.is_p2p and op.direction != "send" else "waiting to send"
+                raise_it = "raise the call's timeout" if own else "raise the timeout in init_process_group/new_group"
                 self._fail(op, GroupError(
-                    f"[rank {self.rank}] {self._name(op)} timed out after {limit:.1f}s {who}. "
+                    f"[rank {self.rank}] {self._name(op)} timed out after {own or limit:.1f}s {who}. "
                     f"{self.diagnose(op)} Check that every rank of the group calls the same collectives "
-                    f"in the same order, or raise the timeout in init_process_group/new_group."),
+                    f"in the same order, or {raise_it}."),
                     active, waiting)
                 return
 

@@ -42,7 +42,7 @@ class Op:
     frame (copy-back, AVG division); callbacks fire on completion."""
     __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "nbytes", "dtype",
                  "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
-                 "_callbacks", "_lock", "sync", "__weakref__")
+                 "_callbacks", "_lock", "sync", "timeout", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
                  direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = ""):
@@ -61,6 +61,7 @@ class Op:
         self._callbacks: list | None = None  # made by the first add_done_callback on an unfinished op
         self._lock = threading.Lock()
         self.sync: bool | None = None    # True: the caller waits at once (c10d's asyncOp=False)
+        self.timeout: float | None = None  # seconds: this call's own time-out (c10d's opts.timeout), else the group's
 
     @property
     def is_p2p(self) -> bool:

@@ -567,7 +567,27 @@ def call_forms(rank, world):
         rs = torch.empty(2)
         pg.reduce_scatter(rs, [torch.full((2,), float(rank + r)) for r in range(world)], dist.ReduceOp.SUM).wait()
         got[name] = [x, y, z, s, b, *outs, rd if rank == 0 else torch.zeros(0), rs]
-    for a, g in zip(got["neuron"], got["gloo"]):
+    # integers of other types where torch's binding takes any (a numpy array of split sizes,
+    # numpy integers or a bool as tags: they were refused, or raised on a numpy array's truth
+    # value), and a receive's public source_rank() (it raised: only _source_rank reached us)
+    import numpy as np
+    for name, group in (("neuron", None), ("gloo", R.GLOO)):
+        inp = torch.arange(float(sum(range(1, world + 1)))) + 100 * rank
+        out = torch.empty((rank + 1) * world)
+        dist.all_to_all_single(out, inp, output_split_sizes=np.full(world, rank + 1),
+                               input_split_sizes=np.arange(1, world + 1), group=group)
+        got[name].append(out)
+        if world > 1:
+            nxt, prv = (rank + 1) % world, (rank - 1) % world
+            for tag in (np.int64(5), True):
+                t = torch.empty(3)
+                sent = dist.isend(torch.full((3,), float(rank + tag)), nxt, group=group, tag=tag)
+                w = dist.irecv(t, prv, group=group, tag=tag)
+                w.wait()
+                sent.wait()
+                assert w.source_rank() == prv, (name, w.source_rank())
+                got[name].append(t)
+    for a, g in zip(got["neuron"], got["gloo"], strict=True):
         same(a, g, "call form vs gloo")
     return len(got["neuron"])
 

@@ -949,3 +949,36 @@ def one_schedule_for_two_groups(rank, world):
         return results
     finally:
         algorithms.register("allgather", "direct", direct)
+
+
+def a_call_keeps_its_own_timeout(rank, world, late=3.0):
+    """A time-out given to one call (`dist.barrier(timeout=...)`, an options object's `timeout`
+    on a process group's method) bounds that call, as under Gloo; it was read nowhere, so the
+    call waited for its peer or the group's own time-out (30 minutes by default). Rank 0 calls a
+    barrier with 1 s, then an all-reduce with 1.5 s (each on its own group whose time-out is a
+    minute) while the others come `late` seconds later. Returns each call's error and time."""
+    import torch
+    import torch.distributed as dist
+    subs = [dist.new_group(list(range(world)), timeout=timedelta(seconds=60)) for _ in range(2)]
+    for s in subs:
+        dist.barrier(group=s)  # (set up, and every rank is here)
+    out = {}
+
+    def timed(name, fn):
+        t0 = time.monotonic()
+        try:
+            fn()
+            out[name] = (None, time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (str(e), time.monotonic() - t0)
+
+    opts = dist.AllreduceOptions()
+    opts.timeout = timedelta(seconds=1.5)
+    pg = subs[1]  # (the neuron process group itself: c10d calls its methods)
+    if rank != 0:
+        time.sleep(late)
+    timed("barrier", lambda: dist.barrier(group=subs[0], timeout=timedelta(seconds=1)))
+    timed("allreduce", lambda: pg.allreduce([torch.ones(8)], opts).wait())
+    for s in subs:
+        dist.destroy_process_group(s)
+    return out

@@ -83,7 +83,7 @@ def test_failure_names_the_member_that_went_first():
 
     def op():
         return SimpleNamespace(desc="reduce_scatter_tensor(8 MiB)", seq=0, is_p2p=False, t0=time.monotonic(),
-                               exe=SimpleNamespace(waiting_on=2, sends=()))
+                               timeout=None, exe=SimpleNamespace(waiting_on=2, sends=()))
 
     msg = stalled_until_failure(op())
     assert "rank 1 is gone: connection to rank 1 closed" in msg and "then rank 2" in msg, msg
@@ -152,7 +152,7 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
         errors = []
         g._fail = lambda op, e, active, waiting: errors.append(str(e))
         op = SimpleNamespace(desc="broadcast(32 bytes, float32, root 3)", seq=0, is_p2p=False,
-                             t0=time.monotonic(), exe=exe)
+                             t0=time.monotonic(), timeout=None, exe=exe)
         deadline = time.monotonic() + PEER_GRACE_S + 0.5
         while not errors and time.monotonic() < deadline:
             g._check_stalled([op], deque())
@@ -308,3 +308,17 @@ def test_a_peer_seen_gone_is_blamed_only_once_its_abort_had_its_grace():
                                   check_peer=lambda q: "its process exited" if q == 1 else None)
     both = Group._gone_cause(g, 2, "rank 2's copy of the group failed")
     assert both == "rank 2 is gone: rank 2's copy of the group failed; rank 1 is gone too: its process exited", both
+
+
+def test_a_call_with_its_own_timeout_times_out_at_it(pools):
+    """dist.barrier(timeout=...) and an options object's timeout bound that call (as Gloo's do),
+    not the group's time-out (a minute here, 30 by default): cases_faults.a_call_keeps_its_own_timeout."""
+    mine, *peers = pools(2).run("cases_faults:a_call_keeps_its_own_timeout")
+    for name, secs in (("barrier", 1.0), ("allreduce", 1.5)):
+        err, elapsed = mine[name]
+        assert err and f"timed out after {secs:.1f}s waiting for rank 1" in err and "the call's timeout" in err, err
+        assert secs <= elapsed < secs + 1.0, (name, elapsed)
+    for peer in peers:  # rank 0's part was sent before it gave up: a late peer may still finish
+        for name in ("barrier", "allreduce"):  # its call with it, or learns at once that rank 0 failed
+            err, elapsed = peer[name]
+            assert (err is None or "rank 0" in err) and elapsed < 1.0, (name, peer)
