@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .config import RunConfig
 from .plan import PLAN_VAR
-from .worker import GROUPS_VAR
+from .worker import AGENT_VAR, GROUPS_VAR, start_time
 
 WORKER = str(Path(__file__).resolve().with_name("worker.py"))
 LINE_PREFIX = "[rank${rank}]: "
@@ -54,8 +54,16 @@ def sweep_groups(groups_dir: str | None) -> None:
         return
     for name in os.listdir(groups_dir):
         try:
-            os.killpg(int(name), signal.SIGKILL)
-        except (ValueError, ProcessLookupError, PermissionError):
+            with open(os.path.join(groups_dir, name)) as f:
+                started = f.read().strip()
+            pid = int(name)
+            # a group whose members outlive its leader keeps the leader's pid from reuse; a
+            # process now holding that pid that started at another time is not the rank (the
+            # rank and its group are gone, and the pid went to another job's process)
+            now = start_time(pid)
+            if not (started and now is not None and now != started):
+                os.killpg(pid, signal.SIGKILL)
+        except (ValueError, OSError):  # (ProcessLookupError, PermissionError: nothing of ours)
             pass
         try:
             os.unlink(os.path.join(groups_dir, name))
@@ -189,6 +197,7 @@ def launch(cfg: RunConfig) -> int:
     own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
     groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
     os.environ[GROUPS_VAR] = groups_dir
+    os.environ[AGENT_VAR] = str(os.getpid())  # the ranks' parent (the trampoline's check)
     config = launch_config(cfg, own_log_dir)
     config.logs_specs.groups_dir = groups_dir
     try:

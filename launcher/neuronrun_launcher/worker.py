@@ -39,6 +39,7 @@ else:
 
 MODES = ("python", "module", "exec")
 GROUPS_VAR = "NEURONRUN_GROUPS_DIR"
+AGENT_VAR = "NEURONRUN_AGENT_PID"  # the process that starts the ranks (neuronrun, torch's agent in it)
 
 
 def _plan(environ: dict[str, str]) -> tuple[NeuronPlan, int]:
@@ -68,7 +69,7 @@ def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[st
         master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
-    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR) and not k.startswith(MPI_PREFIXES)}
+    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR, AGENT_VAR) and not k.startswith(MPI_PREFIXES)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
     cpus = plan.cpus(local_rank)
     if cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share
@@ -107,20 +108,37 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() == 1:  # the agent died before prctl took effect
+        # the agent died before prctl took effect: this rank was handed to another parent. The
+        # agent's pid comes from the launcher: neuronrun may itself be pid 1 (a container's
+        # command), where "our parent is pid 1" is no sign of anything
+        agent = os.environ.get(AGENT_VAR, "")
+        if os.getppid() != int(agent) if agent.isdigit() else os.getppid() == 1:
             os._exit(1)
     except (OSError, AttributeError):
         pass
 
 
+def start_time(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), or
+    None if there is no such process: with its pid, it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _register_group() -> None:
     """Leave this rank's process group id (= its pid: the agent starts ranks in a new
     session) where the launcher sweeps leftovers: the agent only signals ranks that
-    are still running, so children of a rank that exited would otherwise outlive the job."""
+    are still running, so children of a rank that exited would otherwise outlive the job.
+    The file holds the rank's start time, so that the sweep can tell the rank from a
+    later process that was given its pid (launch.sweep_groups)."""
     groups = os.environ.get(GROUPS_VAR)
     if groups and os.getpgid(0) == os.getpid():
         try:
-            open(os.path.join(groups, str(os.getpid())), "w").close()
+            with open(os.path.join(groups, str(os.getpid())), "w") as f:
+                f.write(start_time(os.getpid()) or "")
         except OSError:
             pass
 

@@ -47,7 +47,9 @@ class Recorder:
         for call in self.calls:
             for entry, args, env in call.values():
                 assert entry == sys.executable and args[:2] == ("-u", launch.WORKER)
+                assert env[worker.AGENT_VAR] == str(os.getpid())  # the agent: this process
                 final = worker.rank_env(env)
+                assert worker.AGENT_VAR not in final and worker.GROUPS_VAR not in final  # launcher-only
                 out[int(final["RANK"])] = (worker.command(args[2], args[3], list(args[4:]), sys.executable), final)
         return out
 
@@ -187,3 +189,53 @@ def test_a_lost_rendezvous_is_a_report_not_a_traceback(monkeypatch, scrubbed_env
     err = capsys.readouterr().err
     assert code == 1, err
     assert "neuronrun: the rendezvous failed (RendezvousConnectionError: The connection to the C10d store" in err, err
+
+
+def _trampoline_check(agent: str | None) -> int:
+    """Exit status of a process that runs the rank trampoline's parent check with
+    NEURONRUN_AGENT_PID set to `agent` (None: unset)."""
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != worker.AGENT_VAR}
+    if agent is not None:
+        env[worker.AGENT_VAR] = agent
+    code = "from neuronrun_launcher.worker import _die_with_parent; _die_with_parent(); print('alive')"
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert (p.returncode == 0) == ("alive" in p.stdout), p
+    return p.returncode
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_rank_checks_for_the_agent_it_was_started_by():
+    """The trampoline leaves at once if the agent died before its death signal was set (its
+    parent is then another process); it took "my parent is pid 1" for that sign, so every rank
+    of a neuronrun that is itself pid 1 (a container's command) exited with code 1 before the
+    user's script ran. The launcher now names the agent's pid."""
+    assert _trampoline_check(str(os.getpid())) == 0  # started by the agent named: runs
+    assert _trampoline_check("1") == 1               # (its parent is not pid 1 here): leaves
+    assert _trampoline_check(None) == 0              # no agent named, parent not pid 1: runs
+
+
+def test_the_sweep_kills_a_ranks_leftovers_but_not_a_process_given_its_pid(tmp_path):
+    """sweep_groups SIGKILLs the process groups of ranks that ended (their children would
+    outlive the job), named by the rank's pid; a pid the kernel gave to another job's process
+    since (a session leader too, as every torch-agent rank is) is not the rank's: its start
+    time differs from the one the rank recorded, and it is left alone."""
+    import subprocess
+    import time
+
+    def session():
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+    ours, other = session(), session()
+    try:
+        (tmp_path / str(ours.pid)).write_text(worker.start_time(ours.pid))
+        (tmp_path / str(other.pid)).write_text("1")  # the start time of the rank that had this pid
+        launch.sweep_groups(str(tmp_path))
+        assert ours.wait(timeout=10) == -9
+        time.sleep(0.2)
+        assert other.poll() is None, "a process that only reused a rank's pid was killed"
+        assert not list(tmp_path.iterdir())
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
