@@ -75,6 +75,13 @@ def _acquire(domain: str, token: int) -> zmq.Context:
         return ctx
 
 
+# Zero-copy frames libzmq had not finished sending when their transport closed, with the
+# tensors they read: closing a socket (even with no linger) returns before its I/O thread is
+# done with a frame it is writing, and a buffer freed meanwhile made libzmq fail on EFAULT and
+# abort the process. Kept until their trackers say libzmq let go (pruned at each close).
+_READING_AT_CLOSE: list = []
+
+
 def _release(domain: str, linger_ok: bool) -> None:
     """Forget `domain`; with the last transport gone, stop the ZAP thread and end the context
     (which waits up to the sockets' linger for frames still queued to live peers)."""
@@ -383,6 +390,9 @@ class ZmqTransport(Transport):
             if fd >= 0:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
+        if reading:  # libzmq may still be writing them out after the socket's close returned
+            _READING_AT_CLOSE[:] = [(t, p) for t, p in _READING_AT_CLOSE if not t.done] + \
+                [(t, p) for t, p, _ in self.trackers if not t.done]
         self.trackers.clear()
         self.closed = True
         _release(self.domain, not abort)
