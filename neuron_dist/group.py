@@ -242,6 +242,7 @@ def _forget_groups_in_child() -> None:
     fresh locks: a thread of the parent may have held one at the fork)."""
     for g in list(LIVE):
         LIVE.discard(g)
+        g._inherited = True
         g._mu = threading.RLock()
         g._cv = threading.Condition(g._mu)
         g._drive = threading.Lock()
@@ -265,6 +266,7 @@ class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
     _next_look = 0.0  # when a waiting op next looks at its peers' liveness (_check_stalled)
+    _inherited = False  # a forked child's copy of its parent's group (_forget_groups_in_child)
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
                  global_ranks: list[int] | None = None, set_grad_enabled=torch.set_grad_enabled):
@@ -923,6 +925,9 @@ class Group(HangDiagnosis):
         destructor drains its queue (an isend or async all-reduce just before
         destroy_process_group completes), bounded by the group's time-out. Abort: what has not
         started fails at once, and what runs gets half a second."""
+        if self._inherited:  # a forked child's destroy: the transport, its segments and the
+            self.closed = True  # peers are the parent's (closing would tell them it closed)
+            return
         engine = threading.current_thread() is self._thread
         with self._cv:
             if self.closed:

@@ -71,7 +71,7 @@ def test_a_destroy_waits_for_a_call_another_thread_runs(pools):
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
-def test_a_forked_child_that_exits_leaves_the_parents_groups_alone(transport, tmp_path):
+def test_a_forked_child_that_destroys_and_exits_leaves_the_parents_groups_alone(transport, tmp_path):
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
     for r, (code, out) in enumerate(run_scripts("fork_child.py", [[r, 2, tmp_path / "store"] for r in range(2)], env)):
         assert code == 0 and f"rank {r}: fork ok" in out and "child" not in out, out[-3000:]

@@ -1,8 +1,9 @@
 """One rank of the fork check: rank 0 forks a child that tries a collective on the inherited group
-(it must fail at once) and exits normally (atexit hooks run, as a
-subprocess helper's do) while the group is up; then every rank runs a collective. The child's
-exit closed the parent's groups: rank 1 failed with "rank 0 closed its shared-memory
-transport" (over zmq the child also spun at exit)."""
+(it must fail at once), destroys the groups it inherited, as a helper that cleans up might, and
+exits normally (atexit hooks run, as a subprocess helper's do) while the group is up; then every
+rank runs a collective. The child's exit closed the parent's groups: rank 1 failed with "rank 0
+closed its shared-memory transport" (over zmq the child also spun at exit); so did the child's
+destroy, which marked the parent's shared-memory transport closed."""
 import os
 import sys
 import time
@@ -29,6 +30,8 @@ if rank == 0:
         except Exception as e:  # noqa: BLE001
             if "forked child" not in str(e):
                 print(f"rank 0's child: unexpected error {e}", flush=True)
+        dist.destroy_process_group(sub)
+        dist.destroy_process_group()
         sys.exit(0)  # atexit hooks run in the child
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG) == (0, 0):
