@@ -354,6 +354,53 @@ def test_composite_routes_each_pair_two_hosts(monkeypatch):
                 t.close()
 
 
+def test_a_rank_whose_first_transport_fails_tells_the_peers_of_the_next(monkeypatch):
+    """Ranks 0 and 1 on one host (shared memory), rank 2 on another (zmq to both); rank 1's
+    shared-memory set-up fails (published for its shm peer, as a real failure is). Ranks 0 and
+    1 never began their zmq set-up, and rank 2 waited for their zmq records until the store's
+    time-out (the group's, 30 minutes by default), never learning why; now it fails at once
+    with the cause."""
+    import time
+    from neuron_dist.transport.base import TransportError
+    from neuron_dist.transport.shm import ShmTransport
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
+    make_real = select._make
+
+    def make(name, c, peers):
+        if name == "shm" and c.rank == 1:
+            why = "rank 1: injected shared-memory set-up failure"
+            ShmTransport.publish_error(c.store, "shm", 1, why)
+            raise TransportError(why)
+        return make_real(name, c, peers)
+
+    monkeypatch.setattr(select, "_make", make)
+    hosts, store = ["a", "a", "b"], dist.HashStore()
+    store.set_timeout(timedelta(seconds=60))
+    errs, ts = {}, []
+
+    def run(r):
+        c = ctx(r, 3, store, "unbuilt", hosts=hosts)
+        c.hostname = hosts[r]
+        t0 = time.monotonic()
+        try:
+            ts.append(select.create(c))
+        except Exception as e:  # noqa: BLE001
+            errs[r] = (str(e), time.monotonic() - t0)
+
+    th = [threading.Thread(target=run, args=(r,)) for r in range(3)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(90)
+    for t in ts:
+        t.close()
+    assert sorted(errs) == [0, 1, 2], errs
+    why, took = errs[2]
+    assert "injected shared-memory set-up failure" in why and took < 10, errs[2]
+
+
 def test_no_room_in_dev_shm_is_a_clear_error_on_every_rank(monkeypatch):
     """A segment that cannot be allocated fails set-up on that rank *and* its peers, with a
     message saying what to change (not a SIGBUS at the first write, not a store time-out)."""

@@ -189,3 +189,24 @@ def test_a_frame_still_being_written_at_close_keeps_its_tensor():
     (code, out), = run_scripts("zmq_close_while_sending.py", [[6]], timeout=120)
     assert code == 0 and "survived" in out, out[-3000:]
     assert "unfinished at close: 0;" not in out, "no frame was unfinished at its close: the case tests nothing"
+
+
+def test_a_peer_record_zmq_cannot_connect_to_is_a_clear_error_at_once(caplog):
+    """A peer's endpoint that zmq refuses (here, no port) fails the set-up naming the peer; the
+    socket made for it is closed with the rest. It was recorded only after its connect, so the
+    close left it open and ending the context waited out its whole bound (6 s, and a warning
+    that a socket was left open), the error a bare ZMQError."""
+    from datetime import timedelta
+    import torch.distributed as dist
+    from neuron_dist.transport import zmq_transport
+    from neuron_dist.transport.base import TransportContext
+    store = dist.HashStore()
+    store.set("zmq/1", '{"tcp": "tcp://10.0.0.1"}')
+    ctx = TransportContext(rank=0, size=2, store=store, token=TOKEN, timeout=timedelta(seconds=10),
+                           hostname="host0", bind_addr="127.0.0.1", hosts=["host0", "host1"], job_id="badpeer")
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="neuron_dist"):
+        with pytest.raises(TransportError, match=r"rank 0: cannot connect to rank 1 at 'tcp://10.0.0.1'"):
+            zmq_transport.ZmqTransport(ctx)
+    assert time.monotonic() - t0 < 3.0 and zmq_transport._CONTEXT is None
+    assert not [r for r in caplog.records if "did not end" in r.getMessage()], caplog.text

@@ -54,16 +54,18 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
     return out
 
 
-def publish_failure(store, rank: int, why: str) -> None:
-    """Tell the peers that this rank, which failed before building its transports, never will:
-    each transport's set-up key gets the error form its own set-up publishes when it fails (a
-    full /dev/shm, an address it cannot listen on), so a peer waiting to connect to this rank
-    fails at once with its cause instead of at the group's time-out."""
+def publish_failure(store, rank: int, why: str, names=KNOWN) -> None:
+    """Tell the peers that this rank, which failed before building its transports (`names`:
+    those of them it never began), never will: each transport's set-up key gets the error form
+    its own set-up publishes when it fails (a full /dev/shm, an address it cannot listen on),
+    so a peer waiting to connect to this rank fails at once with its cause instead of at the
+    group's time-out."""
     from .mpi import MpiTransport
     from .shm import ShmTransport
     from .zmq_transport import ZmqTransport
     for t in (ShmTransport, ZmqTransport, MpiTransport):
-        t.publish_error(store, t.name, rank, why)
+        if t.name in names:
+            t.publish_error(store, t.name, rank, why)
 
 
 def _make(name: str, ctx: TransportContext, peers: list[int]) -> Transport:
@@ -91,9 +93,16 @@ def create(ctx: TransportContext) -> Transport:
     try:
         for n in names:
             parts[n] = _make(n, ctx, by_name.get(n, []))
-    except BaseException:
+    except BaseException as e:
         for t in parts.values():
             t.close()
+        # the peers of the transports this rank never began would wait for its records until
+        # the store's time-out (the group's: 30 minutes by default), never learning why
+        unbuilt = names[len(parts) + 1:]
+        if unbuilt:
+            why = str(e) or type(e).__name__
+            publish_failure(ctx.store, ctx.rank, why if why.startswith("rank ") else f"rank {ctx.rank}: {why}",
+                            unbuilt)
         raise
     for n in names:
         log.debug("rank %d: transport %s for ranks %s%s", ctx.rank, n, by_name.get(n, []),

@@ -201,8 +201,8 @@ class ZmqTransport(Transport):
             ep = theirs["ipc"] if ctx.hosts[p] == ctx.hostname and "ipc" in theirs else theirs.get("tcp")
             if ep is None:
                 raise TransportError(f"rank {self.rank}: no reachable endpoint for rank {p}: {theirs}")
-            s = zctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.SNDHWM, 0)
+            s = self.push[p] = zctx.socket(zmq.PUSH)  # (kept at once: a failure below must close it,
+            s.setsockopt(zmq.SNDHWM, 0)                 # or ending the context waits out its bound)
             s.setsockopt(zmq.LINGER, int(CLOSE_LINGER_S * 1000))
             s.setsockopt(zmq.IMMEDIATE, 0)
             s.plain_username = USER
@@ -210,8 +210,10 @@ class ZmqTransport(Transport):
             s.ipv6 = ep.startswith("tcp://[")
             self.monitors[p] = s.get_monitor_socket(
                 zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-            s.connect(ep)
-            self.push[p] = s
+            try:
+                s.connect(ep)
+            except zmq.ZMQError as e:  # a record no peer of this job would write: say whose
+                raise TransportError(f"rank {self.rank}: cannot connect to rank {p} at {ep!r}: {e}") from None
             log.debug("rank %d -> rank %d over %s", self.rank, p, ep)
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
