@@ -556,7 +556,7 @@ class Group(HangDiagnosis):
             err.__cause__ = e
             _drop_locals(e)
             coll_log.error("%s", err)
-            self._send_abort(str(err))
+            self._abort_peers(str(err))
             self._break(err, self._active, self._waiting)
 
     def _drive_ops(self) -> None:
@@ -736,6 +736,23 @@ class Group(HangDiagnosis):
             self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run, the group failed: {err}"))
         self._publish_progress(bounded=True)
         self._dump_if_asked(f"failure: {err}")
+
+    def _abort_peers(self, reason: str) -> None:
+        """`_send_abort` from a thread that is not driving the transport (an abort, the engine's
+        own failure): under the drive lock, so that its frames never interleave with a send the
+        engine or a caller's fast path is making (two threads taking one ring slot, or one zmq
+        socket). A driver that keeps the lock past a second leaves the peers the failure flag."""
+        if self._drive.acquire(timeout=1.0):
+            try:
+                self._send_abort(reason)
+            finally:
+                self._drive.release()
+            return
+        self._abort_sent = True
+        try:
+            self.transport.mark_failed()
+        except Exception as e:  # noqa: BLE001 - best effort
+            coll_log.debug("rank %d: failure flag not set: %s", self.rank, e)
 
     def _send_abort(self, reason: str) -> None:
         """Tell every peer this rank's copy of the group is dead, so a peer waiting on us fails
@@ -940,7 +957,7 @@ class Group(HangDiagnosis):
                 self._queue.clear()
             self._cv.notify_all()
         if abort and self.broken is None:
-            self._send_abort(f"rank {self.rank} aborted the process group")
+            self._abort_peers(f"rank {self.rank} aborted the process group")
         self._hb_stop.set()
         for op in pending:
             op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))

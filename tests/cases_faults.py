@@ -982,3 +982,51 @@ def a_call_keeps_its_own_timeout(rank, world, late=3.0):
     for s in subs:
         dist.destroy_process_group(s)
     return out
+
+
+def abort_frames_under_the_drive_lock(rank, world):
+    """An abort from a thread that is not driving the transport sends its ABORT frames under
+    the group's drive lock (a send the engine or a caller's fast path makes at that moment
+    would otherwise share the ring slot, or the zmq socket, with them); held by a driver for
+    0.3 s, the abort waits for it. Returns, on rank 0, whether each ABORT send saw the lock held
+    by the aborting thread, and how long the abort waited; the peers' calls then fail naming it."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+    group = sub.group
+    dist.barrier(group=sub)
+    out = None
+    if rank == 0:
+        sends, real, driving, released = [], group.transport.send, threading.Event(), threading.Event()
+
+        def send(peer, header, payload):
+            sends.append(released.is_set())  # the driver was done when this frame went out
+            return real(peer, header, payload)
+
+        def driver():  # another thread drives the transport for 0.3 s
+            with group._drive:
+                driving.set()
+                time.sleep(0.3)
+                released.set()
+
+        group.transport.send = send
+        t = threading.Thread(target=driver)
+        t.start()
+        driving.wait(5)
+        t0 = time.monotonic()
+        sub.abort()
+        out = {"sends": sends, "waited": time.monotonic() - t0}
+        t.join(5)
+    else:
+        try:
+            dist.all_reduce(torch.ones(4), group=sub)
+            out = "no error"
+        except Exception as e:  # noqa: BLE001
+            out = str(e)
+    import rankctx
+    dist.barrier(group=rankctx.GLOO)
+    try:
+        dist.destroy_process_group(sub)
+    except Exception:  # noqa: BLE001 - (rank 0's group is aborted: torch may refuse)
+        pass
+    return out

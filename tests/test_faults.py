@@ -322,3 +322,13 @@ def test_a_call_with_its_own_timeout_times_out_at_it(pools):
         for name in ("barrier", "allreduce"):  # its call with it, or learns at once that rank 0 failed
             err, elapsed = peer[name]
             assert (err is None or "rank 0" in err) and elapsed < 1.0, (name, peer)
+
+
+def test_an_abort_sends_its_frames_under_the_drive_lock(pools):
+    """cases_faults.abort_frames_under_the_drive_lock: every ABORT frame goes out with the
+    drive lock held (it went out beside whatever the engine was sending), the abort waits for
+    a driver that holds the lock, and the peer learns of the abort."""
+    mine, *peers = pools(2).run("cases_faults:abort_frames_under_the_drive_lock")
+    assert mine["sends"] and all(mine["sends"]), mine
+    assert 0.25 <= mine["waited"] < 5, mine
+    assert all("rank 0" in p for p in peers), peers
