@@ -36,8 +36,8 @@ class DeathWatch:
         self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
         self.dead: dict[int, str] = {}     # peer -> reason
-        self.remote = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] != host]
-        local = [r for r, p in enumerate(group.peers_info) if r != group.rank and p["host"] == host]
+        self.remote = [r for r, h in enumerate(group.hosts) if r != group.rank and h != host]
+        local = [r for r, h in enumerate(group.hosts) if r != group.rank and h == host]
         if local and hasattr(os, "pidfd_open"):
             self.ep = select.epoll()
             for r in local:

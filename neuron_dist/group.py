@@ -89,6 +89,34 @@ def _cpus() -> list[list[int]]:
     return runs
 
 
+def _machine_key() -> str:
+    """What ranks of one host name must share to meet through shared memory and know each
+    other's pids: the boot (two machines given one host name), /dev/shm's file system (an IPC
+    or mount namespace of its own) and the PID namespace (containers on one host network, each
+    with its own pids: a peer's published pid means another process here, or none), as NCCL's
+    host and PID hashes tell them apart. A crc of the three, each "" where unreadable."""
+    parts = []
+    for read in (lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
+                 lambda: str(os.stat("/dev/shm").st_dev), lambda: os.readlink("/proc/self/ns/pid")):
+        try:
+            parts.append(read())
+        except OSError:
+            parts.append("")
+    return f"{zlib.crc32('|'.join(parts).encode()):08x}"
+
+
+def host_identities(peers_info: list[dict]) -> list[str]:
+    """Each member's host as the group uses it (which transport, whose pids to watch, which
+    node): its host name, qualified with its machine key when that differs from the key of
+    the first member of that name (so two containers of one host name, in PID namespaces of
+    their own, are two hosts that talk over the network). The same list on every member."""
+    first = {}
+    for p in peers_info:
+        first.setdefault(p["host"], p.get("machine"))
+    return [p["host"] if p.get("machine") == first[p["host"]] else f"{p['host']} [{p.get('machine')}]"
+            for p in peers_info]
+
+
 def _group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) | (len(name) << 32)
 
@@ -319,7 +347,8 @@ class Group(HangDiagnosis):
             _forced_bind_addr()
         except GroupError as e:
             placement, placement_error = None, placement_error or e
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "cpus": _cpus(), "frame_bytes": self.frame_bytes}
+        me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
+              "frame_bytes": self.frame_bytes}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
@@ -342,10 +371,11 @@ class Group(HangDiagnosis):
             raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on "
                              f"NEURON_DIST_FRAME_BYTES (" + ", ".join(f"rank {r}: {f}" for r, f in enumerate(frames))
                              + "); set it alike on every rank")
-        self.hosts = [p["host"] for p in self.peers_info]
+        self.hosts = host_identities(self.peers_info)
+        host = self.hosts[rank]
         self.topology, self.order = self._build_topology()
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
-        local_cpus = {c for p in self.peers_info if p["host"] == me["host"]
+        local_cpus = {c for p, h in zip(self.peers_info, self.hosts) if h == host
                       for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
         try:  # only a job that spans hosts listens on TCP (one host: shm or IPC)
             bind_addr = self._job_addr(me, store) if len(set(self.hosts)) > 1 else "127.0.0.1"
@@ -354,11 +384,11 @@ class Group(HangDiagnosis):
             transport_select.publish_failure(store, rank, str(err))  # would wait to connect to us
             raise err from None
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
-                               hostname=me["host"], hosts=self.hosts, bind_addr=bind_addr,
+                               hostname=host, hosts=self.hosts, bind_addr=bind_addr,
                                job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
-        self._deaths = DeathWatch(self, me["host"])
+        self._deaths = DeathWatch(self, host)
         # -- the engine ------------------------------------------------------------------------
         self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
         self._cv = threading.Condition(self._mu)
@@ -848,6 +878,8 @@ class Group(HangDiagnosis):
             store.set(f"addr/{self.rank}", addr)
         if forced or not _is_loopback(addr):
             return addr
+        if all(p["host"] == me["host"] for p in self.peers_info):  # one machine, its "hosts" namespaces
+            return addr                                          # of it that reached the store on loopback
         for r, p in enumerate(self.peers_info):
             if p["host"] == me["host"]:
                 continue

@@ -455,6 +455,33 @@ def test_typed_payloads_any_frame_size(monkeypatch):
         b.close()
 
 
+def test_ranks_of_one_host_name_in_other_namespaces_are_other_hosts(monkeypatch):
+    """Two containers on one host network (one host name) with PID namespaces of their own:
+    shared memory between them watched pids that meant other processes (rank 1 failed every
+    call at once, "rank 0 (pid N) exited"; rank 0 watched pid 1). A member whose machine key
+    (boot, /dev/shm's file system, PID namespace) differs from the first of its host name's is
+    another host: zmq between them, no pid watched. Checked end to end under `unshare --pid`
+    in stop 47's review (RESULTS.md)."""
+    from neuron_dist import group as group_mod
+    info = [{"host": "a", "machine": "k1"}, {"host": "a", "machine": "k1"}, {"host": "a", "machine": "k2"},
+            {"host": "b", "machine": "k3"}, {"host": "b", "machine": "k3"}]
+    hosts = group_mod.host_identities(info)
+    assert hosts == ["a", "a", "a [k2]", "b", "b"]
+    assert group_mod.host_identities([{"host": "a"}, {"host": "a"}]) == ["a", "a"]  # no keys: one host
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
+    c = ctx(0, 5, dist.HashStore(), "ns", hosts=hosts)
+    c.hostname = hosts[0]
+    assert select.plan(c, "") == {1: "shm", 2: "zmq", 3: "zmq", 4: "zmq"}
+    # the key: the same in one process, another for another PID namespace (or boot, or /dev/shm)
+    key = group_mod._machine_key()
+    assert key == group_mod._machine_key() and len(key) == 8
+    real = os.readlink
+    monkeypatch.setattr(os, "readlink", lambda p: "pid:[1]" if p == "/proc/self/ns/pid" else real(p))
+    assert group_mod._machine_key() != key
+
+
 def test_affinity_published_as_runs(monkeypatch):
     """Each rank publishes the CPUs it may run on as [first, last] runs (every rank reads every
     rank's record at group creation, so it must stay small on a many-core host)."""
