@@ -27,7 +27,7 @@ from .collectives.executor import Execution
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
 from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
-from . import debug
+from . import debug, sparse
 from .group import Group, _dtype_name, coll_log
 from .op import Op
 from .transport.frame import DTYPE_CODE, Kind
@@ -192,7 +192,8 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
     if t.dtype not in DTYPE_CODE:
         raise ValueError(f"[rank {rank}] {what}: dtype {t.dtype} is not supported")
     if t.is_sparse:
-        raise ValueError(f"[rank {rank}] {what}: sparse tensors are not supported")
+        raise ValueError(f"[rank {rank}] {what}: sparse tensors are not supported here (all_reduce takes "
+                         f"one, with SUM)")
     if written and not t.is_contiguous() and any(st == 0 and sz > 1 for st, sz in zip(t.stride(), t.shape)):
         raise ValueError(f"[rank {rank}] {what}: the output tensor (shape {tuple(t.shape)}, strides "
                          f"{t.stride()}) has elements that share memory, as an expand()ed view does; "
@@ -460,7 +461,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # allreduce(tensors, op); a type check, as hasattr would build a ReduceOp to test for one
         if opts is not None and not isinstance(opts, dist.AllreduceOptions):
             opts = _options(dist.AllreduceOptions, reduceOp=opts, timeout=timeout)
-        return self._allreduce_flat([_one(tensors, "allreduce", self.group.rank)], opts, "allreduce")
+        t = _one(tensors, "allreduce", self.group.rank)
+        if isinstance(t, torch.Tensor) and t.is_sparse:
+            return self._allreduce_sparse(t, opts)
+        return self._allreduce_flat([t], opts, "allreduce")
+
+    def _allreduce_sparse(self, t, opts) -> NeuronWork:
+        """A sparse COO tensor (DDP's gradient of a sparse embedding): summed in place by
+        `sparse.allreduce`, SUM only, as Gloo's; the Work returned completes after it."""
+        r = self.group.rank
+        op_name, _ = _reduce_op(opts.reduceOp if opts is not None else _SUM)
+        if op_name != "sum":
+            raise ValueError(f"[rank {r}] allreduce: a sparse tensor reduces with ReduceOp.SUM only (as "
+                             f"with Gloo), not {op_name.upper()}")
+        if not t.is_cpu or t.dtype not in DTYPE_CODE:
+            _check_tensor(t.values(), "allreduce", r)  # its error: the device or dtype
+        sparse.allreduce(self, t)
+        return self._empty_work([t])
 
     def _allreduce_common(self, tensors, opts) -> NeuronWork | None:
         """The common all-reduce, `dist.all_reduce` of one contiguous dense CPU tensor with any op

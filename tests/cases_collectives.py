@@ -1310,3 +1310,74 @@ def waits_sleep_beside_an_early_message(rank, world, late=0.6, bound=0.3):
         dist.all_reduce(torch.ones(4))
     dist.barrier()
     return checks
+
+
+def _sparse_input(rank, rows, dense, dtype, seed):
+    """Rank `rank`'s sparse COO tensor of `rows` rows (each a vector of `dense` values, or a
+    scalar where dense is 0): a random number of non-zeros, zero included, repeats included
+    (uncoalesced), every rank able to regenerate every other rank's."""
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    nnz = int(torch.randint(0, 2 * rows, (1,), generator=g)) if rank % 3 else int(rank == 0) * rows
+    idx = torch.randint(0, rows, (1, nnz), generator=g)
+    shape = (nnz, dense) if dense else (nnz,)
+    vals = torch.randint(-9, 10, shape, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(idx, vals, (rows, dense) if dense else (rows,))
+
+
+def sparse_allreduce(rank, world):
+    """all_reduce of a sparse COO tensor (DDP's gradient of a sparse embedding): summed in place
+    and coalesced, as Gloo does, against Gloo and a dense reference; other ops, and tensors whose
+    layout differs across ranks, are the same clear error on every rank, the group usable after."""
+    checks = 0
+    for seed, (rows, dense, dtype) in enumerate([(7, 0, torch.float32), (50, 4, torch.float32), (9, 3, torch.float64),
+                                                 (30, 2, torch.bfloat16), (12, 0, torch.int64)]):
+        ins = [_sparse_input(r, rows, dense, dtype, seed) for r in range(world)]
+        want = sum(x.to_dense().double() for x in ins).to(dtype)
+        t = ins[rank].clone()
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        assert w.result()[0] is t and t.is_sparse and t.is_coalesced(), (t, w.result())
+        same(t.to_dense(), want, f"sparse all_reduce {dtype} rows={rows} dense={dense}")
+        checks += 1
+        y = ins[rank].clone()
+        if gloo_ran(lambda: dist.all_reduce(y, group=R.GLOO)):
+            same(t.to_dense(), y.to_dense(), f"sparse all_reduce vs gloo {dtype}")
+            assert torch.equal(t.coalesce().indices(), y.coalesce().indices())
+            checks += 1
+    bad = [(lambda: dist.all_reduce(_sparse_input(rank, 5, 0, torch.float32, 0), op=dist.ReduceOp.MAX)),
+           (lambda: dist.all_reduce(_sparse_input(rank, 5 + (rank == world - 1), 0, torch.float32, 0)))]
+    for k, call in enumerate(bad[:2 if world > 1 else 1]):
+        try:
+            call()
+        except ValueError as e:
+            assert f"[rank {rank}]" in str(e) and ("SUM only" if k == 0 else "sparse tensors differ") in str(e), e
+            checks += 1
+        else:
+            raise AssertionError(f"a bad sparse all_reduce did not raise ({k})")
+    x = torch.ones(3)
+    dist.all_reduce(x)  # the group is still in step
+    same(x, torch.full((3,), float(world)), "all_reduce after the sparse errors")
+    return checks
+
+
+def ddp_sparse_embedding(rank, world, steps=3):
+    """DDP over a model with a sparse embedding (its gradient a sparse tensor DDP all-reduces)
+    and a dense layer, against the same training on Gloo: the same parameters after each step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    params = {}
+    for name, group in (("neuron", None), ("gloo", R.GLOO)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(40, 6, sparse=True), torch.nn.Linear(6, 2))
+        ddp = DDP(model, process_group=group)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            ids = torch.randint(0, 40, (8,), generator=g)
+            opt.zero_grad()
+            ddp(ids).square().sum().backward()
+            assert model[0].weight.grad.is_sparse
+            opt.step()
+        params[name] = [p.detach().clone() for p in model.parameters()]
+    for a, b in zip(params["neuron"], params["gloo"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return len(params["neuron"])

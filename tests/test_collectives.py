@@ -7,7 +7,8 @@ CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "common_pa
          "allgather_coalesced", "reduce_scatter", "reduce_scatter_coalesced", "broadcast", "reduce",
          "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh",
          "in_place", "autograd_tensors", "call_forms", "move_only_dtypes", "no_reference_cycles",
-         "lent_frames", "lent_reductions", "kept_scratch", "groups_on_threads"]
+         "lent_frames", "lent_reductions", "kept_scratch", "groups_on_threads", "sparse_allreduce",
+         "ddp_sparse_embedding"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
