@@ -567,10 +567,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):  # broadcast(tensor, root)
             tensors, opts = [tensors], _options(dist.BroadcastOptions, rootRank=opts, timeout=timeout)
         t = _one(tensors, "broadcast", self._r)
-        _check_tensor(t, "broadcast", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "broadcast")
+        sends = self.group.rank == root  # the root's tensor is only read (an expand()ed one will do)
+        _check_tensor(t, "broadcast", self._r, written=not sends)
         buf = _flat(t)
-        after = None if buf.data_ptr() == t.data_ptr() or t.numel() == 0 else (lambda: t.copy_(buf.view_as(t)))
+        after = None if sends or buf.data_ptr() == t.data_ptr() or t.numel() == 0 else \
+            (lambda: t.copy_(buf.view_as(t)))
         return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
                                 t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
@@ -865,8 +867,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if isinstance(tensors, torch.Tensor):  # reduce(tensor, root, op)
             tensors, opts = [tensors], _options(dist.ReduceOptions, rootRank=opts, reduceOp=op, timeout=timeout)
         t = _one(tensors, "reduce", self._r)
-        _check_tensor(t, "reduce", self._r, written=True)
         root = self._root(opts.rootRank if opts is not None else 0, "reduce")
+        _check_tensor(t, "reduce", self._r, written=self.group.rank == root)  # others only read theirs
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
         _check_op(op_name, t.dtype, "reduce", self._r)
         buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * _factor_for(factor, t.dtype)

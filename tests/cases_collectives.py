@@ -1381,3 +1381,24 @@ def ddp_sparse_embedding(rank, world, steps=3):
     for a, b in zip(params["neuron"], params["gloo"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     return len(params["neuron"])
+
+
+def read_only_expanded_inputs(rank, world):
+    """A tensor a call only reads may be an expand()ed view (elements sharing memory): a
+    broadcast's root tensor, a reduce's input on ranks other than the root. They were refused
+    as if written ("the output tensor ... has elements that share memory"), on that rank only,
+    so the peers failed at their next call; Gloo takes them (and there returns garbage on the
+    receiving ranks). Results against the reference (a written expanded tensor stays an error:
+    cases_faults.misuse_invalid)."""
+    checks = 0
+    for root in range(world):
+        t = torch.tensor([float(root + 5)]).expand(6) if rank == root else torch.zeros(6)
+        dist.broadcast(t, src=root)
+        same(t.contiguous(), torch.full((6,), float(root + 5)), f"broadcast from an expanded root {root}")
+        t = torch.zeros(6) if rank == root else torch.tensor([float(rank + 1)]).expand(6)
+        dist.reduce(t, dst=root)
+        if rank == root:
+            same(t, torch.full((6,), float(sum(r + 1 for r in range(world) if r != root))),
+                 f"reduce with expanded inputs to root {root}")
+        checks += 2
+    return checks

@@ -8,7 +8,7 @@ CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "common_pa
          "gather_scatter", "alltoall", "p2p", "object_collectives", "subgroups", "device_mesh",
          "in_place", "autograd_tensors", "call_forms", "move_only_dtypes", "no_reference_cycles",
          "lent_frames", "lent_reductions", "kept_scratch", "groups_on_threads", "sparse_allreduce",
-         "ddp_sparse_embedding"]
+         "ddp_sparse_embedding", "read_only_expanded_inputs"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
