@@ -290,6 +290,14 @@ def async_ops(rank, world):
     for x, w in zip(xs, wants):
         same(x, w, "async all_reduce")
     assert all(w.is_completed() and w.is_success() for w in works)
+    # polled to completion (is_completed in a loop, never wait): the poll yields the GIL the
+    # engine needs (RESULTS.md "Thirty-ninth pass": 60-190 ms to 6-8 ms at 16 MiB)
+    big = values(rank, 1 << 20, torch.float32, "sum", 8)
+    w = dist.all_reduce(big, async_op=True)
+    while not w.is_completed():
+        pass
+    same(big, reference([values(r, 1 << 20, torch.float32, "sum", 8) for r in range(world)], "sum", torch.float32),
+         "async all_reduce polled to completion")
     # a future asked for only after the op finished (it is made lazily) still holds the outputs
     late = works[0].get_future().wait()
     assert isinstance(late, list) and late[0] is xs[0], "a late future must hold the output tensors"
