@@ -180,13 +180,15 @@ def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: d
     if args.explicit("nnodes"):
         lo, hi = parse_nnodes(values["nnodes"])
         if not lo <= sched.nnodes <= hi:
-            raise ConfigError(f"--nnodes {values['nnodes']} conflicts with {sched.name}'s {sched.nnodes} nodes")
+            raise ConfigError(f"--nnodes {values['nnodes']} conflicts with {sched.name}'s {sched.nnodes} nodes; drop "
+                              f"--nnodes, or pass --scheduler none to ignore {sched.name}'s values")
     else:
         values["nnodes"] = str(sched.nnodes)
     if args.explicit("node_rank"):
         if values["node_rank"] != sched.node_rank:
             raise ConfigError(f"--node-rank {values['node_rank']} conflicts with {sched.name}'s node rank "
-                              f"{sched.node_rank}; drop --node-rank")
+                              f"{sched.node_rank}; drop --node-rank, or pass --scheduler none to ignore "
+                              f"{sched.name}'s values")
     else:
         values["node_rank"] = sched.node_rank
     if not args.explicit("master_addr"):

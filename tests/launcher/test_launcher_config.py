@@ -134,7 +134,7 @@ def test_under_srun_nothing_is_hand_computed():
     assert cfg("--master-addr", "trn07-ib", "t.py", **SRUN).rdzv_endpoint == "trn07-ib:29500"
     with pytest.raises(ConfigError, match="--node-rank 0 conflicts with slurm's node rank 1"):
         cfg("--node-rank", "0", "t.py", **SRUN)
-    with pytest.raises(ConfigError, match="conflicts with slurm's 2 nodes"):
+    with pytest.raises(ConfigError, match="conflicts with slurm's 2 nodes; drop --nnodes, or pass --scheduler none"):
         cfg("--nnodes", "3", "t.py", **SRUN)
     assert cfg("--scheduler", "none", "t.py", **SRUN).max_nodes == 1
 
