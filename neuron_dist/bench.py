@@ -182,6 +182,13 @@ class Case:
             self.x.zero_()
 
 
+def _lnc() -> int | None:
+    """The logical-core setting the ranks run with (NEURON_LOGICAL_NC_CONFIG, as the backend
+    places them), else None: the instance's default."""
+    v = (os.environ.get("NEURON_LOGICAL_NC_CONFIG") or "").strip()
+    return int(v) if v.isdigit() else None
+
+
 def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
     """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
     predicted to take no time (one rank moves nothing: no bandwidth to divide by). The algorithm
@@ -192,7 +199,7 @@ def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float
     try:
         from .topology import estimate, place
         from .topology.select import ENV_ALGO, backend_choose, backend_forced
-        topo = place(instance, 1, n)
+        topo = place(instance, 1, n, lnc=_lnc())
         algo = backend_choose(op, nbytes, topo, backend_forced(os.environ.get(ENV_ALGO)))
         t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
@@ -460,11 +467,16 @@ def check(p: argparse.ArgumentParser, a) -> None:
         backend_forced(os.environ.get(ENV_ALGO))
     except ValueError as e:
         p.error(str(e))
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    from .topology import place, placement_from_env
+    if not launched:  # the ranks this command starts place themselves as the backend does (the
+        try:          # modelled instance, NEURON_LOGICAL_NC_CONFIG): the last one, on one node
+            placement_from_env(os.environ, a.world - 1, a.world, a.world - 1, a.world)
+        except ValueError as e:
+            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {e}")
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
-        from .topology import place
-        launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
         try:
-            place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world)
+            place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world, lnc=_lnc())
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

@@ -85,6 +85,29 @@ def test_bench_model_follows_the_backends_environment(monkeypatch, capsys):
     assert e.value.code == 2 and "NEURON_DIST_ALGO='broadcast:ring'" in capsys.readouterr().err
 
 
+def test_bench_places_its_ranks_as_the_backend_does(monkeypatch, capsys):
+    """The ranks the bench starts place themselves from NEURON_DIST_INSTANCE and
+    NEURON_LOGICAL_NC_CONFIG, whatever --instance models: 65 ranks on trn2.48xlarge at its
+    default LNC=2 (64 cores) are a usage error even with the model column off (it was 65
+    tracebacks), and NEURON_LOGICAL_NC_CONFIG=1 (128 cores) both admits them and places the
+    model column's ranks as the backend does (it modelled LNC=2 whatever the setting)."""
+    monkeypatch.delenv("NEURON_DIST_INSTANCE", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(SystemExit) as e:
+        _check(["-g", "65", "--instance", ""])
+    assert e.value.code == 2 and "-g/--world 65: the ranks cannot place themselves" in capsys.readouterr().err
+    lnc2 = bench.model_busbw("allreduce", 64 << 20, 8, "trn2.48xlarge")
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    _check(["-g", "65", "--instance", ""])
+    _check(["-g", "65"])
+    lnc1 = bench.model_busbw("allreduce", 64 << 20, 8, "trn2.48xlarge")
+    from neuron_dist.topology import estimate, place
+    topo = place("trn2.48xlarge", 1, 8, lnc=1)
+    assert lnc1 != lnc2 and lnc1[1] == pytest.approx((64 << 20) / estimate("allreduce", lnc1[0], 64 << 20, topo)
+                                                     / 1e9 * 2 * 7 / 8)
+
+
 @pytest.mark.parametrize("size", ["inf", "-inf", "nan", "0.5", "1.3", "1.3K"])
 def test_sizes_are_whole_finite_bytes(size, capsys):
     """'inf' was an OverflowError traceback (argparse turns only ValueError into a usage error),
