@@ -6,6 +6,7 @@ dimension-order routing on a torus (shortest way round each wrapped dimension, t
   ("nl", node, chip_a, chip_b)    - one direction of a NeuronLink between neighbouring chips
   ("z", node_a, node_b, chip)     - one direction of a NeuronLink between nodes of one domain
   ("port_out"/"port_in", node, chip) - a chip's switch port (switched fabric)
+  ("xport_out"/"xport_in", node, chip) - a chip's port to the other nodes of its switched domain
   ("efa_out"/"efa_in", node)      - a node's network bandwidth, all NICs together
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ def link_bandwidth(inst: InstanceModel, link: tuple) -> float:
         return inst.intra_chip_bandwidth or inst.hbm_bandwidth / 2
     if kind == "nl" or kind in ("port_out", "port_in"):
         return inst.link_bandwidth
-    if kind == "z":
+    if kind in ("z", "xport_out", "xport_in"):
         return inst.domain_link_bandwidth
     if kind in ("efa_out", "efa_in"):
         return inst.efa_bandwidth
@@ -61,6 +62,8 @@ def route(inst: InstanceModel, a: Place, b: Place) -> tuple[tuple[tuple, ...], f
     if a == b:
         return (("hbm", na, ca),), inst.link_latency
     D = inst.domain_nodes
+    if na != nb and D > 1 and na // D == nb // D and inst.graph == "switch":  # across a switched domain
+        return (("xport_out", na, ca), ("xport_in", nb, cb)), 2 * inst.link_latency
     if na == nb or (D > 1 and na // D == nb // D):
         links = []
         if ca != cb:
@@ -97,6 +100,8 @@ def link_kind(topo: GroupTopology, a: int, b: int) -> str | None:
         return "network"
     if len(links) == 1:
         return "domain" if links[0][0] == "z" else "link"
+    if links[0][0] == "xport_out":
+        return "domain"
     if inst.graph == "switch" and len(links) == 2:
         return "link"
     return None

@@ -12,8 +12,10 @@ Chip graph: `graph` is one of
   "switch" - every chip reaches every other through a switch port of `link_bandwidth` (Trn3).
   "single" - one chip, no chip-to-chip links (trn1.2xlarge).
 `domain_nodes` > 1 means that many consecutive nodes (instances) are joined by NeuronLink into one
-larger torus (Trn2 UltraServer: 4 nodes, chips at the same (x, y) form a ring across the nodes,
-each hop a link of `domain_link_bandwidth`). Nodes outside one domain talk over EFA.
+domain: on a torus, one larger torus (Trn2 UltraServer: 4 nodes, chips at the same (x, y) form a
+ring across the nodes, each hop a link of `domain_link_bandwidth`); on a switch, one switched
+fabric (Trn3 UltraServer: each chip's port to the other servers carries `domain_link_bandwidth`).
+Nodes outside one domain talk over EFA.
 
 A user describes an unknown instance in a small JSON or TOML file holding the same field names
 (`load_instance(path)`), or builds an `InstanceModel` directly, and `register_instance`s it.
@@ -154,8 +156,8 @@ class InstanceModel:
             bad("graph 'single' means one chip")
         if self.domain_nodes < 1:
             bad("domain_nodes must be >= 1")
-        if self.domain_nodes > 1 and (self.graph != "torus" or self.domain_link_bandwidth <= 0):
-            bad("a multi-node NeuronLink domain needs a torus graph and domain_link_bandwidth")
+        if self.domain_nodes > 1 and (self.graph not in ("torus", "switch") or self.domain_link_bandwidth <= 0):
+            bad("a multi-node NeuronLink domain needs a torus or switch graph and domain_link_bandwidth")
 
     # ---- cores -------------------------------------------------------------------------------
     def check_lnc(self, lnc: int | None) -> int:
@@ -345,12 +347,14 @@ _add(InstanceModel(
 _add(InstanceModel(
     name="trn3", chips=4, physical_cores_per_chip=8, default_lnc=2, supported_lnc=(1, 2),
     graph="switch", link_bandwidth=128 * GB, link_latency=_HOP,
+    domain_nodes=16, domain_link_bandwidth=160 * GB,
     hbm_bandwidth=4.9e12, hbm_bytes=144 * GiB,
     efa_bandwidth=12.8e12 / 8 / 16, efa_latency=_EFA_LAT, multi_node=True,
     notes="Trn3 UltraServer: NeuronSwitch-v1 all-to-all fabric, not a torus. AWS gives per-chip "
           "and per-UltraServer figures, not a per-node chip count; the model takes a node of 4 "
-          "chips (Gen1: 16 nodes = 64 chips) and treats the in-server switch bandwidth as each "
-          "chip's port. Cross-server traffic (320 GB/s per chip) is modelled as EFA.",
+          "chips (Gen1: 16 nodes = 64 chips, one UltraServer: nodes 16k..16k+15 of a job), "
+          "each chip with a switch port in its server and one to the other servers of its "
+          "UltraServer (320 GB/s per chip bidirectional); UltraServers talk over EFA.",
     sources={
         "chips": "assumption: 4 chips per node (not published per node; 64 chips per Gen1 "
                  "UltraServer, trn3-arch.rst)",
@@ -363,6 +367,9 @@ _add(InstanceModel(
         "link_latency": _HOP_SRC + " (trn2 figure reused; no trn3 figure published)",
         "hbm_bandwidth": _ARCH + "trainium3.rst: 144 GiB at 4.9 TB/s per chip",
         "hbm_bytes": _ARCH + "trainium3.rst",
+        "domain_nodes": "assumption: a Gen1 UltraServer's 64 chips (trn3-arch.rst) as 16 nodes of 4",
+        "domain_link_bandwidth": "derived: 320 GB/s per chip bidirectional between servers "
+                                 "(trn3-arch.rst) / 2 = 160 GB/s per direction",
         "efa_bandwidth": "derived: 12.8 Tbps per Gen1 UltraServer (trn3-arch.rst) / 16 nodes",
         "efa_latency": _EFA_LAT_SRC + " (trn2 figure reused)",
     }))

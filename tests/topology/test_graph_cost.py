@@ -206,3 +206,25 @@ def test_cli_runs_as_module():
     r = subprocess.run([sys.executable, "-m", "neuron_dist.topology", "list"],
                        capture_output=True, text=True, check=True)
     assert "trn2.48xlarge" in r.stdout
+
+
+def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa():
+    """trainium-topology.md: Trn3's NeuronSwitch carries 320 GB/s per chip (bidirectional)
+    between the servers of an UltraServer. The model sent that traffic over EFA (12.8 Tbps per
+    UltraServer over 16 nodes: 25 GB/s per chip), so two nodes of one UltraServer were predicted
+    to all-reduce slower than one (80 against 126 GB/s busbw at 1 GiB). Nodes of one UltraServer
+    (16 of 4 chips) now meet through each chip's port to the other servers, 160 GB/s per
+    direction; UltraServers still meet over EFA."""
+    inst = get_instance("trn3")
+    links, _ = route(inst, (0, 1), (1, 2))
+    assert [l[0] for l in links] == ["xport_out", "xport_in"]
+    assert {inst.domain_link_bandwidth} == {160e9}
+    assert [l[0] for l in route(inst, (15, 0), (16, 0))[0]] == ["efa_out", "efa_in"]
+    two = place("trn3", 2, 16)
+    assert link_kind(two, 0, 16) == "domain"
+    G = 1 << 30
+    one = place("trn3", 1, 16)
+    busbw = lambda topo, n: G / estimate("allreduce", choose("allreduce", G, topo), G, topo) * 2 * (n - 1) / n / 1e9
+    efa_only = 12.8e12 / 8 / 16 / 4 / 1e9  # what one chip's share of EFA carries, GB/s per direction
+    assert busbw(two, 32) > 2 * efa_only * 1.5  # no longer bound by EFA
+    assert busbw(place("trn3", 32, 16), 512) < busbw(two, 32)  # across UltraServers: EFA again
