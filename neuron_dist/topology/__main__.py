@@ -61,7 +61,8 @@ def cmd_show(args) -> int:
     graph = inst.graph + (f" {'x'.join(map(str, inst.torus_dims))} wrap={list(inst.torus_wrap)}"
                           if inst.torus_dims else "")
     if inst.domain_nodes > 1:
-        graph += f", {inst.domain_nodes} nodes per NeuronLink domain (3D torus)"
+        graph += f", {inst.domain_nodes} nodes per NeuronLink domain " + \
+            ("(3D torus)" if inst.graph == "torus" else "(one switched fabric)")
     p(f"  chip graph: {graph}; {inst.links_per_chip()} links per chip")
     for name in ("link_bandwidth", "domain_link_bandwidth", "hbm_bandwidth", "efa_bandwidth"):
         v = getattr(inst, name)
