@@ -138,7 +138,8 @@ class MpiTransport(Transport):
     def release(self, peer):
         q = self.inbox[peer]
         if q and q[0][2] is None:
-            q.popleft()
+            if self._told.get(peer) is q.popleft():  # (its buffer is not kept for the next wait)
+                del self._told[peer]
 
     def wait(self, timeout):
         """Poll with a growing sleep (MPI has no portable blocking wait on any of many sources
