@@ -482,7 +482,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"[rank {r}] allreduce: a sparse tensor reduces with ReduceOp.SUM only (as "
                              f"with Gloo), not {op_name.upper()}")
         if not t.is_cpu or t.dtype not in DTYPE_CODE:
-            _check_tensor(t.values(), "allreduce", r)  # its error: the device or dtype
+            _check_tensor(t._values(), "allreduce", r)  # its error: the device or dtype (coalesced or not)
+        _check_op("sum", t.dtype, "allreduce", r)  # (a dtype only moved bit for bit: float8, uint16, ...)
         sparse.allreduce(self, t)
         return self._empty_work([t])
 

@@ -1352,16 +1352,19 @@ def sparse_allreduce(rank, world):
             same(t.to_dense(), y.to_dense(), f"sparse all_reduce vs gloo {dtype}")
             assert torch.equal(t.coalesce().indices(), y.coalesce().indices())
             checks += 1
-    bad = [(lambda: dist.all_reduce(_sparse_input(rank, 5, 0, torch.float32, 0), op=dist.ReduceOp.MAX)),
-           (lambda: dist.all_reduce(_sparse_input(rank, 5 + (rank == world - 1), 0, torch.float32, 0)))]
-    for k, call in enumerate(bad[:2 if world > 1 else 1]):
+    uncoalesced = torch.sparse_coo_tensor(torch.tensor([[0, 0]]), torch.ones(2).to(torch.float8_e4m3fn), (3,))
+    bad = [(lambda: dist.all_reduce(_sparse_input(rank, 5, 0, torch.float32, 0), op=dist.ReduceOp.MAX), "SUM only"),
+           (lambda: dist.all_reduce(uncoalesced), "float8_e4m3fn"),
+           (lambda: dist.all_reduce(_sparse_input(rank, 5 + (rank == world - 1), 0, torch.float32, 0)),
+            "sparse tensors differ")]
+    for call, why in bad[:3 if world > 1 else 2]:
         try:
             call()
         except ValueError as e:
-            assert f"[rank {rank}]" in str(e) and ("SUM only" if k == 0 else "sparse tensors differ") in str(e), e
+            assert f"[rank {rank}]" in str(e) and why in str(e), e
             checks += 1
         else:
-            raise AssertionError(f"a bad sparse all_reduce did not raise ({k})")
+            raise AssertionError(f"a bad sparse all_reduce did not raise ({why})")
     x = torch.ones(3)
     dist.all_reduce(x)  # the group is still in step
     same(x, torch.full((3,), float(world)), "all_reduce after the sparse errors")
