@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from .transport.frame import DTYPE_CODE
+from .transport.frame import CODE_DTYPE, DTYPE_CODE
 
 MAX_DIMS = 16  # dimensions a sparse tensor's layout record holds
-_CODE_OF = {dtype: code for code, dtype in enumerate(sorted(DTYPE_CODE, key=str))}
 
 
 def layout_record(t: torch.Tensor) -> torch.Tensor:
     """nnz, sparse dims, dense dims, dtype code, dimensions, then the shape padded with -1."""
     shape = list(t.shape)
-    return torch.tensor([t._nnz(), t.sparse_dim(), t.dense_dim(), _CODE_OF[t.dtype], len(shape)]
+    return torch.tensor([t._nnz(), t.sparse_dim(), t.dense_dim(), DTYPE_CODE[t.dtype], len(shape)]
                         + shape + [-1] * (MAX_DIMS - len(shape)), dtype=torch.int64)
 
 
@@ -29,8 +28,7 @@ def check_layouts(records: list[torch.Tensor], rank: int, what: str) -> list[int
     every rank, from the same records)."""
     def described(r):
         v = records[r].tolist()
-        dtype = next(d for d, c in _CODE_OF.items() if c == v[3])
-        return f"shape {tuple(v[5:5 + v[4]])}, {v[1]} sparse and {v[2]} dense dims, {dtype}"
+        return f"shape {tuple(v[5:5 + v[4]])}, {v[1]} sparse and {v[2]} dense dims, {CODE_DTYPE[v[3]]}"
     mine = records[rank][1:]
     differ = [r for r in range(len(records)) if not torch.equal(records[r][1:], mine)]
     if differ:
