@@ -708,25 +708,22 @@ class Group(HangDiagnosis):
         seen = self._gone_seen[p]
         earlier = sorted((t, q) for q, t in self._gone_seen.items() if q != p and t < seen)
         for _, q in earlier:
-            try:
-                first = self.transport.check_peer(q) if not self.transport.peer_finished(q) else None
-            except Exception:  # noqa: BLE001 - a broken channel tells nothing more
-                first = None
+            first = self._gone_now(q)
             if first:
                 return f"{self._who(q)} is gone: {first}; then {self._who(p)}: {reason}"
         # none seen to go before `p`: a member that went first may not have been looked at yet
         # (its messenger's failure flag seen first, its ABORT lost to a full ring), so say
         # which others are gone now
-        also = []
-        for q in range(self.size):
-            if q not in (self.rank, p):
-                try:
-                    gone = self.transport.check_peer(q) if not self.transport.peer_finished(q) else None
-                except Exception:  # noqa: BLE001 - a broken channel tells nothing more
-                    gone = None
-                if gone:
-                    also.append(f"{self._who(q)} is gone too: {gone}")
+        also = [f"{self._who(q)} is gone too: {gone}" for q in range(self.size)
+                if q not in (self.rank, p) and (gone := self._gone_now(q))]
         return "; ".join([f"{self._who(p)} is gone: {reason}"] + also)
+
+    def _gone_now(self, q: int) -> str | None:
+        """The transport's reason for member `q` being gone now, unless it closed in order."""
+        try:
+            return self.transport.check_peer(q) if not self.transport.peer_finished(q) else None
+        except Exception:  # noqa: BLE001 - a broken channel tells nothing more
+            return None
 
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: _Waiting) -> None:
         from .transport.base import PeerGone
@@ -772,28 +769,24 @@ class Group(HangDiagnosis):
         own failure): under the drive lock, so that its frames never interleave with a send the
         engine or a caller's fast path is making (two threads taking one ring slot, or one zmq
         socket). A driver that keeps the lock past a second leaves the peers the failure flag."""
-        if self._drive.acquire(timeout=1.0):
-            try:
-                self._send_abort(reason)
-            finally:
-                self._drive.release()
-            return
-        self._abort_sent = True
+        locked = self._drive.acquire(timeout=1.0)
         try:
-            self.transport.mark_failed()
-        except Exception as e:  # noqa: BLE001 - best effort
-            coll_log.debug("rank %d: failure flag not set: %s", self.rank, e)
+            self._send_abort(reason, frames=locked)
+        finally:
+            if locked:
+                self._drive.release()
 
-    def _send_abort(self, reason: str) -> None:
+    def _send_abort(self, reason: str, frames: bool = True) -> None:
         """Tell every peer this rank's copy of the group is dead, so a peer waiting on us fails
-        now with our cause instead of at its time-out. Best effort: a peer may be gone too."""
+        now with our cause instead of at its time-out. Best effort: a peer may be gone too.
+        `frames` False: the failure flag alone (the caller could not take the drive lock)."""
         if self._abort_sent:
             return
         self._abort_sent = True
         from .transport.frame import MAX_ABORT_BYTES, Header
         msg = reason.encode("utf-8", "replace")[:MAX_ABORT_BYTES]
         payload = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else torch.empty(0, dtype=torch.uint8)
-        for p in range(self.size):
+        for p in range(self.size if frames else 0):
             if p == self.rank:
                 continue
             h = Header(int(Kind.ABORT), 0, self.token, self.group_id, max(self._seq - 1, 0), self.rank, p, 0, 0,
