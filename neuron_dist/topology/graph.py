@@ -62,9 +62,10 @@ def route(inst: InstanceModel, a: Place, b: Place) -> tuple[tuple[tuple, ...], f
     if a == b:
         return (("hbm", na, ca),), inst.link_latency
     D = inst.domain_nodes
-    if na != nb and D > 1 and na // D == nb // D and inst.graph == "switch":  # across a switched domain
+    one_domain = D > 1 and na // D == nb // D
+    if na != nb and one_domain and inst.graph == "switch":  # across a switched domain
         return (("xport_out", na, ca), ("xport_in", nb, cb)), 2 * inst.link_latency
-    if na == nb or (D > 1 and na // D == nb // D):
+    if na == nb or one_domain:
         links = []
         if ca != cb:
             if inst.graph == "switch":
