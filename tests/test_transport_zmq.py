@@ -210,3 +210,37 @@ def test_a_peer_record_zmq_cannot_connect_to_is_a_clear_error_at_once(caplog):
             zmq_transport.ZmqTransport(ctx)
     assert time.monotonic() - t0 < 3.0 and zmq_transport._CONTEXT is None
     assert not [r for r in caplog.records if "did not end" in r.getMessage()], caplog.text
+
+
+def test_a_process_holds_as_many_zmq_groups_as_its_descriptors_allow():
+    """libzmq's default budget of 1023 sockets per context let a process hold only ~255 open
+    two-rank groups over zmq (1 + 3 sockets per peer each; Gloo holds 600 and more), the next
+    `new_group` failing with a bare "Too many open files" with thousands of descriptors spare.
+    The context's budget is now the descriptor limit: 300 transports (1,200 sockets) are made."""
+    from pool import run_scripts
+    (code, out), = run_scripts("zmq_socket_budget.py", [[]], timeout=120)
+    assert code == 0 and "built 300" in out and "context ended: True" in out, out[-3000:]
+
+
+def test_a_socket_the_process_cannot_make_is_a_clear_error_its_peers_see(monkeypatch):
+    """Past the descriptor limit, set-up failed with a bare ZMQError that named no rank, and the
+    peers waited for this rank's record until the store's time-out: now a TransportError naming
+    the rank, the cause and the limit, published as the rank's record."""
+    import errno
+    import json
+    from datetime import timedelta
+    import torch.distributed as dist
+    from neuron_dist.transport import zmq_transport
+    from neuron_dist.transport.base import TransportContext
+
+    def no_more(self, *args):
+        raise zmq.ZMQError(errno.EMFILE)
+    monkeypatch.setattr(zmq_transport.ZmqTransport, "_setup", no_more)
+    store = dist.HashStore()
+    ctx = TransportContext(rank=3, size=4, store=store, token=TOKEN, timeout=timedelta(seconds=10),
+                           hostname="h", bind_addr="127.0.0.1", hosts=["h"] * 4, job_id="nomore")
+    with pytest.raises(TransportError, match=r"rank 3: cannot set up zmq sockets for 3 peers \(Too many open "
+                                             r"files\); .* \(ulimit -n \d+\)"):
+        zmq_transport.ZmqTransport(ctx)
+    assert "rank 3: cannot set up zmq sockets" in json.loads(store.get("zmq/3"))["error"]
+    assert zmq_transport._CONTEXT is None

@@ -19,9 +19,11 @@ when the last transport closes, so a destroyed process group leaves no socket or
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import logging
 import os
+import resource
 import secrets
 import threading
 import time
@@ -54,11 +56,24 @@ _LOCK = threading.Lock()
 
 
 def context() -> zmq.Context:
-    """One zmq context per process (re-made after fork: a zmq context must not cross a fork)."""
+    """One zmq context per process (re-made after fork: a zmq context must not cross a fork).
+
+    Its socket budget is the process's descriptor limit, not libzmq's default of 1023: a group
+    holds 1 + 3 sockets per zmq peer (a PUSH and a monitor pair each), so at the default a
+    process could keep only ~250 two-rank groups open (Gloo, 600 and more), and a world of a few
+    hundred zmq peers could not make its default group. Each socket costs a descriptor (its
+    mailbox), so the descriptor limit is the real bound, and its error is the one to meet."""
     global _CONTEXT, _CONTEXT_PID, _AUTH, _USERS
     if _CONTEXT is None or _CONTEXT_PID != os.getpid():
         _CONTEXT, _CONTEXT_PID, _AUTH, _USERS = zmq.Context(io_threads=1), os.getpid(), None, 0
+        _CONTEXT.set(zmq.MAX_SOCKETS, _socket_budget(_CONTEXT.get(zmq.SOCKET_LIMIT)))
     return _CONTEXT
+
+
+def _socket_budget(most: int) -> int:
+    """Sockets one context may hold: the soft descriptor limit, within libzmq's `most`."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(1023, min(most if soft == resource.RLIM_INFINITY else soft, most))
 
 
 def _acquire(domain: str, token: int) -> zmq.Context:
@@ -163,6 +178,16 @@ class ZmqTransport(Transport):
         try:
             self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
             self._setup(ctx, zctx, key)
+        except (zmq.ZMQError, OSError) as e:  # a socket or pipe the process could not make: say whose, and why
+            why = f"rank {self.rank}: cannot set up zmq sockets for {len(self.peers)} peers ({e})"
+            if e.errno == errno.EMFILE:
+                why += (f"; each open group holds 1 + 3 per zmq peer, within the process's descriptor limit "
+                        f"(ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): destroy groups no longer "
+                        f"used, or raise the limit")
+            self.closed = False
+            self.close(abort=True)
+            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at the time-out
+            raise TransportError(why) from None
         except BaseException:
             self.closed = False
             self.close(abort=True)
