@@ -34,7 +34,7 @@ from .collectives.executor import (Execution, Mailbox, PairExchange, SingleFrame
                                    execution_plan, one_copied_frame)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
-from .config import env_int
+from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
@@ -285,8 +285,15 @@ _GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that n
 
 
 def _elastic_attempt() -> int:
-    """Which attempt of an elastic job this process belongs to (TORCHELASTIC_RESTART_COUNT, set
-    by torch's agent for every worker; 0 outside torchrun/neuronrun)."""
+    """Which attempt of an elastic job this process belongs to, where that keeps attempts apart:
+    TORCHELASTIC_RESTART_COUNT, set by torch's agent for every worker, when the ranks use the
+    agent's store, which lives on across attempts (TORCHELASTIC_USE_AGENT_STORE). Otherwise 0
+    (outside torchrun/neuronrun, or a store made afresh for each round, as neuronrun asks for
+    with c10d rendezvous over several nodes): there a node's count can differ from another's in
+    one round (a round begun by another node's failure does not raise it), and keys that carried
+    it would keep the round's ranks from meeting."""
+    if env("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return 0
     return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
 
 

@@ -89,3 +89,51 @@ def test_a_restarted_attempt_builds_a_fresh_group(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = sorted(l.split("]: ", 1)[-1] for l in r.stdout.splitlines() if "attempt 1 rank" in l)
     assert lines == ["attempt 1 rank 0 sum 16.0", "attempt 1 rank 1 sum 16.0"], r.stdout[-2000:]
+
+
+NODE_RESTART_JOB = """
+import os, sys, time, torch, torch.distributed as dist, neuron_dist
+flag = sys.argv[1]
+first_round = not os.path.exists(flag)
+dist.init_process_group("neuron")
+t = torch.ones(4)
+dist.all_reduce(t)
+if first_round and dist.get_rank() == 1:
+    open(flag, "w").close()
+    sys.exit(3)  # once in the job, after the group is up: the store holds this round's keys
+if first_round:  # rank 0 idles until its agent restarts it for the new round (a membership change)
+    time.sleep(60)
+dist.all_reduce(t)
+print("round done: rank", dist.get_rank(), "sum", t.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_failing_on_one_node_costs_one_restart_round_not_two():
+    """c10d rendezvous over two nodes, one rank failing once. Its node's restart count rises; the
+    other node's ranks restart for the membership change with their count unchanged. The agents
+    share one store across rounds, so the other node's new ranks met the failed round's keys (the
+    backend's carried the restart count, which now differed), failed on its dead segment ("no
+    shared memory with rank 1"), and spent a restart of their own: a third round, or with no
+    restart left, a failed job. neuronrun now gives each round a fresh store (torch's
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), and the backend keys on the count only where the store
+    is shared."""
+    import tempfile
+    port = free_port()
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "job.py")
+        with open(script, "w") as f:
+            f.write(NODE_RESTART_JOB)
+        cmd = [sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart",
+               "--local-addr", "127.0.0.1", "--max-restarts", "1", "--monitor-interval", "0.1", script,
+               os.path.join(d, "failed-once")]
+        nodes = [subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        outs = [p.communicate(timeout=150) for p in nodes]
+    err = "".join(o[1] for o in outs)
+    assert [p.returncode for p in nodes] == [0, 0], err[-4000:]
+    lines = sorted(l.split("]: ", 1)[-1] for o in outs for l in o[0].splitlines() if "round done" in l)
+    assert lines == ["round done: rank 0 sum 16.0", "round done: rank 1 sum 16.0"], outs
+    failed = [l for l in err.splitlines() if "failed (exitcode" in l]
+    assert len(failed) == 1 and "exitcode: 3" in failed[0], err[-6000:]  # the one deliberate failure only

@@ -27,6 +27,7 @@ from .worker import AGENT_VAR, GROUPS_VAR, start_time
 WORKER = str(Path(__file__).resolve().with_name("worker.py"))
 LINE_PREFIX = "[rank${rank}]: "
 TAIL_LINES = 20
+UNSHARED_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's own switch (dynamic_rendezvous.py)
 
 
 def worker_command(cfg: RunConfig) -> tuple[str, list[str]]:
@@ -198,6 +199,14 @@ def launch(cfg: RunConfig) -> int:
     groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
     os.environ[GROUPS_VAR] = groups_dir
     os.environ[AGENT_VAR] = str(os.getpid())  # the ranks' parent (the trampoline's check)
+    if cfg.rdzv_backend != "static" and cfg.max_nodes > 1:
+        # A fresh store for each round's ranks. torch's agents share the rendezvous store with
+        # the ranks and keep it across rounds, and ranks can tell rounds apart only by their
+        # node's restart count, which a round begun by another node's failure (a membership
+        # change) does not raise: after one rank's failure the other nodes' new ranks met the
+        # failed round's keys (the backend's and torch's own), failed on its dead ranks, and
+        # spent a restart of their own. Unshared, each round's rank 0 hosts a new store.
+        os.environ.setdefault(UNSHARED_STORE_VAR, "1")
     config = launch_config(cfg, own_log_dir)
     config.logs_specs.groups_dir = groups_dir
     try:
@@ -210,7 +219,7 @@ def launch(cfg: RunConfig) -> int:
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.elastic.multiprocessing import tail_log
     from torch.distributed.launcher.api import elastic_launch
 
@@ -235,7 +244,13 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         report.append("neuronrun: job failed; every rank on this node is stopped")
         print("\n".join(report), file=sys.stderr, flush=True)
         return exit_code_of(first)
-    except RendezvousError as err:  # the node holding the rendezvous store went away, or it timed out
+    except RendezvousTimeoutError as err:  # too few nodes came (its text is empty)
+        print(f"neuronrun: the rendezvous timed out ({type(err).__name__}{': ' if str(err) else ''}{err}): fewer "
+              f"than {cfg.min_nodes} node{'s' if cfg.min_nodes > 1 else ''} (--nnodes) joined it within its join "
+              f"time-out (--rdzv-conf join_timeout=SECONDS, 600 by default); every rank on this node is stopped",
+              file=sys.stderr, flush=True)
+        return 1
+    except RendezvousError as err:  # the node holding the rendezvous store went away, or it was closed
         print(f"neuronrun: the rendezvous failed ({type(err).__name__}: {err}); the node that holds its "
               f"store (--rdzv-endpoint) may be gone; every rank on this node is stopped", file=sys.stderr,
               flush=True)

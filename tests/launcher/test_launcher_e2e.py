@@ -173,6 +173,20 @@ def test_the_rank_that_failed_first_is_the_root_cause(job, mode, code, how, othe
     assert_all_gone(piddir, 3)
 
 
+def test_a_rendezvous_that_times_out_says_too_few_nodes_came(job):
+    """torch's RendezvousTimeoutError has no text: neuronrun said "the rendezvous failed
+    (RendezvousTimeoutError: ); the node that holds its store may be gone", where the store was
+    fine and the second node simply never came."""
+    script, piddir = job
+    r = neuronrun(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"127.0.0.1:{free_port()}", "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=2",
+                   str(script), str(piddir), "allreduce"], timeout=60)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "neuronrun: the rendezvous timed out (RendezvousTimeoutError): fewer than 2 nodes (--nnodes) joined " \
+           "it within its join time-out (--rdzv-conf join_timeout=SECONDS" in r.stderr, r.stderr[-3000:]
+    assert "may be gone" not in r.stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_signals_to_neuronrun_leave_no_orphans(job, sig, tmp_path):
     script, piddir = job
