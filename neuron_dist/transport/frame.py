@@ -60,7 +60,7 @@ DTYPES: tuple[torch.dtype, ...] = (
 ) + MOVE_ONLY
 DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
 CODE_DTYPE = {i + 1: d for i, d in enumerate(DTYPES)}
-_ITEMSIZE = {i + 1: torch.empty(0, dtype=d).element_size() for i, d in enumerate(DTYPES)}
+ITEMSIZE = {i + 1: torch.empty(0, dtype=d).element_size() for i, d in enumerate(DTYPES)}
 MAX_ABORT_BYTES = 4096  # an abort frame's cause text, bounded whatever a peer claims
 
 
@@ -147,7 +147,7 @@ def _validated(fields) -> Header:
         raise FrameError(f"unknown dtype code {dtype}")
     if nbytes > MAX_FRAME_BYTES:
         raise FrameError(f"frame claims {nbytes} bytes, above the {MAX_FRAME_BYTES} limit")
-    if dtype and nbytes % _ITEMSIZE[dtype]:
+    if dtype and nbytes % ITEMSIZE[dtype]:
         raise FrameError(f"frame of {CODE_DTYPE[dtype]} claims {nbytes} bytes, not a whole number of elements")
     if kind == Kind.ABORT and nbytes > MAX_ABORT_BYTES:
         raise FrameError(f"abort frame claims {nbytes} bytes, above the {MAX_ABORT_BYTES} limit")

@@ -299,7 +299,14 @@ class ZmqTransport(Transport):
             if body.nbytes != h.nbytes:
                 raise frame.FrameError(f"rank {self.rank}: frame from rank {h.src} announces {h.nbytes} bytes "
                                        f"but carries {body.nbytes}")
-            self.queues[h.src].append((h, tensor_of(body)))
+            payload = tensor_of(body)
+            if h.dtype and payload.data_ptr() % frame.ITEMSIZE[h.dtype]:
+                # zero-copy receives sit where libzmq's decoder put them, at any byte offset (a
+                # few hundred bytes: 4 or 11 past a 16-byte line), and torch's kernels assume an
+                # element's alignment: a complex128 reduction read them with aligned loads and
+                # the rank died on SIGSEGV. Misaligned payloads get an aligned copy of their own.
+                payload = payload.clone()
+            self.queues[h.src].append((h, payload))
             self._arrived += 1
 
     def recv(self, peer):
