@@ -269,3 +269,19 @@ def test_received_payloads_are_aligned_for_their_dtype():
     finally:
         a.close()
         b.close()
+
+
+def test_the_job_token_never_reaches_the_debug_log(caplog):
+    """pyzmq's authenticator logged each accepted connection's PLAIN password, the job token, at
+    debug level (NEURON_DIST_DEBUG=TRANSPORT): "ALLOWED (PLAIN) domain=... password=<token>"."""
+    with caplog.at_level(logging.DEBUG, logger="neuron_dist"):
+        a, b = make_pair("secret")
+        try:
+            assert_delivers(a, b)
+        finally:
+            a.close()
+            b.close()
+    allowed = [r.getMessage() for r in caplog.records if "ALLOWED (PLAIN)" in r.getMessage()]
+    assert allowed, "no accepted connection was logged: the case tests nothing"
+    assert not [m for m in allowed if str(TOKEN) in m], allowed
+    assert all("password=<hidden>" in m for m in allowed), allowed

@@ -76,6 +76,21 @@ def _socket_budget(most: int) -> int:
     return max(1023, min(most if soft == resource.RLIM_INFINITY else soft, most))
 
 
+class _HideSecrets(logging.Filter):
+    """pyzmq's authenticator logs each accepted peer's PLAIN password (our job token) at debug
+    level, which NEURON_DIST_DEBUG=TRANSPORT turns on: logs that users paste into bug reports
+    must not carry it. The record stays, the password masked."""
+
+    def filter(self, record):
+        if isinstance(record.msg, str) and "password=" in record.msg and isinstance(record.args, tuple):
+            record.args = record.args[:-1] + ("<hidden>",)
+        return True
+
+
+_ZAP_LOG = logging.getLogger("neuron_dist.transport.zap")
+_ZAP_LOG.addFilter(_HideSecrets())
+
+
 def _acquire(domain: str, token: int) -> zmq.Context:
     """The context, with the ZAP handler running and accepting `token` for `domain`."""
     global _AUTH, _USERS
@@ -83,7 +98,7 @@ def _acquire(domain: str, token: int) -> zmq.Context:
     with _LOCK:
         ctx = context()
         if _AUTH is None:
-            _AUTH = ThreadAuthenticator(ctx, log=logging.getLogger("neuron_dist.transport.zap"))
+            _AUTH = ThreadAuthenticator(ctx, log=_ZAP_LOG)
             _AUTH.start()
         _AUTH.configure_plain(domain=domain, passwords={USER.decode(): str(token)})
         _USERS += 1
