@@ -324,12 +324,16 @@ class Group(HangDiagnosis):
         self._seq = 0
         t0 = time.perf_counter()
         # -- what this rank can check alone, before any store traffic ------------------------
-        install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
+        # a bad setting is published to the peers below, so they fail with it at once (they
+        # would otherwise wait for this rank's records until the group's time-out)
         from . import debug
-        debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
-        self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
-        self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
-        try:  # a bad placement setting is published to the peers below, so they fail with it at once
+        self.frame_bytes = forced = None
+        try:
+            install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
+            debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
+            self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
+            self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
+            forced = transport_select.settings()  # NEURON_DIST_TRANSPORT and the transports' own
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:
             placement, placement_error = None, e
@@ -355,16 +359,19 @@ class Group(HangDiagnosis):
         except GroupError as e:
             placement, placement_error = None, placement_error or e
         me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
-              "frame_bytes": self.frame_bytes}
+              "frame_bytes": self.frame_bytes, "transport": forced}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
         # every rank cuts messages into frames of this size, and each checks the peer's frames
-        # against its own cut: ranks that differ would fail at their first collective, on sizes
-        frames = [p.get("frame_bytes") for p in self.peers_info]
-        if bad or len(set(frames)) > 1:
+        # against its own cut: ranks that differ would fail at their first collective, on sizes;
+        # ranks that force different transports would each wait for the other's records
+        settings = {var: [p.get(key) for p in self.peers_info]
+                    for var, key in (("NEURON_DIST_FRAME_BYTES", "frame_bytes"), ("NEURON_DIST_TRANSPORT", "transport"))}
+        differ = [var for var, values in settings.items() if len(set(values)) > 1]
+        if bad or differ:
             if rank == 0:  # this process may host the store: stay until every peer has read the records
                 try:
                     store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
@@ -374,9 +381,10 @@ class Group(HangDiagnosis):
                 raise placement_error
             if bad:
                 raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
-                    f"{self._who(r)} could not place itself: {why}" for r, why in bad))
-            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on "
-                             f"NEURON_DIST_FRAME_BYTES (" + ", ".join(f"rank {r}: {f}" for r, f in enumerate(frames))
+                    f"{self._who(r)} cannot take part: {why}" for r, why in bad))
+            var = differ[0]
+            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on {var} ("
+                             + ", ".join(f"rank {r}: {v if v else 'unset'}" for r, v in enumerate(settings[var]))
                              + "); set it alike on every rank")
         self.hosts = host_identities(self.peers_info)
         host = self.hosts[rank]

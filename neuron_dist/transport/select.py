@@ -79,10 +79,21 @@ def _make(name: str, ctx: TransportContext, peers: list[int]) -> Transport:
     return ZmqTransport(ctx, peers)
 
 
-def create(ctx: TransportContext) -> Transport:
+def settings() -> str:
+    """This rank's transport settings, read and checked before its group meets its peers (a bad
+    value is then published to them, as a bad placement is, instead of leaving them waiting for
+    this rank's records until the time-out); returns the transport NEURON_DIST_TRANSPORT forces
+    ("" for none), which the group compares across its ranks."""
+    from . import shm
     forced = (env("NEURON_DIST_TRANSPORT") or "").strip().lower()
     if forced and forced not in KNOWN:
         raise ValueError(f"NEURON_DIST_TRANSPORT={forced!r} is not a transport; known: {', '.join(KNOWN)}")
+    shm.check_settings()
+    return forced
+
+
+def create(ctx: TransportContext) -> Transport:
+    forced = settings()
     choice = plan(ctx, forced)
     by_name: dict[str, list[int]] = {}
     for p, name in choice.items():

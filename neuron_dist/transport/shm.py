@@ -271,6 +271,15 @@ def segment_bytes(npeers: int, nslots: int, slot_bytes: int) -> int:
     return ring_offset(npeers, nslots, slot_bytes)
 
 
+def check_settings() -> None:
+    """Raise on a bad value of this transport's settings (read again, with their defaults, when
+    a transport is made: some defaults depend on the cores it finds)."""
+    env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
+    env_int("NEURON_DIST_SHM_SPIN_US", 0, minimum=0)
+    env_int("NEURON_DIST_SHM_YIELD_US", 0, minimum=0)
+    env_flag("NEURON_DIST_SHM_LEND", default=True)
+
+
 class ShmTransport(Transport):
     name = "shm"
 
