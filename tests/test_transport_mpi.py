@@ -28,11 +28,13 @@ def _mpirun():
 
 
 
-def _mpirun_script(script, n: int = 2, timeout: float = 120) -> tuple[int, str]:
-    """Run `script` as an n-process MPI job over the MPI transport: (exit status, output)."""
+def _mpirun_script(script, n: int = 2, timeout: float = 120, env=()) -> tuple[int, str]:
+    """Run `script` as an n-process MPI job over the MPI transport, with the `env` variables
+    ("NAME=value") exported too: (exit status, output)."""
     extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     cmd = [_mpirun(), "-n", str(n), *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
-           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi", sys.executable, str(script)]
+           "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
+           *[a for v in env for a in ("-x", v)], sys.executable, str(script)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
@@ -214,3 +216,52 @@ except Exception as e:
     for out in outs:
         assert "error:" in out and "not started by mpirun" in out and "mpi4py imported: False" in out, out
     assert not os.listdir(backing), os.listdir(backing)
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_late_rank_fails_at_once_on_its_peers_abort():
+    """Rank 2 comes 6 s late to a 256 KiB all-reduce in a 4 s group: ranks 0 and 1 time out, send
+    ABORT and exit. Rank 2 took in rank 0's header and its ABORT behind it, but the payload's
+    rendezvous never completes (its sender sits in MPI_Finalize) and frames are read in order, so
+    rank 2 waited out a second full time-out ("waiting for rank 0"). It must fail at once with
+    its peers' cause."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_late_rank_after_abort.py"), n=3, timeout=100,
+                             env=("LATE=6", "TIMEOUT=4"))
+    line = next((x for x in out.splitlines() if x.startswith("rank 2 ")), None)
+    assert line is not None and "failed after" in line, out[-4000:]
+    assert re.search(r"rank [01] aborted the group: \[rank [01]\] .*timed out after 4.0s waiting for rank 2",
+                     line), line
+    assert float(line.split("after ")[1].split("s")[0]) < 2.5, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_mpi_below_thread_multiple_is_refused():
+    """The engine thread drives MPI while the caller's thread may call it: MPI started at a
+    thread level below MULTIPLE (mpi4py.rc.thread_level = "single") was accepted, then aborted or
+    hung once both called it. Set-up must refuse it, naming the level and the fix; the peer (at
+    mpi4py's default level, MULTIPLE) fails at once with that cause."""
+    _, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_thread_level.py"), timeout=100)
+    lines = {x[:6]: x for x in out.splitlines() if x.startswith(("rank 0 ", "rank 1 "))}
+    assert set(lines) == {"rank 0", "rank 1"}, out[-4000:]
+    assert lines["rank 1"].startswith("rank 1 (thread level 0) error:"), lines["rank 1"]
+    assert lines["rank 0"].startswith("rank 0 (thread level 3) error:"), lines["rank 0"]
+    for line in lines.values():
+        assert "rank 1: MPI runs at thread level MPI_THREAD_SINGLE" in line, line
+        assert 'mpi4py.rc.thread_level = "multiple"' in line, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+@pytest.mark.parametrize("mode", ("call", "destroy"))
+def test_mpi_finalized_before_destroy_is_a_clear_error(mode):
+    """MPI.Finalize() while a group is open: the next collective (or destroy_process_group's BYE)
+    called MPI after MPI_Finalize, and Open MPI aborted the job (exit 14) naming neither rank nor
+    call. The collective must raise a clear error, and the destroy must succeed."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_finalize_first.py"), timeout=100,
+                             env=(f"MODE={mode}",))
+    assert rc == 0, out[-4000:]
+    for r in (0, 1):
+        assert f"rank {r}: destroyed" in out, out[-4000:]
+        if mode == "call":
+            assert (f"rank {r}: all_reduce after MPI.Finalize raised: [rank {r}] allreduce" in out and
+                    f"rank {r}: MPI was finalized (MPI.Finalize) before the neuron group was destroyed; call "
+                    f"destroy_process_group first" in out), out[-4000:]

@@ -15,7 +15,12 @@ MPI says nothing when a peer leaves, and under Open MPI a process that exits wai
 MPI_Finalize for the others: a rank still waiting on it would wait out the group's time-out, and
 it in turn. So `close` sends every peer a header-only BYE frame after its data (as the zmq
 transport does), and a rank that has seen a peer's BYE reports it gone to an operation still
-waiting on it.
+waiting on it. A peer's ABORT frame is kept aside too (`check_peer`): frames are taken in order,
+and one whose payload never completes (a rendezvous send its failed sender left unprogressed in
+MPI_Finalize) would hide the ABORT behind it.
+
+The engine thread drives MPI while the caller's threads may call it too, so MPI must run at
+MPI_THREAD_MULTIPLE (mpi4py's default); a lower level is refused at set-up.
 """
 from __future__ import annotations
 
@@ -53,6 +58,21 @@ class MpiTransport(Transport):
         MPI = self.MPI = _mpi()
         self.comm = MPI.COMM_WORLD
         self.rank, self.token = ctx.rank, ctx.token
+        why = None
+        if not MPI.Is_initialized() or MPI.Is_finalized():  # any other MPI call would abort the job
+            why = (f"rank {self.rank}: MPI is {'already finalized' if MPI.Is_finalized() else 'not initialized'}; "
+                   f"the mpi transport needs MPI initialized (at MPI_THREAD_MULTIPLE) until the group is destroyed")
+        elif (level := MPI.Query_thread()) < MPI.THREAD_MULTIPLE:
+            # the group's engine thread calls MPI while the caller's thread may too: below
+            # MULTIPLE, Open MPI corrupts its state (aborts, hangs) instead of refusing
+            names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED", MPI.THREAD_SERIALIZED: "SERIALIZED"}
+            why = (f"rank {self.rank}: MPI runs at thread level MPI_THREAD_{names.get(level, level)}, but the mpi "
+                   f"transport calls MPI from its engine thread and needs MPI_THREAD_MULTIPLE: set "
+                   f"mpi4py.rc.thread_level = \"multiple\" (mpi4py's default) before MPI starts (before "
+                   f"`from mpi4py import MPI`), or use NEURON_DIST_TRANSPORT=zmq")
+        if why:
+            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
+            raise TransportError(why)
         self.peers = [p for p in (peers if peers is not None else range(ctx.size)) if p != ctx.rank]
         me = self.comm.Get_rank()
         ctx.store.set(f"{key}/{self.rank}", str(me))
@@ -77,6 +97,7 @@ class MpiTransport(Transport):
         self.sends: list = []  # (request, keep-alive objects, peer)
         self.status = MPI.Status()
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
+        self.aborted: dict[int, list] = {}  # peer -> its ABORT frame's [header, buf, req], also queued (`check_peer`)
         self.closed = False
         self._woken = False  # set by wake(): the wait in progress, or the next, returns
         self._told: dict[int, list] = {}  # peer -> the inbox head the last wait reported arrived (`_news`)
@@ -84,8 +105,15 @@ class MpiTransport(Transport):
                   [self.world[p] for p in self.peers], self.tag)
 
     # -- progress ----------------------------------------------------------------------------
+    def _alive(self) -> None:
+        """Any MPI call after MPI_Finalize makes Open MPI abort the whole job, naming nothing."""
+        if self.MPI.Is_finalized():
+            raise TransportError(f"rank {self.rank}: MPI was finalized (MPI.Finalize) before the neuron group was "
+                                 f"destroyed; call destroy_process_group first")
+
     def _poll(self) -> bool:
         """Complete what can be completed; post receives for newly arrived headers."""
+        self._alive()
         MPI, moved = self.MPI, False
         if self.sends:
             still = [s for s in self.sends if not s[0].Test()]
@@ -110,10 +138,13 @@ class MpiTransport(Transport):
                 buf = torch.empty(h.nbytes, dtype=torch.uint8)
                 req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
                 self.inbox[p].append([h, buf, req])
+                if h.kind == frame.Kind.ABORT:
+                    self.aborted.setdefault(p, self.inbox[p][-1])
                 moved = True
         return moved
 
     def send(self, peer, header, payload):
+        self._alive()
         MPI, dst = self.MPI, self.world[peer]
         hb = header.pack()
         reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb, peer)]
@@ -123,6 +154,7 @@ class MpiTransport(Transport):
         return True
 
     def recv(self, peer):
+        self._alive()
         q = self.inbox[peer]
         if not q or (q[0][2] is not None and not q[0][2].Test()):
             self._poll()
@@ -190,7 +222,17 @@ class MpiTransport(Transport):
         return self.sends[0][2] if self.sends else None
 
     def check_peer(self, peer):
-        return f"rank {peer} closed its MPI transport" if self.peer_finished(peer) else None
+        if self.peer_finished(peer):
+            return f"rank {peer} closed its MPI transport"
+        # an ABORT the executor may never reach: the frame before it in the queue may never
+        # complete (its sender failed and left), so the peer's cause is read here
+        item = self.aborted.get(peer)
+        if item is None:
+            return None
+        if item[2] is None or item[2].Test():
+            item[2] = None
+            return f"rank {peer} aborted the group: {frame.abort_reason(item[1])}"
+        return f"rank {peer} aborted the group (its cause has not arrived)"
 
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._poll)
@@ -199,6 +241,9 @@ class MpiTransport(Transport):
         if self.closed:
             return
         self.closed = True
+        if self.MPI.Is_finalized():  # the user finalized MPI first: any MPI call would abort the job
+            self.sends, self.inbox, self.aborted = [], {}, {}
+            return
         # an orderly close tells every peer, after everything sent so far (MPI keeps the order
         # per source and tag); an abort has already sent its peers an ABORT frame with the cause
         for p in ([] if abort else self.peers):
@@ -221,4 +266,4 @@ class MpiTransport(Transport):
         if live:
             _LIVE_AT_CLOSE.extend(live)
             log.debug("rank %d: %d MPI requests still open at close; their buffers are kept", self.rank, len(live))
-        self.sends, self.inbox = [], {}
+        self.sends, self.inbox, self.aborted = [], {}, {}

@@ -1,0 +1,27 @@
+"""Run by test_transport_mpi.py under mpirun (3 ranks, NEURON_DIST_TRANSPORT=mpi): rank 2 comes
+LATE s late to a 256 KiB all-reduce (above MPI's eager limit) in a group of TIMEOUT s; ranks 0
+and 1 time out, send their ABORT frames and exit. Rank 2 prints how long its call took to fail
+and why."""
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import neuron_dist  # noqa: F401
+
+late, timeout = float(os.environ.get("LATE", "6")), float(os.environ.get("TIMEOUT", "4"))
+dist.init_process_group("neuron", timeout=timedelta(seconds=timeout))
+r = dist.get_rank()
+t = torch.ones(1 << 16)
+dist.all_reduce(t)
+if r == 2:
+    time.sleep(late)
+t0 = time.monotonic()
+try:
+    dist.all_reduce(t)
+    print(f"rank {r} returned", flush=True)
+except Exception as e:  # noqa: BLE001
+    print(f"rank {r} failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+# ranks 0 and 1 leave into MPI_Finalize, which never progresses their rendezvous sends to rank 2
