@@ -3,7 +3,9 @@
 Everything here is independent of c10d's calling conventions (that is `c10d.py`'s job):
 operations arrive as `Op` objects, are numbered at submission (the same order on every rank,
 since every rank issues collectives in the same order), and are driven by one engine thread
-per group, so asynchronous collectives overlap the caller's compute. Collectives run one at a
+per group, so asynchronous collectives overlap the caller's compute (an op of up to 1 MiB that
+finds the group idle starts on the caller's own thread instead, for a bounded time before the
+engine takes it over: `submit`, `_run_inline`). Collectives run one at a
 time in sequence order; point-to-point transfers run beside them, serialised per peer and
 direction so the frames of two messages never interleave.
 
@@ -144,7 +146,8 @@ def _is_loopback(ip: str) -> bool:
 
 def _forced_bind_addr() -> str | None:
     """NEURON_DIST_BIND_ADDR, checked for every group (a one-host job does not use it, but a
-    value that could never work is a mistake to report, not to ignore)."""
+    wildcard, which could never work, is a mistake to report, not to ignore; whether another
+    address is this host's is found only where it is used, when a job spans hosts)."""
     forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
     if not forced:
         return None

@@ -8,7 +8,8 @@
    - "host": where every peer of the group shares this host's memory (the shm transport),
      bytes cross the host's memory bus, not the modelled links, so the choice follows measured
      host behaviour (all-reduce direct up to 64 KiB, or up to one 512 KiB frame at two ranks;
-     ring above; broadcast from the root directly up to 1 MiB, tree above); other groups use
+     ring above; broadcast from the root directly up to 1 MiB, tree above, or directly at every
+     size where local ranks outnumber cores); other groups use
      the model. The fastest setting for plain host training (e.g. 4 MiB all-reduce at world 2:
      ring 6.1 GB/s busbw, the model's direct 3.5 GB/s).
    The ring order always comes from the topology, and `Group.report()` gives the modelled
