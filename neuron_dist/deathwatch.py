@@ -1,4 +1,4 @@
-"""Peer death detection at the start of an operation (see `DeathWatch`)."""
+"""Peer death detection at the start of an operation, and for a waiting one (see `DeathWatch`)."""
 from __future__ import annotations
 
 import os
@@ -50,8 +50,8 @@ class DeathWatch:
                 self.fds[fd] = r
                 self.ep.register(fd, select.EPOLLIN)
 
-    def check(self, g: "Group", op: "Op") -> None:
-        """Raise if a peer `op` of group `g` needs has died."""
+    def _poll(self, g: "Group") -> None:
+        """Note the same-host peers whose processes have ended since the last look."""
         now = time.monotonic()
         if self.ep is not None and now >= self._next_poll:
             self._next_poll = now + self.POLL_INTERVAL
@@ -60,6 +60,18 @@ class DeathWatch:
                 self.ep.unregister(fd)
                 os.close(fd)
                 self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
+
+    def exited(self, g: "Group", peer: int) -> str | None:
+        """Why same-host `peer` is gone if its process has ended: asked by an operation that
+        waits on it, for transports that cannot tell (MPI says nothing when a peer dies: with
+        the job kept alive, as under `mpirun --enable-recovery` or srun without -K, its peers
+        waited out the time-out, told the dead rank "had not entered")."""
+        self._poll(g)
+        return self.dead.get(peer) if peer not in self.remote else None
+
+    def check(self, g: "Group", op: "Op") -> None:
+        """Raise if a peer `op` of group `g` needs has died."""
+        self._poll(g)
         for r in self.remote:
             reason = g.transport.check_peer(r)
             if reason:

@@ -822,7 +822,7 @@ class Group(HangDiagnosis):
     def _peer_gone(self, p: int, now: float | None = None, grace: float = PEER_GRACE_S) -> str | None:
         """The transport's reason for `p` being gone, once it has held for `grace` seconds."""
         try:
-            reason = self.transport.check_peer(p)
+            reason = self.transport.check_peer(p) or self._deaths.exited(self, p)
         except Exception as e:  # noqa: BLE001
             reason = f"liveness check failed: {e}"
         if not reason:

@@ -28,10 +28,11 @@ def _mpirun():
 
 
 
-def _mpirun_script(script, n: int = 2, timeout: float = 120, env=()) -> tuple[int, str]:
+def _mpirun_script(script, n: int = 2, timeout: float = 120, env=(), mpirun_args=()) -> tuple[int, str]:
     """Run `script` as an n-process MPI job over the MPI transport, with the `env` variables
     ("NAME=value") exported too: (exit status, output)."""
     extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    extra += list(mpirun_args)
     cmd = [_mpirun(), "-n", str(n), *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
            "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
            *[a for v in env for a in ("-x", v)], sys.executable, str(script)]
@@ -265,3 +266,17 @@ def test_mpi_finalized_before_destroy_is_a_clear_error(mode):
             assert (f"rank {r}: all_reduce after MPI.Finalize raised: [rank {r}] allreduce" in out and
                     f"rank {r}: MPI was finalized (MPI.Finalize) before the neuron group was destroyed; call "
                     f"destroy_process_group first" in out), out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_peer_killed_on_this_host_fails_its_peers_at_once_over_mpi():
+    """MPI says nothing when a peer dies: with the job kept alive (mpirun --enable-recovery, srun
+    without -K), its peers waited out the group's time-out and named the dead rank as one that
+    "had not entered". A waiting operation now also looks at its same-host peers' processes."""
+    _, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_peer_killed.py"), n=3, timeout=100,
+                            mpirun_args=("--enable-recovery",))
+    for r in (0, 1):
+        line = next((x for x in out.splitlines() if x.startswith(f"rank {r} ")), None)
+        assert line is not None and "failed after" in line, out[-4000:]
+        assert re.search(r"rank 2 \(pid \d+\) exited", line), line
+        assert float(line.split("after ")[1].split("s")[0]) < 8, line
