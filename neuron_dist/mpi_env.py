@@ -2,10 +2,16 @@
 
 `init_process_group("neuron")` with the default env:// method needs RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT. Under Open MPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK/PMI_SIZE)
-or Slurm (SLURM_PROCID/SLURM_NTASKS) the rank and size are known; the master address and a
-free port are agreed through MPI itself (rank 0 broadcasts them) when mpi4py is installed,
-else they must be exported (`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`). Variables the
+or an srun task (SLURM_PROCID/SLURM_NTASKS) the rank and size are known. Only under Open MPI
+(OMPI_COMM_WORLD_RANK set) are the master address and a free port agreed through MPI itself
+(rank 0 broadcasts them) when mpi4py is installed; otherwise they must be exported
+(`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`, or `export` before `srun`). Variables the
 user already set always win.
+
+Slurm's variables count only inside an srun task: a batch script or `salloc` shell carries
+SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation too, and a process started from it
+(`python train.py` on the first node) is no rank of an N-task job; taking it for one made
+`init_process_group` wait its whole time-out for ranks that never come.
 """
 from __future__ import annotations
 
@@ -22,10 +28,29 @@ _SOURCES = (  # (rank, size, local rank, local size)
 )
 
 
+# Slurm step ids that are not srun steps: the batch script's, the extern step's and salloc's
+# interactive one, by name or as the reserved numbers at the top of the 32-bit range that Slurm
+# gives such steps. The same rule as neuronrun's scheduler.detect
+# (launcher/neuronrun_launcher/scheduler.py, _NON_SRUN_STEPS), kept here rather than imported:
+# neuron_dist may not import the launcher, and the launcher imports neuron_dist only lazily
+# (it must start without torch); tests/test_config.py checks that the two agree.
+_NON_SRUN_STEPS = frozenset({"batch", "extern", "interactive", "4294967290", "4294967291", "4294967292",
+                             "4294967293", "4294967294", "4294967295"})
+
+
+def in_srun_task(env=os.environ) -> bool:
+    """Whether this process is a task srun started (not a batch script or salloc shell)."""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or ""
+    return "SLURM_LAUNCH_NODE_IPADDR" in env or (step != "" and step not in _NON_SRUN_STEPS)
+
+
 def launcher_vars(env=os.environ) -> dict[str, str]:
-    """torch's variables implied by an MPI/Slurm environment (empty when not under one)."""
+    """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
+    only inside an srun task)."""
     for rank, size, lrank, lsize in _SOURCES:
         if rank in env and size in env:
+            if rank == "SLURM_PROCID" and not in_srun_task(env):
+                continue
             out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
             if lrank in env:
                 out["LOCAL_RANK"] = env[lrank]
@@ -51,7 +76,7 @@ def _master_from_mpi() -> tuple[str, str] | None:
 
 
 def adopt() -> None:
-    """Fill in RANK/WORLD_SIZE/LOCAL_* and, through MPI, MASTER_ADDR/PORT, where unset."""
+    """Fill in RANK/WORLD_SIZE/LOCAL_* and, under Open MPI through MPI, MASTER_ADDR/PORT, where unset."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
     found = launcher_vars()

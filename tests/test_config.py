@@ -122,6 +122,46 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
         os.environ.update(saved)
 
 
+# A Slurm allocation's own shells: an sbatch script (its step named "batch" or numbered, or not
+# set at all), salloc's shell and its interactive step, the extern step; and srun's tasks.
+_SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+              "SLURM_NODEID": "0", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "trn[01-02]"}
+_NOT_SRUN = [{}, {"SLURM_STEP_ID": "batch"}, {"SLURM_STEP_ID": "4294967291"}, {"SLURM_STEPID": "extern"},
+             {"SLURM_STEP_ID": "interactive"}, {"SLURM_STEP_ID": "4294967290"}]
+_SRUN = [{"SLURM_STEP_ID": "0"}, {"SLURM_STEPID": "3"}, {"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1"},
+         {"SLURM_STEP_ID": "batch", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1"}]
+
+
+@pytest.mark.parametrize("step", _NOT_SRUN)
+def test_slurm_variables_outside_an_srun_task_are_no_launch(step):
+    """A batch or salloc shell carries SLURM_PROCID=0 and the allocation's SLURM_NTASKS: a
+    `python train.py` started from it was taken for rank 0 of that many, and
+    init_process_group waited its whole time-out (30 min) for ranks that never come."""
+    from neuron_dist import mpi_env
+    env = dict(_SLURM_JOB, **step)
+    assert mpi_env.launcher_vars(env) == {}
+    assert not mpi_env.in_srun_task(env)
+
+
+@pytest.mark.parametrize("step", _SRUN)
+def test_slurm_variables_inside_an_srun_task_are_the_launch(step):
+    from neuron_dist import mpi_env
+    env = dict(_SLURM_JOB, SLURM_PROCID="1", SLURM_LOCALID="1", **step)
+    assert mpi_env.launcher_vars(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    assert mpi_env.in_srun_task(env)
+
+
+@pytest.mark.parametrize("step", _NOT_SRUN + _SRUN)
+def test_the_backend_and_neuronrun_agree_on_what_an_srun_task_is(step):
+    """mpi_env keeps its own copy of neuronrun's rule (the backend may not import the launcher,
+    which imports the backend only lazily): the two must not drift apart."""
+    from neuronrun_launcher import scheduler
+    from neuron_dist import mpi_env
+    env = dict(_SLURM_JOB, **step)
+    assert (scheduler.detect(env) is not None) == mpi_env.in_srun_task(env)
+    assert set(mpi_env._NON_SRUN_STEPS) == set(scheduler._NON_SRUN_STEPS)
+
+
 def test_debug_with_an_unknown_subsystem_warns_and_lines_carry_the_rank_set_later(tmp_path):
     """NEURON_DIST_DEBUG=bogus raised at `import neuron_dist`, in programs that might never
     init the backend; and debug lines said 'rank ?' when RANK was set after the import (bench's

@@ -47,6 +47,27 @@ def test_plain_mpirun():
     assert sorted(l for l in p.stdout.splitlines() if l.startswith("ok")) == [f"ok rank {r} of 3" for r in range(3)]
 
 
+def test_a_process_in_a_slurm_batch_shell_is_no_rank_of_the_allocation():
+    """`python train.py` in an sbatch script or salloc shell (SLURM_PROCID=0, SLURM_NTASKS=2, no
+    srun step) became rank 0 of 2 at `import neuron_dist`, so init_process_group waited its
+    whole time-out for a rank 1 that never comes; Gloo fails at once for want of RANK, and so
+    does the backend now."""
+    code = ("import os, time, datetime, neuron_dist, torch.distributed as dist\n"
+            "print('RANK', os.environ.get('RANK'), 'WORLD_SIZE', os.environ.get('WORLD_SIZE'), flush=True)\n"
+            "t0 = time.monotonic()\n"
+            "try:\n"
+            "    dist.init_process_group('neuron', timeout=datetime.timedelta(seconds=15))\n"
+            "except Exception as e:\n"
+            "    print(f'failed after {time.monotonic() - t0:.1f}s: {e}', flush=True)\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI", "SLURM_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID="0",
+               SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT="29678")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "RANK None WORLD_SIZE None" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    assert "environment variable RANK expected" in p.stdout, (p.stdout + p.stderr)[-3000:]
+
+
 def test_report_at_shutdown(tmp_path):
     """NEURON_DIST_REPORT=<file>: each rank appends its per-collective table when its group is
     destroyed, with the measured host time and the modelled device time."""

@@ -12,6 +12,7 @@ with an exported Neuron variable or with the scheduler is an error, not a silent
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import uuid
@@ -78,6 +79,35 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def visible_pool(value: str) -> tuple[int, int]:
+    """An exported NEURON_RT_VISIBLE_CORES as the node's pool: (first core, number of cores).
+
+    The Neuron runtime takes a core index, an inclusive range, or (from 2.16 on, per
+    aws-neuron-sdk#1024; Ray sets such lists) a comma-separated list of both. neuronrun places a
+    node's ranks in one run of consecutive cores, so a list is taken when its cores are such a
+    run (``0,1``, ``0-1,2-3``) and refused, saying so, otherwise."""
+    if "," not in value:
+        return parse_core_range(value)
+    cores: list[int] = []
+    for part in value.split(","):
+        try:
+            first, count = parse_core_range(part)
+        except PlacementError:
+            raise PlacementError(
+                f"NEURON_RT_VISIBLE_CORES={value!r}: {part.strip()!r} is not a core index 'a' or an "
+                f"inclusive range 'a-b' (the list is comma-separated core indices and ranges)") from None
+        cores.extend(range(first, first + count))
+    if len(set(cores)) != len(cores):
+        raise PlacementError(f"NEURON_RT_VISIBLE_CORES={value!r} lists a core twice")
+    lo, hi = min(cores), max(cores)
+    if hi - lo + 1 != len(cores):
+        raise PlacementError(
+            f"NEURON_RT_VISIBLE_CORES={value!r} is not one run of consecutive cores; the Neuron runtime "
+            f"takes such a list, but neuronrun places a node's ranks in one run ('a-b'), so export "
+            f"one (or run each run's ranks under a neuronrun of its own)")
+    return lo, len(cores)
+
+
 def _pick(args: ParsedArgs, dest: str, env: Mapping[str, str], var: str, conv=str):
     """An explicit flag, else the user's exported Neuron variable; both set and different is an error."""
     exported = env.get(var, "").strip()
@@ -136,7 +166,7 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
     try:
         check_cores_per_rank(m, cores_per_chip)
         visible = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
-        base, pool = parse_core_range(visible) if visible else (0, total)
+        base, pool = visible_pool(visible) if visible else (0, total)
     except PlacementError as exc:
         raise ConfigError(str(exc)) from None
     nproc_text = str(args.nproc_per_node).strip()
@@ -211,6 +241,13 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
     min_nodes, max_nodes = parse_nnodes(values["nnodes"])
     if values["max_restarts"] < 0:
         raise ConfigError("--max-restarts must be >= 0")
+    interval = values["monitor_interval"]
+    if not (interval > 0 and math.isfinite(interval)):  # torch's agent asserts > 0; nan fails both
+        raise ConfigError(f"--monitor-interval {interval:g} (from {args.sources['monitor_interval']}): "
+                          f"expected seconds between health checks > 0, e.g. 0.1")
+    if values["shutdown_timeout"] is not None and values["shutdown_timeout"] < 0:
+        raise ConfigError(f"--shutdown-timeout {values['shutdown_timeout']} (from "
+                          f"{args.sources['shutdown_timeout']}): expected seconds >= 0")
     if values["no_python"] and values["module"]:
         raise ConfigError("--no-python and -m/--module cannot be used together")
     for dest in ("redirects", "tee"):

@@ -2,10 +2,14 @@
 
 Neuron conventions followed here:
   * logical cores are numbered per node, chip by chip: core i sits on chip i // cores_per_chip(lnc);
-  * `NEURON_RT_VISIBLE_CORES` is one core index ("5") or an inclusive range ("4-7"); without it a
-    process gets core `local_rank` (what the Neuron torch integration sets under torchrun);
+  * `NEURON_RT_VISIBLE_CORES` is one core index ("5"), an inclusive range ("4-7"), or a
+    comma-separated list of both ("0,2-3": the Neuron runtime takes these from 2.16 on, per
+    aws-neuron-sdk#1024, and Ray sets them, though the runtime's pages show only the first two
+    forms); without it a process gets core `local_rank` (what the Neuron torch integration sets
+    under torchrun);
   * `NEURON_LOGICAL_NC_CONFIG` is the LNC (default: the instance's, 2 on trn2/trn3, 1 elsewhere);
-  * the node of a rank is `GROUP_RANK` (torchrun) or `NODE_ID`/`NODE_RANK`, else
+  * the node of a rank is `GROUP_RANK` (torchrun) or `NODE_ID`/`NODE_RANK`, the first one set
+    (an integer >= 0; another value is an error naming the variable), else
     rank // local_world_size.
 `NEURON_DIST_INSTANCE` names the instance model (default trn2.48xlarge); it may be a path to a
 .json/.toml description (see instances.load_instance).
@@ -53,7 +57,8 @@ class Slot:
 
 
 def parse_visible_cores(spec: str) -> tuple[int, ...]:
-    """"5" -> (5,), "4-7" -> (4, 5, 6, 7), "0,2-3" -> (0, 2, 3)."""
+    """NEURON_RT_VISIBLE_CORES: core indices and inclusive ranges, comma-separated, as the Neuron
+    runtime reads it: "5" -> (5,), "4-7" -> (4, 5, 6, 7), "0,2-3" -> (0, 2, 3)."""
     out: list[int] = []
     try:
         for part in spec.replace(" ", "").split(","):
@@ -66,8 +71,9 @@ def parse_visible_cores(spec: str) -> tuple[int, ...]:
             else:
                 out.append(int(part))
     except ValueError:
-        raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r}: expected a core index like '5' or an "
-                         f"inclusive range like '4-7'") from None
+        raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r}: expected a core index like '5', an "
+                         f"inclusive range like '4-7', or a comma-separated list of them like "
+                         f"'0,2-3'") from None
     if len(set(out)) != len(out):
         raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r} lists a core twice")
     return tuple(out)
@@ -86,6 +92,26 @@ def make_slot(instance: InstanceModel, node: int, cores: Sequence[int], lnc: int
                          f"was placed on node {node}")
     return Slot(node=node, chip=cores[0] // instance.cores_per_chip(lnc), cores=tuple(cores),
                 lnc=lnc, instance=instance.name)
+
+
+NODE_VARS = ("GROUP_RANK", "NODE_ID", "NODE_RANK")  # the first one set (not empty) names the node
+
+
+def _node_from_env(env: Mapping[str, str]) -> int | None:
+    """The node index the environment gives (None: none of NODE_VARS is set); a value that is no
+    integer >= 0 is a ValueError naming the variable."""
+    for var in NODE_VARS:
+        text = env.get(var)
+        if not text:
+            continue
+        try:
+            node = int(text)
+        except ValueError:
+            raise ValueError(f"{var}={text!r}: expected a node index, an integer >= 0") from None
+        if node < 0:
+            raise ValueError(f"{var}={text!r}: a node index must be >= 0")
+        return node
+    return None
 
 
 def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local_rank: int,
@@ -107,8 +133,8 @@ def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local
     if local_world_size > ncores:
         raise ValueError(f"{local_world_size} processes per node but {instance.name} at LNC={lnc} "
                          f"has only {ncores} logical cores per node")
-    node_s = env.get("GROUP_RANK") or env.get("NODE_ID") or env.get("NODE_RANK")
-    node = int(node_s) if node_s not in (None, "") else rank // local_world_size
+    node = _node_from_env(env)
+    node = rank // local_world_size if node is None else node
     vis = env.get("NEURON_RT_VISIBLE_CORES")
     if vis:
         cores = parse_visible_cores(vis)

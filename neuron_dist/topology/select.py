@@ -13,8 +13,10 @@ def parse_forced(spec: str | None, runnable=None) -> dict[str, str]:
     """"allreduce:ring;allgather:torus" -> {"allreduce": "ring", "allgather": "torus"}.
     Entries are separated by ';' or ','; collective names may be spelt all_reduce etc.;
     an unknown collective or algorithm is a ValueError naming the valid ones: those the cost
-    model knows, or `runnable(collective)`'s (a backend's own list) when given."""
+    model knows, or `runnable(collective)`'s (a backend's own list) when given; so are two
+    entries that force different algorithms for one collective (however spelt), naming both."""
     out: dict[str, str] = {}
+    entry_of: dict[str, str] = {}
     if not spec or not spec.strip():
         return out
     for entry in spec.replace(",", ";").split(";"):
@@ -29,7 +31,12 @@ def parse_forced(spec: str | None, runnable=None) -> dict[str, str]:
             coll = normalise_collective(coll)
             if runnable is not None and algo.strip().lower() not in runnable(coll):
                 raise ValueError(f"unknown algorithm {algo!r} for {coll}; valid: {', '.join(runnable(coll))}")
-            out[coll] = check_algorithm(coll, algo)
+            algo = check_algorithm(coll, algo)
+            if coll in out and out[coll] != algo:
+                raise ValueError(f"{entry_of[coll]!r} and {entry!r} force different algorithms for "
+                                 f"{coll}; keep one")
+            out[coll] = algo
+            entry_of.setdefault(coll, entry)
         except ValueError as e:
             raise ValueError(f"{ENV_ALGO}={spec!r}: {e}") from None
     return out

@@ -103,7 +103,56 @@ def test_mistakes_are_clear_errors(argv, env, message):
         cfg(*argv, "t.py", **env)
 
 
-def test_torchrun_values_redirects_alone_and_nproc_cpu():
+@pytest.mark.parametrize("argv, env, message", [
+    (["--monitor-interval", "0"], {}, r"--monitor-interval 0 \(from command line\): expected seconds between "
+                                      r"health checks > 0"),
+    (["--monitor-interval", "-1.5"], {}, r"--monitor-interval -1\.5 \(from command line\)"),
+    (["--monitor-interval", "nan"], {}, r"--monitor-interval nan"),
+    ([], {"NEURONRUN_MONITOR_INTERVAL": "0"}, r"--monitor-interval 0 \(from \$NEURONRUN_MONITOR_INTERVAL\)"),
+    (["--shutdown-timeout", "-1"], {}, r"--shutdown-timeout -1 \(from command line\): expected seconds >= 0"),
+    ([], {"PET_SHUTDOWN_TIMEOUT": "-5"}, r"--shutdown-timeout -5 \(from \$PET_SHUTDOWN_TIMEOUT\)"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_monitor_interval_and_shutdown_timeout_out_of_range_are_flag_errors(argv, env, message, dry_run):
+    """--monitor-interval <= 0 reached torch's agent as a bare AssertionError and
+    --shutdown-timeout < 0 a traceback, while --dry-run accepted both: now both are refused
+    with the other flags' mistakes, before anything starts."""
+    with pytest.raises(ConfigError, match=message):
+        cfg(*argv, *(["--dry-run"] if dry_run else []), "t.py", **env)
+
+
+def test_bad_monitor_interval_is_a_neuronrun_error_on_the_command_line():
+    r = neuronrun(["--dry-run", "--monitor-interval", "0", "t.py"])
+    assert r.returncode == 2 and "neuronrun: error: --monitor-interval 0" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    r = neuronrun(["--dry-run", "t.py"], env=clean_env(NEURONRUN_SHUTDOWN_TIMEOUT="-1"))
+    assert r.returncode == 2 and "neuronrun: error: --shutdown-timeout -1" in r.stderr, r.stderr
+    c = cfg("--monitor-interval", "0.25", "--shutdown-timeout", "0", "t.py")  # the smallest that work
+    assert (c.monitor_interval, c.shutdown_timeout) == (0.25, 0)
+
+
+@pytest.mark.parametrize("visible, base, pool", [("0,1", 0, 2), ("0-1,2-3", 0, 4), ("4,5-7", 4, 4), ("3,2", 2, 2),
+                                                 ("8-15", 8, 8), ("6", 6, 1)])
+def test_an_exported_comma_list_of_consecutive_cores_is_the_pool(visible, base, pool):
+    """The Neuron runtime takes NEURON_RT_VISIBLE_CORES as a comma-separated list of indices and
+    ranges too (the backend already did); neuronrun refused `0,1`, a device plugin's way of
+    saying `0-1`."""
+    c = cfg("--nproc-per-node", str(pool), "t.py", NEURON_RT_VISIBLE_CORES=visible)
+    assert (c.plan.base_core, c.plan.pool_cores) == (base, pool)
+    assert rank_table(c)[0][1]["NEURON_RT_VISIBLE_CORES"] == str(base)
+
+
+@pytest.mark.parametrize("visible, message", [
+    ("0,2-3", r"'0,2-3' is not one run of consecutive cores; the Neuron runtime takes such a list, but neuronrun"),
+    ("0,,1", r"'' is not a core index 'a' or an inclusive range 'a-b' \(the list is comma-separated"),
+    ("0-1,1", "lists a core twice"),
+])
+def test_a_comma_list_neuronrun_cannot_place_is_a_clear_error(visible, message):
+    with pytest.raises(ConfigError, match=message):
+        cfg("t.py", NEURON_RT_VISIBLE_CORES=visible)
+
+
+
     """-r alone writes files only (torchrun's meaning; --tee defaults to 3 otherwise), -r with
     an explicit --tee keeps it; --nproc-per-node cpu is one rank per CPU this process may use."""
     assert (cfg("-r", "3", "t.py").tee, cfg("-r", "3", "t.py").redirects) == ("0", "3")

@@ -163,6 +163,20 @@ def test_parse_forced():
         parse_forced("broadcast:torus")
 
 
+@pytest.mark.parametrize("spec, first, second", [
+    ("allreduce:ring;allreduce:direct", "allreduce:ring", "allreduce:direct"),
+    ("all_reduce:ring,allgather:direct,allreduce:rdh", "all_reduce:ring", "allreduce:rdh")])
+def test_parse_forced_refuses_two_algorithms_for_one_collective(spec, first, second):
+    """NEURON_DIST_ALGO="allreduce:ring;allreduce:direct" let the last entry win, silently; the
+    backend's reading (backend_forced) goes through the same parser."""
+    from neuron_dist.topology.select import backend_forced
+    for parse in (parse_forced, backend_forced):
+        with pytest.raises(ValueError, match=f"NEURON_DIST_ALGO=.*'{first}' and '{second}' force different "
+                                             f"algorithms for allreduce"):
+            parse(spec)
+    assert parse_forced("allreduce:ring;all_reduce: RING") == {"allreduce": "ring"}  # the same twice: no conflict
+
+
 def test_estimate_errors_and_single_rank():
     topo = place("trn2", 1, 1)
     assert estimate("allreduce", "ring", MB, topo) == 0.0

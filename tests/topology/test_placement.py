@@ -38,6 +38,34 @@ def test_env_errors(env, args, match):
         placement_from_env(env, *args)
 
 
+@pytest.mark.parametrize("var", ["GROUP_RANK", "NODE_ID", "NODE_RANK"])
+@pytest.mark.parametrize("value, match", [("abc", "expected a node index, an integer >= 0"),
+                                          ("1.5", "expected a node index, an integer >= 0"),
+                                          ("-1", "a node index must be >= 0")])
+def test_a_bad_node_variable_is_an_error_naming_it(var, value, match):
+    """NODE_RANK=abc said only "invalid literal for int()", NODE_ID=-1 "bad slot Slot(node=-1...)":
+    neither named the variable."""
+    with pytest.raises(ValueError, match=f"^{var}={value!r}: {match}"):
+        placement_from_env({var: value}, 0, 2, 0, 1)
+
+
+def test_the_first_node_variable_set_names_the_node():
+    assert placement_from_env({"GROUP_RANK": "2", "NODE_ID": "abc"}, 0, 8, 0, 2).node == 2
+    assert placement_from_env({"GROUP_RANK": "", "NODE_ID": "1", "NODE_RANK": "-1"}, 0, 8, 0, 2).node == 1
+    assert placement_from_env({"NODE_RANK": "0"}, 5, 8, 1, 2).node == 0
+    assert placement_from_env({}, 5, 8, 1, 2).node == 2
+
+
+def test_visible_cores_errors_name_every_form_the_runtime_takes():
+    """The runtime takes an index, a range or a comma-separated list of both (since 2.16); the
+    message named only the first two although the list was accepted."""
+    assert parse_visible_cores("0, 2-3,5") == (0, 2, 3, 5)
+    with pytest.raises(ValueError, match="comma-separated list of them like '0,2-3'"):
+        parse_visible_cores("0;1")
+    with pytest.raises(ValueError, match="lists a core twice"):
+        parse_visible_cores("0-2,1")
+
+
 def test_slot_roundtrip_json():
     s = Slot(node=2, chip=3, cores=(12, 13), lnc=1, instance="trn2.48xlarge")
     assert Slot.from_dict(json.loads(json.dumps(s.to_dict()))) == s
