@@ -305,12 +305,14 @@ class Group(HangDiagnosis):
 
     _next_look = 0.0  # when a waiting op next looks at its peers' liveness (_check_stalled)
     _inherited = False  # a forked child's copy of its parent's group (_forget_groups_in_child)
+    _deaths = None  # its DeathWatch, once its transport is up
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
                  global_ranks: list[int] | None = None, set_grad_enabled=torch.set_grad_enabled):
         """`set_grad_enabled`: how the data path switches grad mode off and back on (see submit).
         The c10d adapter passes torch's C-level switch: `torch.set_grad_enabled` builds a context
         object each call, and its two calls were 4% of a small call's instructions."""
+        from .collectives import select as algorithm_select
         from .transport import select as transport_select
         self.store, self.rank, self.size, self.timeout = store, rank, size, timeout
         self._set_grad_enabled = set_grad_enabled
@@ -337,6 +339,7 @@ class Group(HangDiagnosis):
             self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
             self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
             forced = transport_select.settings()  # NEURON_DIST_TRANSPORT and the transports' own
+            algorithm_select.check_settings()     # NEURON_DIST_TUNING and NEURON_DIST_ALGO
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:
             placement, placement_error = None, e
@@ -822,7 +825,9 @@ class Group(HangDiagnosis):
     def _peer_gone(self, p: int, now: float | None = None, grace: float = PEER_GRACE_S) -> str | None:
         """The transport's reason for `p` being gone, once it has held for `grace` seconds."""
         try:
-            reason = self.transport.check_peer(p) or self._deaths.exited(self, p)
+            reason = self.transport.check_peer(p)
+            if not reason and self._deaths is not None and not self.transport.peer_finished(p):
+                reason = self._deaths.exited(self, p)  # a same-host peer's process, where the transport cannot tell
         except Exception as e:  # noqa: BLE001
             reason = f"liveness check failed: {e}"
         if not reason:

@@ -182,14 +182,17 @@ def test_group_member_that_never_joins_is_named_at_the_time_out():
 @pytest.mark.parametrize("bad, setting", [(0, "NEURON_RT_VISIBLE_CORES=abc"), (2, "NEURON_RT_VISIBLE_CORES=abc"),
                                           (1, "NEURON_DIST_BIND_ADDR=0.0.0.0"), (2, "NEURON_DIST_FRAME_BYTES=abc"),
                                           (1, "NEURON_DIST_SHM_SLOTS=x"), (2, "NEURON_DIST_TRANSPORT=tcp"),
-                                          (1, "NEURON_DIST_CHECK=maybe")])
+                                          (1, "NEURON_DIST_CHECK=maybe"), (2, "NEURON_DIST_ALGO=allreduce:bogus"),
+                                          (1, "NEURON_DIST_TUNING=fast")])
 def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
     """One rank's placement setting is wrong (NEURON_RT_VISIBLE_CORES=abc). That rank's clear
     error reaches every rank within seconds: with the bad rank 0 (the store's host), the others
     used to get 'Connection reset by peer' from the store; with a bad rank 2, ranks 0 and 1
     waited for the whole group time-out (so did the others of a rank whose NEURON_DIST_BIND_ADDR
     could never work, and until the review of stop 48 those of a rank with a bad frame size,
-    shared-memory setting, forced transport or NEURON_DIST_CHECK: only placement was published)."""
+    shared-memory setting, forced transport or NEURON_DIST_CHECK: only placement was published;
+    a bad algorithm or tuning setting was read only at a collective, where it raised on its own
+    rank, its peers waiting for it until the time-out)."""
     port = free_port()
     for r, (_, out) in enumerate(run_scripts("placement_error.py", [[r, 3, port, bad, setting] for r in range(3)])):
         line = rank_line(out, r)

@@ -58,6 +58,14 @@ def forced() -> dict[str, str]:
     return parse_forced(env("NEURON_DIST_ALGO", "") or "")
 
 
+def check_settings() -> None:
+    """Raise on a bad NEURON_DIST_TUNING or NEURON_DIST_ALGO when a group is made: read only at
+    a collective, a bad value on one rank raised there alone, and its peers waited for it until
+    the time-out (the group publishes a set-up error to them)."""
+    tuning()
+    forced()
+
+
 def choose(collective: str, nbytes: int, group) -> str:
     """`nbytes` follows nccl-tests: the whole gathered/scattered buffer for all-gather and
     reduce-scatter, the buffer for all-reduce. The hot path is one dict lookup keyed by the raw
