@@ -1007,8 +1007,9 @@ class Group(HangDiagnosis):
         if abort and self.broken is None:
             self._abort_peers(f"rank {self.rank} aborted the process group")
         self._hb_stop.set()
+        ended = "aborted" if abort else "destroyed"
         for op in pending:
-            op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
+            op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was {ended}"))
         if not engine:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
             if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
@@ -1020,7 +1021,7 @@ class Group(HangDiagnosis):
                 pending = list(self._queue)
                 self._queue.clear()
             for op in pending:
-                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed "
+                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was {ended} "
                                        f"before it ran"))
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)

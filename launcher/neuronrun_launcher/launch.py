@@ -164,15 +164,17 @@ def describe_failure(rank: int, failure, node, host: str, logs: dict | None = No
         msg = msg.get("message")
     if msg and "To enable traceback" not in str(msg) and not str(msg).startswith("Signal "):
         lines.append("  error: " + str(msg).strip().replace("\n", "\n    "))
-    shown = False
+    shown = captured = False
     for stream, path in (logs or {}).items():
+        captured = captured or bool(path and path != os.devnull and Path(path).is_file())
         tail = _tail(Path(path)) if path and path != os.devnull else []
         if tail:
             shown = True
             lines.append(f"  last {len(tail)} lines of its {stream} ({path}):")
             lines.extend("    " + t for t in tail)
     if not shown:
-        lines.append("  (its output was not captured: run with --tee 3 or --redirects 3 to see it here)")
+        lines.append("  (it wrote nothing to stdout or stderr)" if captured else
+                     "  (its output was not captured: run with --tee 3 or --redirects 3 to see it here)")
     return "\n".join(lines)
 
 

@@ -393,7 +393,7 @@ class ZmqTransport(Transport):
             except zmq.Again:
                 break
             if ev["event"] == zmq.EVENT_DISCONNECTED:
-                self.gone[peer] = f"connection to rank {peer} closed (process exited or crashed)"
+                self.gone[peer] = f"connection to rank {peer} closed (its group destroyed, or its process exited or crashed)"
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")

@@ -57,3 +57,21 @@ def test_neuronrun_prints_each_rank_line_whole(tmp_path):
     r = neuronrun(["--nproc-per-node", "1", str(script)], timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[rank0]: part one and two\n" in r.stdout, r.stdout
+
+
+def test_a_rank_that_wrote_nothing_is_not_said_to_be_uncaptured(tmp_path):
+    """A rank killed before writing a line (its log files exist, empty) was reported as "its
+    output was not captured: run with --tee 3 ...", even with --tee 3 given."""
+    from types import SimpleNamespace
+    from neuronrun_launcher.launch import describe_failure
+    failure = SimpleNamespace(local_rank=1, pid=42, exitcode=-9, message=None, signal_name=lambda: "SIGKILL")
+    out, err = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    out.write_text("")
+    err.write_text("")
+    said = describe_failure(1, failure, 0, "h", {"stdout": str(out), "stderr": str(err)})
+    assert "(it wrote nothing to stdout or stderr)" in said and "not captured" not in said, said
+    said = describe_failure(1, failure, 0, "h", None)
+    assert "(its output was not captured: run with --tee 3" in said, said
+    err.write_text("Traceback\nValueError: the cause\n")
+    said = describe_failure(1, failure, 0, "h", {"stdout": str(out), "stderr": str(err)})
+    assert "last 2 lines of its stderr" in said and "ValueError: the cause" in said, said
