@@ -183,6 +183,25 @@ def dump_all() -> str:
 _SIGNAL_INSTALLED = False
 
 
+_DUMPING = threading.local()
+
+
+def _dump_on_signal(where: str) -> None:
+    """The dump signal's handler: it runs between two bytecodes of whatever the main thread was
+    doing (a collective, often), so nothing may escape it, and a signal arriving while it still
+    writes does not start a second dump inside the first (under a storm of signals the dumps
+    nested until a RecursionError broke the collective beneath)."""
+    if getattr(_DUMPING, "on", False):
+        return
+    _DUMPING.on = True
+    try:
+        emit(dump_all() + "\n", where)
+    except Exception:  # noqa: BLE001 - a diagnostic must never fail the call it interrupted
+        pass
+    finally:
+        _DUMPING.on = False
+
+
 def install_dump_signal() -> None:
     """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
     NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
@@ -195,7 +214,7 @@ def install_dump_signal() -> None:
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
     where = env_target("NEURON_DIST_DUMP") or "stderr"
     try:
-        signal.signal(signum, lambda *_: emit(dump_all() + "\n", where))
+        signal.signal(signum, lambda *_: _dump_on_signal(where))
     except (OSError, ValueError, RuntimeError) as e:  # SIGKILL and SIGSTOP cannot be caught
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r}: cannot handle that signal ({e}); try USR1") from None
     _SIGNAL_INSTALLED = True

@@ -472,42 +472,57 @@ class Group(HangDiagnosis):
         next). If the op is not done within its budget (a late peer), it is handed to the
         engine, which owns time-outs and peer checks."""
         sync = op.sync
-        with self._mu:
-            if self.broken is not None:
-                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "
-                                       f"earlier failure: {self.broken}"))
-                return op
-            if self.closed:
-                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
-                return op
-            p2p = op.kind == _P2P
-            if not p2p:
-                op.seq = self._seq
-                self._seq += 1
-                op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
-                self.records.append(op.record)
-            # an unmarked receive may wait on a send this caller has yet to issue: it only takes
-            # what has already arrived here, and the engine waits for the rest
-            recv = p2p and op.direction != "send"
-            inline = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
-            if inline and (self._queue or self._active or self._waiting.n):  # (.n: no __len__ call)
-                self._drive.release()
-                inline = False
-            if not inline:
-                self._queue.append(op)
-                self._cv.notify()
-                if self._active or self._waiting.n:  # the engine may sleep in the transport's wait
-                    self.transport.wake()            # on them: it takes this op up now
-                return op
-        grad = torch.is_grad_enabled()
+        held = False  # the drive lock, taken for a run on this thread
         try:
-            if grad:  # as on the engine thread: see _drive_ops
-                self._set_grad_enabled(False)
-            self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
-        finally:
-            if grad:
-                self._set_grad_enabled(True)
-            self._drive.release()
+            with self._mu:
+                if self.broken is not None:
+                    op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "
+                                           f"earlier failure: {self.broken}"))
+                    return op
+                if self.closed:
+                    op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
+                    return op
+                p2p = op.kind == _P2P
+                if not p2p:
+                    op.seq = self._seq
+                    self._seq += 1
+                    op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
+                    self.records.append(op.record)
+                # an unmarked receive may wait on a send this caller has yet to issue: it only takes
+                # what has already arrived here, and the engine waits for the rest
+                recv = p2p and op.direction != "send"
+                held = (sync or (sync is None and op.nbytes <= INLINE_BYTES)) and self._drive.acquire(blocking=False)
+                if held and (self._queue or self._active or self._waiting.n):  # (.n: no __len__ call)
+                    held = False
+                    self._drive.release()
+                if not held:
+                    self._queue.append(op)
+                    self._cv.notify()
+                    if self._active or self._waiting.n:  # the engine may sleep in the transport's wait
+                        self.transport.wake()            # on them: it takes this op up now
+                    return op
+            grad = torch.is_grad_enabled()
+            try:
+                if grad:  # as on the engine thread: see _drive_ops
+                    self._set_grad_enabled(False)
+                self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
+            finally:
+                held = False
+                self._drive.release()
+                if grad:
+                    self._set_grad_enabled(True)
+        except BaseException as e:
+            # raised into this thread between taking the drive lock and running the op (a signal
+            # handler's exception: Ctrl-C, an alarm's time limit): the lock stayed held, the
+            # engine blocked on it for good, and the op, numbered, never ran while the peers
+            # waited for it. Fail the op and the group (the peers are told), then let go.
+            if held:
+                try:
+                    if not op.finished:
+                        self._fail(op, e, self._active, self._waiting)
+                finally:
+                    self._drive.release()
+            raise
         return op
 
     def _run_inline(self, op: Op, budget: float) -> None:

@@ -1030,3 +1030,52 @@ def abort_frames_under_the_drive_lock(rank, world):
     except Exception:  # noqa: BLE001 - (rank 0's group is aborted: torch may refuse)
         pass
     return out
+
+
+class _Limit(Exception):
+    """What a signal handler raises (an alarm's time limit), here at a chosen point."""
+
+
+def exception_between_lock_and_run(rank, world):
+    """An exception raised into the caller's thread between the fast path's taking of the drive
+    lock and its run of the op (a signal handler's: Ctrl-C, an alarm's time limit; injected on
+    rank 0 at the check that follows the lock) left the lock held: the engine blocked on it for
+    good, the op (numbered) never ran, the peers waited for it until the time-out, and destroy
+    took the time-out and left the engine thread behind. The op and the group now fail, the
+    peers are told at once, and destroy is quick."""
+    import threading
+    from collections import deque
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+    group = sub.group
+    dist.all_reduce(torch.ones(4), group=sub)  # (set up, and every rank is here)
+    raised = None
+    t0 = time.monotonic()
+    if rank == 0:
+        main = threading.main_thread()
+
+        class Armed(deque):
+            armed = True
+
+            def __len__(self):
+                if self.armed and threading.current_thread() is main:
+                    Armed.armed = False
+                    raise _Limit("time limit")
+                return super().__len__()
+        group._queue = Armed(group._queue)
+        try:
+            dist.all_reduce(torch.ones(4), group=sub)
+        except _Limit as e:
+            raised = str(e)
+    else:
+        try:
+            dist.all_reduce(torch.ones(4), group=sub)
+        except Exception as e:  # noqa: BLE001
+            raised = str(e)
+    elapsed = time.monotonic() - t0
+    dist.barrier(group=dist.new_group(backend="gloo"))
+    t1 = time.monotonic()
+    dist.destroy_process_group(sub)
+    return dict(raised=raised, elapsed=elapsed, destroy_s=time.monotonic() - t1,
+                engine_alive=group._thread.is_alive())

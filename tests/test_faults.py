@@ -333,3 +333,10 @@ def test_an_abort_sends_its_frames_under_the_drive_lock(pools):
     assert mine["sends"] and all(mine["sends"]), mine
     assert 0.25 <= mine["waited"] < 5, mine
     assert all("rank 0" in p for p in peers), peers
+
+
+def test_an_exception_between_the_fast_paths_lock_and_its_run_fails_the_group_and_lets_go(pools):
+    mine, peer = pools(2).run("cases_faults:exception_between_lock_and_run")
+    assert mine["raised"] == "time limit", mine
+    assert peer["raised"] and "rank 0" in peer["raised"] and peer["elapsed"] < 5, peer
+    assert mine["destroy_s"] < 3 and not mine["engine_alive"], mine

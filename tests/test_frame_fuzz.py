@@ -163,3 +163,24 @@ def test_mismatch_messages_say_what_the_frames_carry():
     want_c = want._replace(kind=int(Kind.ALLREDUCE), seq=5, tag=0)
     with pytest.raises(FrameError, match=r"expected allreduce seq=5 from rank 1 .* received allreduce seq=6"):
         frame.check(want_c._replace(seq=6), want_c, 32)
+
+
+def test_an_exception_that_is_no_parse_error_is_not_called_a_bad_frame(monkeypatch):
+    """A signal handler's exception (an alarm's time limit) raised while a header was parsed came
+    out as "unparseable frame header: time limit" (every Exception was taken for a bad frame)."""
+    from neuron_dist.transport import frame
+
+    class Limit(Exception):
+        pass
+
+    class Header:
+        size = frame.HEADER.size
+
+        def unpack(self, *args):
+            raise Limit("time limit")
+        unpack_from = unpack
+    monkeypatch.setattr(frame, "HEADER", Header())
+    with pytest.raises(Limit):
+        frame.unpack(bytes(frame.HEADER_SIZE))
+    with pytest.raises(Limit):
+        frame.unpack_from(bytes(frame.HEADER_SIZE))

@@ -41,3 +41,24 @@ def test_a_slow_store_still_gives_the_diagnosis(pools, world):
 @pytest.mark.parametrize("world", (2,))
 def test_groups_failing_together_each_get_their_diagnosis(pools, world):
     assert all(pools(world).run("cases_hang:groups_fail_together"))
+
+
+def test_the_dump_signals_handler_never_raises_nor_nests(monkeypatch):
+    """The dump signal's handler runs between two bytecodes of whatever the main thread does (a
+    collective): under a storm of signals the dumps nested until a RecursionError escaped into the
+    collective and broke the group. Now nothing escapes it, and a signal during a dump is dropped."""
+    from neuron_dist import diagnosis
+    written = []
+
+    def dump_all():  # a second signal arrives while the first dump is being written
+        diagnosis._dump_on_signal("stderr")
+        return "dump"
+    monkeypatch.setattr(diagnosis, "dump_all", dump_all)
+    monkeypatch.setattr(diagnosis, "emit", lambda text, where: written.append(text))
+    diagnosis._dump_on_signal("stderr")
+    assert written == ["dump\n"], written
+
+    def failing(text, where):
+        raise RuntimeError("the terminal went away")
+    monkeypatch.setattr(diagnosis, "emit", failing)
+    diagnosis._dump_on_signal("stderr")  # no exception

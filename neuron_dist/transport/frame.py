@@ -121,8 +121,8 @@ def unpack(buf) -> Header:
         fields = HEADER.unpack(mv)
     except FrameError:
         raise
-    except Exception as e:  # struct.error, TypeError on odd buffer types
-        raise FrameError(f"unparseable frame header: {e}") from None
+    except (struct.error, TypeError, ValueError) as e:  # (odd buffer types; not whatever a signal
+        raise FrameError(f"unparseable frame header: {e}") from None  # handler raises meanwhile)
     return _validated(fields)
 
 
@@ -130,8 +130,8 @@ def unpack_from(buf, offset: int = 0) -> Header:
     """`unpack` of the header at `offset` of a larger buffer (a shared-memory slot), no copy."""
     try:
         fields = HEADER.unpack_from(buf, offset)
-    except Exception as e:  # struct.error, TypeError on odd buffer types
-        raise FrameError(f"unparseable frame header: {e}") from None
+    except (struct.error, TypeError, ValueError) as e:  # (odd buffer types; not whatever a signal
+        raise FrameError(f"unparseable frame header: {e}") from None  # handler raises meanwhile)
     return _validated(fields)
 
 
