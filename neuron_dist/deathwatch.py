@@ -79,10 +79,16 @@ class DeathWatch:
         if not self.dead:
             return
         needed = [op.peer] if op.is_p2p and op.peer is not None else range(g.size)
-        for r in needed:
-            if r in self.dead and not g.transport.peer_finished(r):
-                raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g._who(r)} is gone "
-                                 f"({self.dead[r]}) before the operation started")
+        dead = [r for r in needed if r in self.dead and not g.transport.peer_finished(r)]
+        if not dead:
+            return
+        r = dead[0]
+        if len(self.dead) == 1:
+            raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g._who(r)} is gone "
+                             f"({self.dead[r]}) before the operation started")
+        # several members gone, seen in one look: which went first is what their ABORT frames say
+        # (a peer that failed on another's death tells its cause, then exits)
+        raise GroupError(f"[rank {g.rank}] {g._name(op)} failed before it started: {g._gone_cause(r, self.dead[r])}")
 
     def close(self) -> None:
         for fd in self.fds:
