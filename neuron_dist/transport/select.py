@@ -30,8 +30,9 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
     from . import shm
     shm_ok = shm.available() is None
     if forced == "mpi" and ctx.size > 1 and not under_mpirun():  # before mpi4py starts a singleton MPI
-        raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} was not started by mpirun or srun "
-                             f"(none of {', '.join(MPI_ENV)} is set); launch the job with mpirun, or use shm/zmq")
+        raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} was not started by mpirun or as an MPI "
+                             f"process (none of {', '.join(MPI_ENV)} is set: srun needs --mpi=pmix or pmi2); launch "
+                             f"the job with mpirun, or use shm/zmq")
     out = {}
     for p in range(ctx.size):
         if p == ctx.rank:
