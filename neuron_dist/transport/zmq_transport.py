@@ -316,10 +316,11 @@ class ZmqTransport(Transport):
                                        f"but carries {body.nbytes}")
             payload = tensor_of(body)
             if h.dtype and payload.data_ptr() % frame.ITEMSIZE[h.dtype]:
-                # zero-copy receives sit where libzmq's decoder put them, at any byte offset (a
-                # few hundred bytes: 4 or 11 past a 16-byte line), and torch's kernels assume an
-                # element's alignment: a complex128 reduction read them with aligned loads and
-                # the rank died on SIGSEGV. Misaligned payloads get an aligned copy of their own.
+                # zero-copy receives sit where libzmq put them: below 8 KiB in its decoder's
+                # buffer at any byte offset (4 or 11 past a 16-byte line), above it in a buffer
+                # of their own 8 past one; torch's kernels assume an element's alignment, and a
+                # complex128 reduction read them with aligned loads and the rank died on SIGSEGV.
+                # Misaligned payloads (small ones; complex128 at any size) get an aligned copy.
                 payload = payload.clone()
             self.queues[h.src].append((h, payload))
             self._arrived += 1
