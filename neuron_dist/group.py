@@ -841,8 +841,10 @@ class Group(HangDiagnosis):
         """The transport's reason for `p` being gone, once it has held for `grace` seconds."""
         try:
             reason = self.transport.check_peer(p)
-            if not reason and self._deaths is not None and not self.transport.peer_finished(p):
-                reason = self._deaths.exited(self, p)  # a same-host peer's process, where the transport cannot tell
+            if not reason and self._deaths is not None:  # a same-host peer's process, where the transport
+                reason = self._deaths.exited(self, p)    # cannot tell (an epoll look, at most one a millisecond),
+                if reason and self.transport.peer_finished(p):  # unless it closed in order first
+                    reason = None
         except Exception as e:  # noqa: BLE001
             reason = f"liveness check failed: {e}"
         if not reason:

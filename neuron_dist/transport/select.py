@@ -89,7 +89,7 @@ def settings() -> str:
     forced = (env("NEURON_DIST_TRANSPORT") or "").strip().lower()
     if forced and forced not in KNOWN:
         raise ValueError(f"NEURON_DIST_TRANSPORT={forced!r} is not a transport; known: {', '.join(KNOWN)}")
-    shm.check_settings()
+    shm.settings()
     return forced
 
 

@@ -271,13 +271,16 @@ def segment_bytes(npeers: int, nslots: int, slot_bytes: int) -> int:
     return ring_offset(npeers, nslots, slot_bytes)
 
 
-def check_settings() -> None:
-    """Raise on a bad value of this transport's settings (read again, with their defaults, when
-    a transport is made: some defaults depend on the cores it finds)."""
-    env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
-    env_int("NEURON_DIST_SHM_SPIN_US", 0, minimum=0)
-    env_int("NEURON_DIST_SHM_YIELD_US", 0, minimum=0)
-    env_flag("NEURON_DIST_SHM_LEND", default=True)
+def settings(oversubscribed: bool = False) -> tuple[int, float, float, bool]:
+    """This transport's settings from the environment: ring slots, spin and yield-spin before a
+    wait sleeps (seconds; their defaults depend on whether local ranks outnumber cores: then
+    yield instead of spinning, the peer may need this core; with a core per rank, spin on with
+    sched_yield before sleeping, see `wait`), and whether single-copy lending is allowed (on
+    unless set off). A group reads them before it meets its peers, so a bad value reaches them."""
+    return (env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2),
+            env_int("NEURON_DIST_SHM_SPIN_US", 20 if oversubscribed else 50, minimum=0) * 1e-6,
+            env_int("NEURON_DIST_SHM_YIELD_US", 0 if oversubscribed else YIELD_US, minimum=0) * 1e-6,
+            env_flag("NEURON_DIST_SHM_LEND", default=True))
 
 
 class ShmTransport(Transport):
@@ -295,18 +298,11 @@ class ShmTransport(Transport):
                                      f"rank {p} runs on {ctx.hosts[p]}, this rank on {ctx.hostname}")
         # whole cache lines: every slot's payload starts aligned for any dtype's view
         self.slot_bytes = -(-frame.frame_bytes_setting() // LINE) * LINE
-        self.nslots = env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2)
         # the cores the local ranks share (ranks bound one per core see one core each)
         ncpu = ctx.local_cpus or len(os.sched_getaffinity(0))
-        # more local ranks than cores: yield instead of spinning (the peer may need this core)
-        self.oversubscribed = len(self.peers) + 1 > ncpu
-        self.spin = env_int("NEURON_DIST_SHM_SPIN_US", 20 if self.oversubscribed else 50, minimum=0) * 1e-6
-        # then, with a core per rank, spin on with sched_yield before sleeping (see `wait`)
-        self.yield_spin = env_int("NEURON_DIST_SHM_YIELD_US", 0 if self.oversubscribed else YIELD_US,
-                                  minimum=0) * 1e-6
+        self.oversubscribed = len(self.peers) + 1 > ncpu  # more local ranks than cores
+        self.nslots, self.spin, self.yield_spin, self.lend_allowed = settings(self.oversubscribed)
         self._spun = 0.0  # seconds this rank has spun since something last moved (see `wait`)
-        # single-copy lending, on unless set off
-        self.lend_allowed = env_flag("NEURON_DIST_SHM_LEND", default=True)
         self.closed = False
         self._woken = False  # set by wake() (another thread of this rank): the next wait returns
         self._seen: dict[int, int] = {}  # what the last wait saw: peer -> ring head, ~peer -> tail (`_news`)
