@@ -28,11 +28,15 @@ the host runs code slowly just after other work (the 2-vCPU EPYC VM of 2026-12-0
 empty Python call 5x its back-to-back time, a 4 KiB add 13x, this backend's all-reduce and a
 no-op Python backend's 5.5x; benchmarks/RESULTS.md, "Twenty-fifth pass"), this sets what any
 call costs when calls come one at a time, whatever the backend does: the cost then grows with
-the memory a call's code and data touch, not with what it waits for.
+the memory a call's code and data touch, not with what it waits for. A third column times each
+call right after a 4 MiB copy between two private buffers (`--evict-bytes`): twice a core's L2
+on the Xeon host, so the call's code and data come back from L3, as they do after a large
+collective's copies or a training step's compute.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import time
 
@@ -114,36 +118,47 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def _cold(call_on, rank: int, iters: int, groups: dict, gap: float = BUSY_S) -> None:
-    """Per call, the median of `iters` single timed calls back to back and the median of `iters`
-    calls each made right after `gap` seconds of other work, for the three groups of _floor and
-    three primitives of no backend; rank 0 prints one line each, with the ratio."""
+def _evictor(nbytes: int):
+    """A copy of `nbytes` between two private buffers (libc memmove, as the data path's large
+    copies): run before a call, it pushes the call's code and data out of the core's caches."""
+    src, dst = torch.ones(max(1, nbytes // 4)), torch.empty(max(1, nbytes // 4))
+    return lambda: ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
+
+
+def _cold(call_on, rank: int, iters: int, groups: dict, gap: float = BUSY_S, evict_bytes: int = 4 << 20) -> None:
+    """Per call, the median of `iters` single timed calls back to back, the median of `iters`
+    calls each made right after `gap` seconds of other work, and the median of `iters` calls
+    each made right after a copy of `evict_bytes`, for the three groups of _floor and three
+    primitives of no backend; rank 0 prints one line each, with the ratios to back to back."""
     a, b, out = torch.ones(1024), torch.ones(1024), torch.empty(1024)
+    evict = _evictor(evict_bytes)
     calls = {name: (lambda g=g: call_on(g)) for name, g in groups.items()}
     calls.update({"empty Python call": lambda: None,
                   "torch.add 4 KiB (out=)": lambda: torch.add(a, b, out=out),
                   "Tensor.copy_ 4 KiB": lambda: out.copy_(a)})
     clock = time.perf_counter
     if rank == 0:
-        print(f"# cold: us per call, median of {iters}; back to back, then each call right after "
-              f"{gap * 1e3:g} ms of other work (a busy loop)", flush=True)
+        print(f"# cold: us per call, median of {iters}; back to back, each call right after "
+              f"{gap * 1e3:g} ms of other work (a busy loop), each right after a {evict_bytes >> 10} KiB copy",
+              flush=True)
     for name, fn in calls.items():
         for _ in range(20):
             fn()
         medians = []
-        for gap_s in (0.0, gap):
+        for before in (None, lambda: _busy(gap), evict):
             dist.barrier(group=groups["gloo"])
             us = []
             for _ in range(iters):
-                if gap_s:
-                    _busy(gap_s)
+                if before is not None:
+                    before()
                 t0 = clock()
                 fn()
                 us.append((clock() - t0) * 1e6)
             medians.append(sorted(us)[len(us) // 2])
         if rank == 0:
-            warm, cold = medians
-            print(f"  {name:>24} {warm:>8.2f} {cold:>8.2f}  x{cold / warm:.1f}", flush=True)
+            warm, busy, evicted = medians
+            print(f"  {name:>24} {warm:>8.2f} {busy:>8.2f} x{busy / warm:<5.1f} {evicted:>8.2f} x{evicted / warm:.1f}",
+                  flush=True)
 
 
 def main() -> None:
@@ -155,7 +170,9 @@ def main() -> None:
     p.add_argument("--floor", action="store_true",
                    help="first time the call through Gloo and a no-op Python backend as well (see above)")
     p.add_argument("--cold", action="store_true",
-                   help="first time calls and primitives back to back and after 2 ms of other work (see above)")
+                   help="first time calls and primitives back to back, after 2 ms of other work and after "
+                        "a copy of --evict-bytes (see above)")
+    p.add_argument("--evict-bytes", default="4M", help="the copy before each call in --cold's last column")
     a = p.parse_args()
     if a.pin:
         cores = sorted(os.sched_getaffinity(0))
@@ -176,7 +193,7 @@ def main() -> None:
     if a.floor:
         _floor(call, rank, a.iters, groups)
     if a.cold:
-        _cold(call, rank, a.iters, groups)
+        _cold(call, rank, a.iters, groups, evict_bytes=parse_size(a.evict_bytes))
     for _ in range(50):
         call()
     modes = {"back to back": lambda: None, "after gloo barrier": lambda: dist.barrier(group=meta),

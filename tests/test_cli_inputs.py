@@ -328,18 +328,22 @@ def test_topology_rejects_bad_instance_files(tmp_path, capsys, field, value, msg
 
 def test_call_anatomy_cold_rows():
     """`benchmarks/call_anatomy.py --cold` (one rank) prints, for the three groups and the three
-    primitives, the back-to-back median, the median right after other work, and their ratio."""
+    primitives, the back-to-back median, the median right after other work and the median right
+    after a cache-evicting copy, each of the last two with its ratio to the first."""
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                        str(ROOT / "benchmarks" / "call_anatomy.py"), "--cold", "--iters", "5"],
+                        str(ROOT / "benchmarks" / "call_anatomy.py"), "--cold", "--iters", "5",
+                        "--evict-bytes", "256K"],
                        capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
+    assert "each right after a 256 KiB copy" in p.stdout, p.stdout
     for name in ("neuron", "gloo", "no-op Python backend", "empty Python call", "torch.add 4 KiB (out=)",
                  "Tensor.copy_ 4 KiB"):
-        m = re.search(rf"^ +{re.escape(name)} +([\d.]+) +([\d.]+)  x([\d.]+)$", p.stdout, re.M)
+        m = re.search(rf"^ +{re.escape(name)} +([\d.]+) +([\d.]+) x([\d.]+) +([\d.]+) x([\d.]+)$", p.stdout, re.M)
         assert m, (name, p.stdout)
-        warm, cold, ratio = map(float, m.groups())
-        assert warm > 0 and cold > 0, m.group(0)
-        # the medians print to 0.005 us and the ratio to 0.05: their quotient may differ by that much
-        slack = 0.05 + (cold / warm) * (0.005 / warm + 0.005 / cold) * 1.01
-        assert abs(ratio - cold / warm) <= slack, m.group(0)
+        warm, busy, busy_ratio, evicted, evicted_ratio = map(float, m.groups())
+        assert warm > 0 and busy > 0 and evicted > 0, m.group(0)
+        for cold, ratio in ((busy, busy_ratio), (evicted, evicted_ratio)):
+            # the medians print to 0.005 us and the ratio to 0.05: their quotient may differ by that much
+            slack = 0.05 + (cold / warm) * (0.005 / warm + 0.005 / cold) * 1.01
+            assert abs(ratio - cold / warm) <= slack, m.group(0)
     assert "after 2 ms busy" in p.stdout
