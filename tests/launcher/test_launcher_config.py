@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from launcher_helpers import clean_env, neuronrun
@@ -257,3 +259,20 @@ def test_help_is_the_manual_and_errors_exit_2():
     assert r.returncode == 0 and "Environment of each rank" in r.stdout and "NEURONRUN_FOO_BAR" in r.stdout
     r = neuronrun(["--nproc-per-node", "999", "t.py"])
     assert r.returncode == 2 and "neuronrun: error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_dry_run_and_help_import_neither_torch_nor_the_backend():
+    """The package's promise (`--help` and `--dry-run` answer at once): the instance models come
+    from neuron_dist's topology file loaded on its own, not through neuron_dist/__init__, which
+    registers the backend and imports torch (7 s and 230 MB on a loaded 2-core host)."""
+    probe = ("import sys\nfrom neuronrun_launcher import run\n"
+             "for argv in (['--dry-run', '--nproc-per-node', '2', '--instance', 'trn1.32xlarge', 't.py'], ['--help']):\n"
+             "    try:\n        rc = run.main(argv)\n    except SystemExit as e:\n        rc = e.code\n"
+             "    assert rc == 0, (argv, rc)\n"
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('neuron_dist')))\n"
+             "print('own copy' if 'neuronrun_launcher._neuron_dist_instances' in sys.modules else 'fallback')\n")
+    r = subprocess.run([sys.executable, "-c", probe], env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    *_, loaded, source = r.stdout.strip().splitlines()
+    assert loaded == "[]", r.stdout[-2000:]
+    assert source == "own copy" and "trn1.32xlarge" in r.stdout, r.stdout[-2000:]  # neuron_dist's models, placed on
