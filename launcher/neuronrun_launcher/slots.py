@@ -140,7 +140,7 @@ def assign_slots(
     ]
 
 
-_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$", re.ASCII)  # ASCII digits: the backend agrees
 
 
 def parse_core_range(value: str) -> tuple[int, int]:

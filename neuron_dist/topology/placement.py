@@ -19,6 +19,7 @@ the store, every rank builds the same `GroupTopology(instance, slots)` and calls
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -56,24 +57,22 @@ class Slot:
                    lnc=int(d.get("lnc", 2)), instance=str(d.get("instance", DEFAULT_INSTANCE)))
 
 
+_CORES = re.compile(r"(\d+)(?:-(\d+))?", re.ASCII)  # one part: "5" or "4-7" (neuronrun's own parser agrees)
+
+
 def parse_visible_cores(spec: str) -> tuple[int, ...]:
     """NEURON_RT_VISIBLE_CORES: core indices and inclusive ranges, comma-separated, as the Neuron
-    runtime reads it: "5" -> (5,), "4-7" -> (4, 5, 6, 7), "0,2-3" -> (0, 2, 3)."""
+    runtime reads it: "5" -> (5,), "4-7" -> (4, 5, 6, 7), "0,2-3" -> (0, 2, 3). Digits only:
+    `int` alone would take "1_0" as core 10 and "+3" as 3, which neuronrun refuses."""
     out: list[int] = []
-    try:
-        for part in spec.replace(" ", "").split(","):
-            if "-" in part:
-                a, b = part.split("-")
-                a, b = int(a), int(b)
-                if b < a:
-                    raise ValueError
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-    except ValueError:
-        raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r}: expected a core index like '5', an "
-                         f"inclusive range like '4-7', or a comma-separated list of them like "
-                         f"'0,2-3'") from None
+    for part in spec.replace(" ", "").split(","):
+        m = _CORES.fullmatch(part)
+        if m is None or (m[2] is not None and int(m[2]) < int(m[1])):
+            raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r}: expected a core index like '5', an "
+                             f"inclusive range like '4-7', or a comma-separated list of them like "
+                             f"'0,2-3'")
+        a = int(m[1])
+        out.extend(range(a, int(m[2] or a) + 1))
     if len(set(out)) != len(out):
         raise ValueError(f"NEURON_RT_VISIBLE_CORES={spec!r} lists a core twice")
     return tuple(out)

@@ -66,6 +66,18 @@ def test_visible_cores_errors_name_every_form_the_runtime_takes():
         parse_visible_cores("0-2,1")
 
 
+@pytest.mark.parametrize("spec", ["1_0", "+3", "0,+3", "\u0663", "3-1", "1,,2", "-1"])
+def test_visible_cores_take_digits_only_as_neuronrun_does(spec):
+    """`int` alone took "1_0" as core 10 and "+3" as core 3, values neuronrun refuses (a review's
+    finding: the two parsers disagreed): the backend now refuses them too, with the same message
+    as any other malformed value, and neuronrun's parser agrees on each."""
+    with pytest.raises(ValueError, match="expected a core index like '5'"):
+        parse_visible_cores(spec)
+    launcher_config = pytest.importorskip("neuronrun_launcher.config")
+    with pytest.raises(Exception, match="NEURON_RT_VISIBLE_CORES"):
+        launcher_config.visible_pool(spec)
+
+
 def test_slot_roundtrip_json():
     s = Slot(node=2, chip=3, cores=(12, 13), lnc=1, instance="trn2.48xlarge")
     assert Slot.from_dict(json.loads(json.dumps(s.to_dict()))) == s
