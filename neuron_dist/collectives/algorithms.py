@@ -89,6 +89,11 @@ def algorithms_for(collective: str) -> list[str]:
 
 
 def register(collective: str, algorithm: str, builder: Builder) -> None:
+    """Add or replace the builder run for `algorithm` (a lower-case name). A name the cost model
+    prices (topology/cost.AVAILABLE) joins the model policy's choice; any other runs only when
+    NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones)."""
+    if algorithm != algorithm.strip().lower() or not algorithm:
+        raise ValueError(f"algorithm names are lower case without spaces (NEURON_DIST_ALGO is read so): {algorithm!r}")
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     BUILDERS[(collective, algorithm)] = builder

@@ -29,9 +29,12 @@ def parse_forced(spec: str | None, runnable=None) -> dict[str, str]:
         coll, algo = (x.strip() for x in entry.split(":", 1))
         try:
             coll = normalise_collective(coll)
-            if runnable is not None and algo.strip().lower() not in runnable(coll):
-                raise ValueError(f"unknown algorithm {algo!r} for {coll}; valid: {', '.join(runnable(coll))}")
-            algo = check_algorithm(coll, algo)
+            if runnable is not None:  # the backend's own names, those the model cannot price included
+                if algo.strip().lower() not in runnable(coll):
+                    raise ValueError(f"unknown algorithm {algo!r} for {coll}; valid: {', '.join(runnable(coll))}")
+                algo = algo.strip().lower()
+            else:
+                algo = check_algorithm(coll, algo)
             if coll in out and out[coll] != algo:
                 raise ValueError(f"{entry_of[coll]!r} and {entry!r} force different algorithms for "
                                  f"{coll}; keep one")
@@ -77,11 +80,13 @@ def backend_forced(spec: str | None) -> dict[str, str]:
 def backend_choose(collective: str, nbytes: int, topo: GroupTopology,
                    forced: Mapping[str, str] | None = None) -> str:
     """The algorithm the backend's model policy runs: forced[collective] if given (see
-    backend_forced), else the cheapest modelled one among `backend_algorithms`."""
+    backend_forced), else the cheapest modelled one among `backend_algorithms`. A builder
+    registered under a name the cost model cannot price (collectives.algorithms.register) is
+    run only when forced: the model has no estimate to weigh it by."""
     coll = normalise_collective(collective)
     if forced and coll in forced:
         return forced[coll]
-    return choose(coll, nbytes, topo, None, available=backend_algorithms(coll))
+    return choose(coll, nbytes, topo, None, available=[a for a in backend_algorithms(coll) if a in AVAILABLE[coll]])
 
 
 __all__ = ["parse_forced", "choose", "COLLECTIVES", "AVAILABLE", "ENV_ALGO", "backend_algorithms",

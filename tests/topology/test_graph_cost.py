@@ -242,3 +242,28 @@ def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa():
     efa_only = 12.8e12 / 8 / 16 / 4 / 1e9  # what one chip's share of EFA carries, GB/s per direction
     assert busbw(two, 32) > 2 * efa_only * 1.5  # no longer bound by EFA
     assert busbw(place("trn3", 32, 16), 512) < busbw(two, 32)  # across UltraServers: EFA again
+
+
+def test_a_registered_algorithm_the_model_cannot_price_runs_when_forced_and_is_not_chosen():
+    """collectives.algorithms.register takes a new name (an experimental schedule). The model
+    policy's choice passed every registered name to the cost model, which raised for it on every
+    call of that collective, and NEURON_DIST_ALGO refused to force it (a review's finding): the
+    name now runs when forced, the model keeps choosing among what it prices, and a name that is
+    not lower case is refused at registration (NEURON_DIST_ALGO is read lower-cased)."""
+    from neuron_dist.collectives import algorithms
+    from neuron_dist.topology.select import backend_choose, backend_forced
+    topo = place("trn2.48xlarge", 1, 4)
+    algorithms.register("allgather", "mine", algorithms.BUILDERS[("allgather", "ring")])
+    try:
+        assert backend_forced("allgather:Mine") == {"allgather": "mine"}
+        for nbytes in (4096, 64 << 20):
+            assert backend_choose("allgather", nbytes, topo) in AVAILABLE["allgather"]
+        assert backend_choose("allgather", 4096, topo, backend_forced("allgather:mine")) == "mine"
+        spec = algorithms.Spec(collective="allgather", rank=1, size=4, counts=(3, 3, 3, 3), order=(0, 1, 2, 3))
+        assert algorithms.build(spec, "mine").rounds == algorithms.build(spec, "ring").rounds
+    finally:
+        del algorithms.BUILDERS[("allgather", "mine")]
+    with pytest.raises(ValueError, match="lower case"):
+        algorithms.register("allgather", "Mine", algorithms.BUILDERS[("allgather", "ring")])
+    with pytest.raises(ValueError, match="unknown algorithm 'mine' for allgather"):
+        backend_forced("allgather:mine")
