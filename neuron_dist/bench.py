@@ -263,7 +263,7 @@ def worker(a) -> int:
     gloo = dist.new_group(backend="gloo") if a.vs == "gloo" else None
     dtype = getattr(torch, a.dtype)
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
-    pg = dist.distributed_c10d._get_default_group()
+    pg = dist.group.WORLD
     transport = getattr(getattr(pg, "group", None), "transport", None)
     say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} "
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "

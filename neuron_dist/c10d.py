@@ -4,7 +4,8 @@
 Work handles) into one `Op` on the `Group`: arguments are checked here, before any byte moves;
 inputs and outputs are flattened (non-contiguous tensors go through staging copies); the
 schedule is built when the engine starts the op. Every private torch name used by the package
-is imported in this module alone.
+is imported in this module alone (the launcher, a package of its own, keeps its one in its
+launch.py).
 """
 from __future__ import annotations
 

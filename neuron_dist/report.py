@@ -14,7 +14,9 @@ def report(group=None) -> list[dict]:
     """Rows of {collective, algorithm, calls, bytes, host_s, model_device_s} for a process
     group (default: the default group)."""
     import torch.distributed as dist
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None:
+        raise ValueError("no default process group: call dist.init_process_group('neuron') first")
     inner = getattr(pg, "group", None)
     if inner is None:
         raise ValueError(f"{pg!r} is not a neuron process group")

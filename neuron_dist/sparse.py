@@ -17,9 +17,10 @@ MAX_DIMS = 16  # dimensions a sparse tensor's layout record holds
 
 
 def layout_record(t: torch.Tensor) -> torch.Tensor:
-    """nnz, sparse dims, dense dims, dtype code, dimensions, then the shape padded with -1."""
+    """nnz, sparse dims, dense dims, dtype code, dimensions, then the shape padded with -1, of the
+    coalesced tensor `t`."""
     shape = list(t.shape)
-    return torch.tensor([t._nnz(), t.sparse_dim(), t.dense_dim(), DTYPE_CODE[t.dtype], len(shape)]
+    return torch.tensor([t.indices().shape[1], t.sparse_dim(), t.dense_dim(), DTYPE_CODE[t.dtype], len(shape)]
                         + shape + [-1] * (MAX_DIMS - len(shape)), dtype=torch.int64)
 
 

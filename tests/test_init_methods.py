@@ -122,3 +122,14 @@ def test_debug_topo_and_coll_log_their_subsystems():
         assert f"neuron_dist.coll DEBUG: rank {rank} group 0: allreduce(12 bytes, float32, sum) runs as" in out, \
             out[-3000:]
         assert "neuron_dist.transport DEBUG" not in out and "neuron_dist.init DEBUG" not in out, out[-3000:]
+
+
+def test_report_without_a_default_group_says_so():
+    """neuron_dist.report() before init_process_group: a clear error (it asked torch's private
+    default-group lookup, now the public dist.group.WORLD)."""
+    import torch.distributed as dist
+
+    import neuron_dist
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="no default process group"):
+        neuron_dist.report()
