@@ -48,6 +48,7 @@ import sys
 import time
 
 from .ports import free_port  # the benchmarks' rendezvous port
+from .topology.placement import DEFAULT_INSTANCE
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
@@ -93,13 +94,6 @@ def expand_ops(ops: list[str]) -> list[str]:
             if x not in out:
                 out.append(x)
     return out
-
-
-def human(n: int) -> str:
-    for unit, s in (("G", 30), ("M", 20), ("K", 10)):
-        if n >= 1 << s and n % (1 << s) == 0:
-            return f"{n >> s}{unit}"
-    return str(n)
 
 
 def last_record(pg):
@@ -420,7 +414,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--added", action="store_true",
                    help="time = wall time a call adds to a Gloo barrier (what it costs the job)")
     p.add_argument("--vs", choices=("gloo",), help="also run Gloo, same sizes, same processes; adds a ratio")
-    p.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or "trn2.48xlarge",
+    p.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE,
                    help="instance the cost model predicts busbw for (default $NEURON_DIST_INSTANCE, "
                         "as the backend models, else trn2.48xlarge; '' to omit the column)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")

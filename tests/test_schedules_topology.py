@@ -7,12 +7,18 @@ import pytest
 from neuron_dist.collectives.algorithms import BUILDERS, Spec, build
 from neuron_dist.collectives.hierarchical import (hierarchical_allgather, hierarchical_allreduce,
                                                    hierarchical_reduce_scatter)
-from neuron_dist.collectives.rdh import rdh_allreduce_topo
+from neuron_dist.collectives.rdh import rdh_allreduce
 from neuron_dist.collectives.schedule import OUT, Chunk, Recv, Schedule, Send
 from neuron_dist.collectives.simulate import Deadlock, ScheduleError, simulate
 from neuron_dist.collectives.torus import torus_allgather, torus_allreduce, torus_reduce_scatter
 from neuron_dist.topology import GroupTopology, get_instance, link_kind, place
 from neuron_dist.topology.graph import ring_order
+
+
+def rdh_allreduce_topo(rank, topo, count):
+    """The recursive halving-doubling all-reduce over the topology's ring order (as the backend's
+    builder table runs it)."""
+    return rdh_allreduce(rank, ring_order(topo), count)
 from neuron_dist.topology.placement import make_slot
 
 SIZES = [1, 2, 3, 4, 5, 8, 16, 32, 64, 128]

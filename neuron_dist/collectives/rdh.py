@@ -40,7 +40,3 @@ def rdh_allreduce(rank: int, order: Sequence[int], count: int) -> Schedule:
         sched.add(Send(order[pos + P2], data, lend=True))
     return sched
 
-
-def rdh_allreduce_topo(rank: int, topo, count: int) -> Schedule:
-    from ..topology.graph import ring_order
-    return rdh_allreduce(rank, ring_order(topo), count)

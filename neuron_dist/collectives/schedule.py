@@ -33,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 IN, OUT, TMP = 0, 1, 2
-BUFFER_NAMES = ("in", "out", "tmp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +135,6 @@ class Schedule:
 
     def peers(self) -> set[int]:
         return {s.peer for r in self.rounds for s in r if isinstance(s, (Send, Recv))}
-
-    def bytes_sent(self, itemsize: int) -> int:
-        return sum(s.src.count * itemsize for r in self.rounds for s in r if isinstance(s, Send))
 
 
 def split(count: int, parts: int) -> list[tuple[int, int]]:

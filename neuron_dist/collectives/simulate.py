@@ -36,12 +36,6 @@ class SimResult:
     def pairs(self) -> set[tuple[int, int]]:
         return {(s, d) for s, d, _ in self.transfers}
 
-    def bytes_by_pair(self) -> dict[tuple[int, int], int]:
-        out: dict[tuple[int, int], int] = {}
-        for s, d, b in self.transfers:
-            out[s, d] = out.get(s, 0) + b
-        return out
-
 
 def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None = None, *,
              op: Callable | None = None, inplace: bool = False) -> SimResult:

@@ -23,7 +23,7 @@ from .cost import bus_factor, estimate, normalise_collective
 from .draw import svg
 from .graph import hamiltonian_cycles
 from .instances import get_instance, list_instances
-from .placement import place
+from .placement import DEFAULT_INSTANCE, place
 from .select import ENV_ALGO, backend_algorithms, backend_choose, backend_forced
 
 
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     s.add_argument("--svg")
     pr = sub.add_parser("predict")
     pr.add_argument("collective")
-    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or "trn2.48xlarge")
+    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
     pr.add_argument("--nodes", type=int, default=1)
     pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
     pr.add_argument("--lnc", type=int)

@@ -25,8 +25,9 @@ from .placement import GroupTopology
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather",
                "scatter", "alltoall", "barrier")
-ALGORITHMS = ("ring", "torus", "hierarchical", "rdh", "direct", "tree", "dissemination")
-# Algorithms the backend may run, per collective, in order of preference on equal cost.
+# Algorithms the cost model prices, per collective, in order of preference on equal cost: more
+# than the backend has schedules for (broadcast "ring", alltoall "ring", ...); the backend
+# chooses among those it can build (topology/select.py, backend_choose).
 AVAILABLE: dict[str, tuple[str, ...]] = {
     "allreduce": ("ring", "torus", "hierarchical", "rdh", "direct"),
     "allgather": ("ring", "torus", "hierarchical", "direct"),

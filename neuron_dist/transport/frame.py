@@ -43,24 +43,26 @@ class Kind(enum.IntEnum):
     ALLTOALL = 8
     BARRIER = 9
     P2P = 10       # send/recv: seq is the pair's message number, tag the user's tag
-    HELLO = 11     # connection set-up
+    # 11: unassigned (a frame of this kind is refused like any unknown kind)
     ABORT = 12     # this rank's group failed or was aborted: payload is the cause (UTF-8); peers fail fast
     BYE = 13       # orderly close (destroy/shutdown): everything this rank had to send was sent
 
 
 # dtype codes on the wire; one table both ways. The dtypes after the first twelve are moved,
 # never reduced (torch has no CPU arithmetic for them): float8 for FSDP2's float8 all-gathers,
-# unsigned 16-64 bit integers as Gloo's send/recv moves them. Appended, so codes never change.
-MOVE_ONLY: tuple[torch.dtype, ...] = tuple(getattr(torch, name) for name in (
-    "uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    "float8_e8m0fnu") if hasattr(torch, name))
-DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-) + MOVE_ONLY
-DTYPE_CODE = {d: i + 1 for i, d in enumerate(DTYPES)}
-CODE_DTYPE = {i + 1: d for i, d in enumerate(DTYPES)}
-ITEMSIZE = {i + 1: torch.empty(0, dtype=d).element_size() for i, d in enumerate(DTYPES)}
+# unsigned 16-64 bit integers as Gloo's send/recv moves them. A dtype's code is its place in
+# these lists whatever torch it runs on (one without the dtype leaves its code unused), and new
+# names are appended, so codes never change.
+_REDUCIBLE = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
+              torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_MOVE_ONLY_NAMES = ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                    "float8_e5m2fnuz", "float8_e8m0fnu")
+MOVE_ONLY: tuple[torch.dtype, ...] = tuple(getattr(torch, n) for n in _MOVE_ONLY_NAMES if hasattr(torch, n))
+DTYPES: tuple[torch.dtype, ...] = _REDUCIBLE + MOVE_ONLY
+DTYPE_CODE = {d: i + 1 for i, d in enumerate(_REDUCIBLE)} | {
+    getattr(torch, n): len(_REDUCIBLE) + i + 1 for i, n in enumerate(_MOVE_ONLY_NAMES) if hasattr(torch, n)}
+CODE_DTYPE = {c: d for d, c in DTYPE_CODE.items()}
+ITEMSIZE = {c: torch.empty(0, dtype=d).element_size() for d, c in DTYPE_CODE.items()}
 MAX_ABORT_BYTES = 4096  # an abort frame's cause text, bounded whatever a peer claims
 
 
