@@ -357,9 +357,13 @@ class Group(HangDiagnosis):
         # share this group's name (and a group rank) but never its keys
         members = ",".join(map(str, self.global_ranks))
         store = self.store = dist.PrefixStore(f"members-{zlib.crc32(members.encode()):08x}/", store)
+        # the token authenticates every frame; the job id names the group's shared-memory segments
+        # and IPC sockets, which any local user can list (/dev/shm, /proc/net/unix), so it is
+        # drawn apart from the token: a name derived from it gave away 48 of its 63 bits
         if rank == 0:
-            store.set("token", str(secrets.randbits(63)))
-        self.token = int(store.get("token"))
+            store.set("token", f"{secrets.randbits(63)} {secrets.token_hex(6)}")
+        token, job_id = store.get("token").split()
+        self.token, self.job_id = int(token), job_id.decode()
         try:  # a value that can never work is an error on every job, told to the peers like a bad placement
             _forced_bind_addr()
         except GroupError as e:
@@ -406,7 +410,7 @@ class Group(HangDiagnosis):
             raise err from None
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=host, hosts=self.hosts, bind_addr=bind_addr,
-                               job_id=f"{self.token:x}"[:12], local_cpus=len(local_cpus))
+                               job_id=self.job_id, local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, host)

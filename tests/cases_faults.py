@@ -155,7 +155,7 @@ def _fault_rank(rank, world, port, collective, phase, timeout_s, env, q):
         dist.init_process_group("neuron", store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
         g = dist.distributed_c10d._get_default_group().group
-        job = f"{g.token:x}"[:12]
+        job = g.job_id
         n = BIG if phase == "during" else SMALL
         root = victim if phase == "during" else 0
         if phase == "after":
@@ -826,7 +826,7 @@ def failed_group_unmaps_on_destroy(rank, world, count):
     import torch.distributed as dist
     from neuron_dist.transport.frame import FrameError
     sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
-    job = f"nd-{sub.group.token:x}"[:15]
+    job = f"nd-{sub.group.job_id}-"
     try:
         dist.all_gather_into_tensor(torch.empty(count * world), torch.ones(count), group=sub)  # a clean call first
         mapped = sum(job in what for what in fds().values())
@@ -1079,3 +1079,31 @@ def exception_between_lock_and_run(rank, world):
     dist.destroy_process_group(sub)
     return dict(raised=raised, elapsed=elapsed, destroy_s=time.monotonic() - t1,
                 engine_alive=group._thread.is_alive())
+
+
+def names_give_nothing_of_the_token_away(rank, world, transport):
+    """The names a group gives its shared-memory segments and IPC sockets, which any local user
+    can list (/dev/shm while a group is made, /proc/net/unix while it lives), hold nothing of
+    the job token: they were named with its first 12 hex digits, so a stranger on the host knew
+    48 of its 63 bits, guessed the rest over ZAP in about a minute and could send frames that
+    changed a collective's result (a review's probe). Returns the names seen with the group's
+    job id in them and those among them that hold 6 or more hex digits of the token in a row."""
+    import torch
+    import torch.distributed as dist
+    from rankctx import env
+    with env(NEURON_DIST_TRANSPORT=transport):
+        sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    try:
+        g = sub.group
+        job = getattr(g, "job_id", f"{g.token:x}"[:12])  # (the name before the job id had its own draw)
+        dist.all_reduce(torch.ones(8), group=sub)
+        with open("/proc/net/unix") as f:
+            names = [line.split()[-1] for line in f if job in line]
+        names += [what for what in fds().values() if job in what]
+        tok = f"{g.token:x}"
+        windows = {tok[i:i + 6] for i in range(len(tok) - 5)}
+        leaks = [n for n in names + [job] if any(w in n for w in windows)]
+        dist.barrier(group=sub)
+    finally:
+        dist.destroy_process_group(sub)
+    return dict(seen=len(names), leaks=leaks)

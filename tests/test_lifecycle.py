@@ -108,3 +108,9 @@ def test_report_counts_stay_bounded_and_exact(pools):
 
 def test_a_schedule_two_groups_share_is_planned_per_group(pools):
     assert pools(2).run("cases_faults:one_schedule_for_two_groups", timeout=120) == [[True, True, True]] * 2
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_the_names_other_local_users_can_list_hold_nothing_of_the_job_token(pools, transport):
+    for r in pools(2).run("cases_faults:names_give_nothing_of_the_token_away", transport=transport):
+        assert r["seen"] >= 1 and r["leaks"] == [], r

@@ -230,6 +230,40 @@ def test_a_peer_segment_that_is_gone_is_named_with_its_cause():
     assert not leftovers("t6g")
 
 
+def test_a_segment_path_from_the_store_must_be_one_this_job_makes(tmp_path):
+    """The store is read, not trusted (a review's probe): a rank mapped any file of the right
+    size a store writer named as a peer's segment, read-write, and wrote its doorbell and frames
+    into it. Now the path must be SHM_DIR/nd-<job>-<peer>-<pid>, and a file there must be a
+    regular file of this user with mode 0600, not a link: each else is refused, untouched."""
+    nbytes = shm.segment_bytes(1, shm.settings(False)[0], frame.frame_bytes_setting())
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"A" * nbytes)
+    lax = os.path.join(shm.SHM_DIR, "nd-t6v-1-4242")
+    link = os.path.join(shm.SHM_DIR, "nd-t6v-1-4343")
+    try:
+        with open(lax, "wb") as f:
+            f.write(b"A" * nbytes)
+        os.chmod(lax, 0o644)
+        os.symlink(victim, link)
+        for where, why in ((str(victim), "not a name this job gives one"),
+                           (os.path.join(shm.SHM_DIR, "nd-t6v-0-1"), "not a name this job gives one"),  # rank 0's
+                           (os.path.join(shm.SHM_DIR, "nd-t6v-1-1/../nd-t6v-1-2"), "not a name this job gives one"),
+                           (lax, "not a segment this job made"),
+                           (link, "Too many levels of symbolic links")):
+            store = dist.HashStore()
+            store.set("shm/1", where)
+            with pytest.raises(TransportError, match=re.escape(why)):
+                shm.ShmTransport(ctx(0, 2, store, "t6v"))
+        assert victim.read_bytes() == b"A" * nbytes
+        with open(lax, "rb") as f:
+            assert f.read() == b"A" * nbytes
+    finally:
+        for p in (lax, link):
+            if os.path.lexists(p):
+                os.unlink(p)
+    assert not leftovers("t6v")
+
+
 def test_check_peer_sees_a_closed_peer():
     a, b = pair("t7")
     assert b.check_peer(0) is None

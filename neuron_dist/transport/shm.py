@@ -47,7 +47,9 @@ import ctypes
 import logging
 import mmap
 import os
+import re
 import signal
+import stat
 import struct
 import threading
 import time
@@ -170,6 +172,13 @@ def _wait_for(store, key: str, timeout: float) -> None:
         pause = min(pause * 2, 0.01)
 
 
+def _segment_name(job_id: str, rank: int) -> re.Pattern:
+    """The path of `rank`'s segment in job `job_id` (SHM_DIR/nd-<job>-<rank>-<pid>): a peer's
+    published path must be one, so a value planted in the store cannot have a rank map and
+    write into another file."""
+    return re.compile(re.escape(os.path.join(SHM_DIR, f"nd-{job_id}-{rank}-")) + r"[0-9]+", re.ASCII)
+
+
 class _Segment:
     """One mapped segment: control words and ring/slot addressing."""
 
@@ -193,9 +202,13 @@ class _Segment:
                 if fd >= 0:
                     os.close(fd)
         else:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # (a link is refused: ELOOP)
             try:
-                if os.fstat(fd).st_size != nbytes:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                    raise TransportError(f"it is not a segment this job made (a regular file of this user, "
+                                         f"mode 0600): mode {stat.filemode(st.st_mode)}, uid {st.st_uid}")
+                if st.st_size != nbytes:
                     raise TransportError(f"it has {os.fstat(fd).st_size} bytes where this rank expects {nbytes}: "
                                          f"the ranks disagree on NEURON_DIST_SHM_SLOTS or NEURON_DIST_FRAME_BYTES "
                                          f"(or run different versions of neuron_dist)")
@@ -333,6 +346,10 @@ class ShmTransport(Transport):
                     failed = self.setup_error(where)
                     if failed:
                         raise TransportError(self._no_shm(p, failed))
+                    if not _segment_name(ctx.job_id, p).fullmatch(where):  # the store is read, not trusted
+                        raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
+                                             f"segment, not a name this job gives one "
+                                             f"({os.path.join(SHM_DIR, f'nd-{ctx.job_id}-{p}-<pid>')})")
                     try:
                         self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
                     except (OSError, TransportError) as e:
