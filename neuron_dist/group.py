@@ -284,9 +284,6 @@ def _forget_groups_in_child() -> None:
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)
 
-_GENERATIONS: dict[str, int] = {}  # group name -> the last generation of that name this process created
-
-
 def _elastic_attempt() -> int:
     """Which attempt of an elastic job this process belongs to, where that keeps attempts apart:
     TORCHELASTIC_RESTART_COUNT, set by torch's agent for every worker, when the ranks use the
@@ -345,13 +342,12 @@ class Group(HangDiagnosis):
             placement, placement_error = None, e
         # -- meet the peers through the store ------------------------------------------------
         # a store can outlive the group (torchrun's agent store; one a caller passes again after
-        # destroy_process_group), and torch reuses group names after a destroy: this process's
-        # count of groups by this name keeps every key of a new group apart from an old one's
-        # (each member makes the same calls in the same order, so the counts agree); and a job
-        # that torch's elastic agent restarts (--max-restarts) meets the failed attempt's keys in
-        # the agent's store, which lives on across attempts: the attempt number keeps them apart
-        generation = _GENERATIONS[name] = _GENERATIONS.get(name, -1) + 1
-        store = dist.PrefixStore(f"gen-{_elastic_attempt()}.{generation}/", store)
+        # destroy_process_group), and torch reuses group names after a destroy: the generation
+        # keeps every key of a new group apart from an old one's; and a job that torch's elastic
+        # agent restarts (--max-restarts) meets the failed attempt's keys in the agent's store,
+        # which lives on across attempts: the attempt number keeps them apart
+        attempt = _elastic_attempt()
+        store = dist.PrefixStore(f"gen-{attempt}.{self._generation(store, attempt)}/", store)
         self._agree_on_members(store)
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
@@ -954,6 +950,20 @@ class Group(HangDiagnosis):
 
         self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
         self._hb_thread.start()
+
+    def _generation(self, store, attempt: int) -> int:
+        """How many groups of these members this store has seen by this name before, counted in
+        the store: each member adds one, and none can start the next such group before every
+        member has added for this one (_agree_on_members waits for them all), so the n-th group
+        is the one whose adds are n*size+1..(n+1)*size. A count kept in each process went wrong
+        where processes had different pasts (one ran a world of its own in between; a process
+        not in an earlier world's subgroup never counted that name): the ranks met under
+        different keys and waited out the time-out, where Gloo formed the group. The member list
+        is in the key, not in the meeting's keys: ranks that disagree on it still meet there and
+        are told so at once."""
+        members = ",".join(map(str, self.global_ranks))
+        k = store.add(f"gen-{attempt}/groups/{zlib.crc32(members.encode()):08x}", 1)
+        return (k - 1) // self.size
 
     def _agree_on_members(self, store) -> None:
         """Every member must have called new_group with the same ranks, checked before this

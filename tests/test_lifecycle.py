@@ -1,11 +1,12 @@
 """destroy_process_group, abort and re-init in one process release threads, descriptors and
 shared memory, and subgroups go down with their parent (tests/scripts/lifecycle.py)."""
+import json
 import os
 import subprocess
 import sys
 
 import pytest
-from pool import run_scripts
+from pool import free_port, run_scripts
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lifecycle.py")
 
@@ -114,3 +115,20 @@ def test_a_schedule_two_groups_share_is_planned_per_group(pools):
 def test_the_names_other_local_users_can_list_hold_nothing_of_the_job_token(pools, transport):
     for r in pools(2).run("cases_faults:names_give_nothing_of_the_token_away", transport=transport):
         assert r["seen"] >= 1 and r["leaks"] == [], r
+
+
+@pytest.mark.parametrize("mode, want", [("solo", [[3.0] * 3, [3.0] * 3]),
+                                        ("subgroup", [[1.0] * 3, [5.0] * 3, [5.0] * 3])])
+def test_worlds_after_worlds_form_whatever_each_process_did_before(mode, want):
+    """A new world on a fresh store forms, and its subgroups with it, whatever groups each
+    process made before (a review's probe: Gloo formed these; the neuron groups waited out the
+    time-out, blaming a member that 'did not join')."""
+    ports = ",".join(str(free_port()) for _ in range(3))
+    n = len(want)
+    for proc, (code, out) in enumerate(run_scripts("reinit_with_other_pasts.py", [[p, n, ports, mode] for p in range(n)],
+                                                   timeout=90)):
+        assert code == 0, out[-3000:]
+        x = json.loads(out.strip().splitlines()[-1])
+        rank = n - 1 - proc if mode == "solo" else proc
+        assert x["kind"] == "ok" and x["values"] == want[rank], x
+        assert x["elapsed"] < 6, x

@@ -1,0 +1,52 @@
+"""One process of a job that makes world after world in the same processes, each on a fresh
+tcp:// store, where the processes' pasts differ (started by tests/test_lifecycle.py). Mode
+"solo" (2 processes): world A of both; then process 1 alone as a world of 1; then world C of
+both, ranks swapped. Mode "subgroup" (3 processes): world A with new_group([0, 1]) (process 2
+is no member, so never makes that group); then world B of the same ranks with new_group([1, 2]).
+Both times the last world's groups must form and reduce right, as under Gloo: the groups' keys
+were kept apart by counts each process kept of its own groups, which differed here, so the
+ranks met under different keys and waited out the time-out. Prints one JSON line."""
+import json
+import sys
+import time
+from datetime import timedelta
+
+proc, nprocs, ports, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4]
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import neuron_dist  # noqa: E402,F401
+
+T = timedelta(seconds=8)
+url = lambda k: f"tcp://127.0.0.1:{ports[k]}"  # noqa: E731
+dist.init_process_group("neuron", init_method=url(0), rank=proc, world_size=nprocs, timeout=T)
+if mode == "subgroup":
+    g = dist.new_group([0, 1], timeout=T)
+    if proc in (0, 1):
+        dist.all_reduce(torch.ones(2), group=g)
+dist.all_reduce(torch.ones(2))
+dist.destroy_process_group()
+if mode == "solo":
+    if proc == 1:
+        dist.init_process_group("neuron", init_method=url(1), rank=0, world_size=1, timeout=T)
+        dist.all_reduce(torch.ones(2))
+        dist.destroy_process_group()
+    time.sleep(0.5)
+t0 = time.monotonic()
+try:
+    rank = (nprocs - 1 - proc) if mode == "solo" else proc
+    dist.init_process_group("neuron", init_method=url(2), rank=rank, world_size=nprocs, timeout=T)
+    t = torch.full((3,), float(rank + 1))
+    if mode == "subgroup":
+        g = dist.new_group([1, 2], timeout=T)
+        if rank in (1, 2):
+            dist.all_reduce(t, group=g)
+    else:
+        dist.all_reduce(t)
+    dist.barrier()
+    out = dict(kind="ok", values=t.tolist())
+    dist.destroy_process_group()
+except Exception as e:  # noqa: BLE001
+    out = dict(kind=type(e).__name__, values=str(e)[:500])
+out.update(proc=proc, elapsed=time.monotonic() - t0)
+print(json.dumps(out), flush=True)
