@@ -13,7 +13,9 @@ all-to-all's block for each peer; the whole buffer for the others; the JSON's `c
 same), type, time (median over iterations of the slowest rank's time; each iteration
 preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
 collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
-broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call.
+broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call
+(outputs start as NaN, so an element the call never wrote counts). Sizes that round to the
+count of an earlier row (a call moves at least one element per rank) are left out.
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
 see the same machine, and `ratio` is neuron's busbw over Gloo's. `ran` is the algorithm the
 backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
@@ -54,6 +56,9 @@ OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sen
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
        "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+PER_RANK = ("allgather", "reduce_scatter", "alltoall")  # count is one rank's block (paramcount)
+# what the backend runs depends on these (None: unset, the default), so the JSON records them
+TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
 
 def parse_size(s: str) -> int:
@@ -86,6 +91,30 @@ def sweep(lo: int, hi: int, factor: int) -> list[int]:
     return sizes
 
 
+def distinct_sizes(op: str, sizes: list[int], elem_size: int, n: int) -> list[int]:
+    """The sizes of the sweep that give `op` a buffer of its own, in order: a call moves at least
+    one element per rank, so at a few bytes several sizes round to the same count, and their
+    rows would repeat one another (-b 1 -e 64 -f 2 at world 2 printed four identical rows)."""
+    seen, out = set(), []
+    for s in sizes:
+        c = paramcount(s, elem_size, n, op in PER_RANK)
+        if c not in seen:
+            seen.add(c)
+            out.append(s)
+    return out
+
+
+def run_env() -> dict:
+    """The environment that decides what the backend runs: TUNING_VARS always (None where unset,
+    the default), and whatever other NEURON_DIST_* variable or NEURON_LOGICAL_NC_CONFIG is set, so
+    a JSON file says how its numbers were made (a run under NEURON_DIST_TUNING=host and one under
+    the model policy were indistinguishable)."""
+    env = {k: os.environ.get(k) for k in TUNING_VARS}
+    env.update({k: v for k, v in sorted(os.environ.items())
+                if k.startswith("NEURON_DIST_") or k == "NEURON_LOGICAL_NC_CONFIG"})
+    return env
+
+
 def expand_ops(ops: list[str]) -> list[str]:
     """`all` wherever it appears stands for every collective; each op once, in the order given."""
     out = []
@@ -110,6 +139,15 @@ def ran_algorithm(pg, before) -> str | None:
     return rec.algorithm if rec is not None and rec is not before else None
 
 
+def unwritten(dtype):
+    """What an output holds before the checked call: a value no collective is expected to give
+    (NaN, or the most negative integer). torch.empty's memory may already hold the expected
+    values, left there by an earlier size or backend, and a receive that never wrote its buffer
+    then counted no wrong element."""
+    import torch
+    return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+
+
 class Case:
     """One collective at one size on one backend's group: inputs, the call, the check."""
 
@@ -118,7 +156,7 @@ class Case:
         import torch.distributed as dist
         self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
         es = torch.empty(0, dtype=dtype).element_size()
-        per = op in ("allgather", "reduce_scatter", "alltoall")
+        per = op in PER_RANK
         c = paramcount(nbytes, es, n, per)                                # per-rank block / count
         C = c * n if per else c                                           # the largest buffer
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
@@ -146,6 +184,8 @@ class Case:
         else:  # sendrecv: send to the next rank, receive from the previous
             self.x, self.out = pat(0, C, rank), torch.empty(C, dtype=dtype)
             self.want = pat(0, C, (rank - 1) % n)
+        if self.out is not self.x:  # (outside the timed loops: only the checked call needs it)
+            self.out.fill_(unwritten(dtype))
 
     def run(self) -> None:
         d, g = self.dist, self.g
@@ -265,9 +305,10 @@ def worker(a) -> int:
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
-    ops = expand_ops(a.ops)
-    total, done, t_start, t_said = len(ops) * len(sizes), 0, time.time(), time.time()
-    for op in ops:
+    es = torch.empty(0, dtype=dtype).element_size()
+    plan = [(op, distinct_sizes(op, sizes, es, n)) for op in expand_ops(a.ops)]
+    total, done, t_start, t_said = sum(len(s) for _, s in plan), 0, time.time(), time.time()
+    for op, op_sizes in plan:
         head = f"#{'size':>11} {'count':>11} {'type':>8} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
         unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
         if gloo is not None:
@@ -281,7 +322,7 @@ def worker(a) -> int:
         say(f"# {op}")
         say(head)
         say(unit)
-        for nbytes in sizes:
+        for nbytes in op_sizes:
             row = {"op": op, "world": n, "type": a.dtype}
             for name, g in (("neuron", None), ("gloo", gloo)):
                 if name == "gloo" and g is None:
@@ -331,8 +372,10 @@ def worker(a) -> int:
     if len(timed) < len(rows) or any(r.get("gloo", {}).get("busbw", 0) is None for r in rows):
         say("# -: the call cost less than the barrier's jitter (median difference <= 0); use more iterations")
     if rank == 0 and a.json:
-        meta_info = dict(vars(a), host=platform.node(), cpus=os.cpu_count(), python=sys.version.split()[0],
-                         torch=torch.__version__, transport=getattr(transport, "name", "?"))
+        # world: the ranks that ran (under a launcher -g is ignored, and vars(a) holds its default)
+        meta_info = dict(vars(a), world=n, host=platform.node(), cpus=os.cpu_count(),
+                         python=sys.version.split()[0], torch=torch.__version__,
+                         transport=getattr(transport, "name", "?"), env=run_env())
         with open(a.json, "w") as f:
             json.dump({"config": meta_info, "rows": rows}, f, indent=1)
     dist.barrier(group=meta)
@@ -426,13 +469,23 @@ def parser() -> argparse.ArgumentParser:
 
 def check_json_path(p: argparse.ArgumentParser, path: str | None) -> None:
     """--json FILE is written after the whole run: a path that cannot be written is a usage
-    error now, not a traceback then (bench and bench_train)."""
+    error now, not a traceback then (bench and bench_train). Writability is tried by opening the
+    file to append (a file this creates is removed again): permission bits say nothing for root,
+    and a directory such as /proc passes them yet refuses new files."""
     if path:
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):
             p.error(f"--json {path}: directory {d} does not exist")
         if os.path.isdir(path):
             p.error(f"--json {path} is a directory")
+        existed = os.path.lexists(path)
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            p.error(f"--json {path} cannot be written: {e.strerror}")
+        if not existed:
+            os.remove(path)
 
 
 def check(p: argparse.ArgumentParser, a) -> None:

@@ -21,8 +21,13 @@ allocates); `off` (the default) leaves it unset, so rows compare with earlier ru
 Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
 way but alone (a world-1 group; DDP with a no-op communication hook), so its row holds what the
 wrapper and the ranks sharing the host's cores and memory cost before any byte is exchanged.
-`agree` says whether every rank ends with the same parameters (it must for a real backend; with
-`none` the ranks train on different data without exchanging anything, so it must not).
+`agree` says whether every rank ends with the same parameters and, for a backend other than Gloo,
+whether they are Gloo's (the same wrapper's row of this run): bit for bit at two ranks, within
+1e-6 of each parameter's absolute sum at more, where the backends add in different orders. The
+ranks' agreement alone cannot see a wrong FSDP2 gradient shard: the parameter it updates is
+all-gathered, so every rank holds the same wrong value. Without Gloo among --backends only the
+ranks' agreement is checked. A real backend's row must agree (the exit status is 1 if one does
+not); with `none` the ranks train on different data without exchanging anything, so it must not.
 """
 from __future__ import annotations
 
@@ -97,16 +102,26 @@ def _worker(rank, a, backend, wrap, port, q) -> None:
         m = fully_shard(m)
     t = _steps(m, a, rank)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (KiB on Linux)
-    with torch.no_grad():  # a fingerprint of the full parameters (FSDP2's are sharded DTensors)
-        digest = sum(float((x.full_tensor() if hasattr(x, "full_tensor") else x).double().sum())
-                     for x in m.parameters())
+    with torch.no_grad():  # a fingerprint of the full parameters (FSDP2's are sharded DTensors):
+        full = [(x.full_tensor() if hasattr(x, "full_tensor") else x).double() for x in m.parameters()]
+        digest = tuple((float(x.sum()), float(x.abs().sum())) for x in full)  # per parameter: sum, |sum|
     dist.destroy_process_group()
     from .bench import put_and_exit
     put_and_exit(q, (t, digest, peak_mib))  # the next row would wait for the interpreter's finalization
 
 
-def run(a, backend: str, wrap: str) -> tuple[float, bool, float]:
-    """The slowest rank's median step, whether the ranks ended with equal parameters, and the
+def same_params(d, ref, world: int) -> bool:
+    """Whether two parameter digests (_worker's: per parameter, its sum and its absolute sum) are
+    the same training's: bit for bit at two ranks (a sum of two numbers does not depend on their
+    order), each sum within 1e-6 of its parameter's absolute sum at more ranks (a different order
+    of addition moves it by some 1e-10; one wrong gradient element, by far more)."""
+    if world <= 2:
+        return d == ref
+    return len(d) == len(ref) and all(abs(s - rs) <= 1e-6 * ra for (s, _), (rs, ra) in zip(d, ref))
+
+
+def run(a, backend: str, wrap: str) -> tuple[float, list, float]:
+    """The slowest rank's median step, each rank's parameter digest (rank order not kept), and the
     largest peak resident memory of a rank in MiB."""
     from .bench import rank_context
     from .ports import free_port
@@ -136,7 +151,7 @@ def run(a, backend: str, wrap: str) -> tuple[float, bool, float]:
             if len(results) < len(ps) and p.is_alive():  # failed: the others would wait forever
                 p.terminate()
             p.join()
-    return max(r[0] for r in results), len({r[1] for r in results}) == 1, max(r[2] for r in results)
+    return max(r[0] for r in results), [r[1] for r in results], max(r[2] for r in results)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -208,27 +223,39 @@ def main(argv=None) -> int:
     print("# compute-only: the same step in one process, measured before the first row and after each; "
           "a row's ratio is its step over the mean of the two beside it")
     print(f"{'wrap':>6} {'backend':>8} {'step ms':>9} {'compute':>8} {'ratio':>6} {'agree':>6} {'peak MiB':>9}")
-    rows = []
-    for wrap, backend in configs:
+    rows, runs = [], []
+    for i, (wrap, backend) in enumerate(configs):
         try:
-            t, agree, peak = run(a, backend, wrap)
+            t, digests, peak = run(a, backend, wrap)
         except RuntimeError as e:
             print(f"bench_train: {e}", file=sys.stderr)
             return 1
         refs.append(reference())
-        compute = (refs[-2] + refs[-1]) / 2
-        rows.append(dict(wrap=wrap, backend=backend, step_ms=t * 1e3, compute_ms=compute * 1e3,
-                         ratio=t / compute, agree=agree, peak_mib=peak))
-        print(f"{wrap:>6} {backend:>8} {t * 1e3:>9.1f} {compute * 1e3:>8.1f} {t / compute:>6.2f} {str(agree):>6} "
-              f"{peak:>9.0f}", flush=True)
+        runs.append((wrap, backend, t, (refs[-2] + refs[-1]) / 2, digests, peak))
+        if i + 1 < len(configs) and configs[i + 1][0] == wrap:
+            continue  # a wrapper's rows are printed together, once its Gloo row (the reference) ran
+        gloo = next((r[4][0] for r in runs if r[1] == "gloo"), None)
+        for w, b, t, compute, digests, peak in runs:
+            agree = all(d == digests[0] for d in digests) and (
+                b in ("gloo", "none") or gloo is None or same_params(digests[0], gloo, a.world))
+            rows.append(dict(wrap=w, backend=b, step_ms=t * 1e3, compute_ms=compute * 1e3,
+                             ratio=t / compute, agree=agree, peak_mib=peak))
+            print(f"{w:>6} {b:>8} {t * 1e3:>9.1f} {compute * 1e3:>8.1f} {t / compute:>6.2f} "
+                  f"{str(agree):>6} {peak:>9.0f}", flush=True)
+        runs = []
     compute = statistics.median(refs)
     print(f"# compute-only step, median of {len(refs)}: {compute * 1e3:.1f} ms "
           f"({', '.join(f'{r * 1e3:.1f}' for r in refs)})")
     if a.json:
+        from .bench import run_env
         with open(a.json, "w") as f:
-            json.dump(dict(config=vars(a), params=nparams, compute_ms=compute * 1e3,
+            json.dump(dict(config=dict(vars(a), env=run_env()), params=nparams, compute_ms=compute * 1e3,
                            compute_runs_ms=[r * 1e3 for r in refs], rows=rows), f, indent=1)
-    return 0
+    wrong = [f"{r['wrap']} {r['backend']}" for r in rows if r["backend"] != "none" and not r["agree"]]
+    if wrong:
+        print(f"bench_train: wrong parameters (ranks disagree, or differ from Gloo's): {', '.join(wrong)}",
+              file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

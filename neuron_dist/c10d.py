@@ -13,7 +13,6 @@ import functools
 import operator
 import os
 import sys
-import weakref
 import zlib
 from datetime import timedelta
 
@@ -23,15 +22,16 @@ from torch._C import _set_grad_enabled  # private: grad mode on/off without a co
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
-from .collectives import reduce_ops
+from .collectives import direct, reduce_ops
 from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
-from .collectives.schedule import IN, OUT, Chunk, Recv, Schedule, Send
+from .collectives.schedule import Schedule
 from . import debug, sparse
 from .group import Group, _dtype_name, coll_log
 from .op import Op
+from .p2p import Receive
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"
@@ -1048,7 +1048,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if g.one_frame(count, t.element_size()):
                 plan = (desc, None, g.frame_header(t.dtype, dstRank, nbytes, tag))
             else:
-                plan = (desc, Schedule("p2p").add(Send(dstRank, Chunk(IN, 0, count))), None)
+                plan = (desc, direct.send(dstRank, count), None)
             self._p2p_plans[key] = plan
         desc, sched, header = plan
 
@@ -1068,7 +1068,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _recv(self, tensors, peer, tag):
         """A receive from `peer` (None: any source) into the front of the tensor: a message
-        shorter than the tensor fills its first elements, as with Gloo and MPI (`_Recv`)."""
+        shorter than the tensor fills its first elements, as with Gloo and MPI (`p2p.Receive`)."""
         r = self.group.rank
         t = _one(tensors, "recv", r)
         _check_tensor(t, "recv", r, written=True)
@@ -1095,13 +1095,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         if sources is None:
             def start(op: Op):
-                return _Recv(self, op, out, dtype, tag, peer)
+                return Receive(g, op, out, dtype, tag, peer, self._recv_schedule)
         else:
             def start(op: Op):
                 return g.recv_frame(op, peer, sources, tag, out, dtype)
 
         # a one-frame receive from any source learns its sender from the frame it took (an
-        # Execution's _Recv sets it when it finds the frame)
+        # Execution's p2p.Receive sets it when it finds the frame)
         sender_from_frame = peer is None and sources is not None
         finish = None
         if sender_from_frame or not contiguous:
@@ -1120,7 +1120,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if sched is None:  # kept, with the frame plan the executor caches on it
             if len(self._p2p_plans) >= _PLAN_CACHE:
                 self._p2p_plans.clear()
-            sched = self._p2p_plans[key] = Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, count)))
+            sched = self._p2p_plans[key] = direct.recv(peer, count)
         return sched
 
     def _tag(self, tag, what: str) -> int:
@@ -1152,58 +1152,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def report(self) -> list[dict]:
         return self.group.report()
-
-
-class _Recv:
-    """A receive from `peer` (None: from any peer). A message shorter than the buffer fills its
-    first elements, as with Gloo and MPI: the receive's first frame carries the message's byte
-    count (every point-to-point frame does), and when it says less, the frame goes back and a
-    receive of that size takes the message. A longer message, or one of another dtype, fails the
-    frame check, naming both. From any source, the first peer with a message for the tag is the
-    sender; its frame is looked at and left in place for the receive."""
-
-    def __init__(self, pg: NeuronProcessGroup, op: Op, out, dtype, tag, peer: int | None = None):
-        # the op by weak reference: the op holds this as its `exe`, and a strong reference back
-        # made a cycle per receive that only the cyclic GC freed (with the receive's tensor in
-        # it), so receives fed the full collections that stall a rank ~100 ms (RESULTS.md)
-        self._op = weakref.ref(op)
-        self.pg, self.out, self.dtype, self.tag, self.peer = pg, out, dtype, tag, peer
-        self.done, self.waiting_on = False, None
-        self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel(), False)
-
-    @property
-    def op(self) -> Op:
-        return self._op()  # alive while driven: the engine or the caller's fast path holds it
-
-    def _receive(self, peer: int, count: int, arrived: bool = True) -> Execution:
-        exe = self.pg.group.execution(self.op, self.pg._recv_schedule(peer, count), [None, self.out, None], None,
-                                      self.dtype, self.tag, arrived=arrived)
-        exe.shorter_ok = count == self.out.numel()
-        return exe
-
-    def progress(self) -> bool:
-        g = self.pg.group
-        if self.inner is None:
-            key = ("p2p", self.tag)
-            for peer in range(g.size):
-                if peer == g.rank:
-                    continue
-                got = g.mailbox.take(peer, key)
-                if got is None:
-                    continue
-                g.mailbox.put_back(peer, key, *got)  # (left in the transport: no copy)
-                self.peer = self.op.source_rank = peer
-                self.inner = self._receive(peer, self.out.numel())
-                break
-            else:
-                return False
-        moved = self.inner.progress()
-        if self.inner.shorter is not None:
-            self.op.nbytes = self.inner.shorter  # what moves, and what its frames' headers say
-            self.inner = self._receive(self.peer, self.op.nbytes // self.dtype.itemsize)
-            moved = self.inner.progress() or True
-        self.done, self.waiting_on = self.inner.done, self.inner.waiting_on
-        return True if self.done else moved
 
 
 def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:

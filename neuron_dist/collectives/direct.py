@@ -138,6 +138,16 @@ def alltoall(rank: int, n: int, send_counts: list[int], recv_counts: list[int]) 
     return Schedule("direct").add(*steps)
 
 
+def send(peer: int, count: int) -> Schedule:
+    """A point-to-point send of IN's `count` elements to `peer` (the executor cuts it into frames)."""
+    return Schedule("p2p").add(Send(peer, Chunk(IN, 0, count)))
+
+
+def recv(peer: int, count: int) -> Schedule:
+    """A point-to-point receive of `count` elements from `peer` into OUT."""
+    return Schedule("p2p").add(Recv(peer, Chunk(OUT, 0, count)))
+
+
 def barrier(rank: int, n: int) -> Schedule:
     """Dissemination barrier: ceil(log2 n) rounds of empty messages."""
     s, k, empty = Schedule("dissemination"), 1, Chunk(OUT, 0, 0)

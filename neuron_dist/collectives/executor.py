@@ -302,7 +302,7 @@ class Execution:
         self.round_had_sends = False
         self.done = False
         self.waiting_on: int | None = None
-        # a receive that accepts a shorter message (c10d's _Recv): its first frame, if it says the
+        # a receive that accepts a shorter message (p2p.Receive): its first frame, if it says the
         # message is shorter than the buffer, is put back and its size noted in `shorter`
         self.shorter_ok, self.shorter = False, None
         if stamp._kind == _P2P:
