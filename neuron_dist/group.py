@@ -375,7 +375,8 @@ class Group(HangDiagnosis):
         # against its own cut: ranks that differ would fail at their first collective, on sizes;
         # ranks that force different transports would each wait for the other's records
         settings = {var: [p.get(key) for p in self.peers_info]
-                    for var, key in (("NEURON_DIST_FRAME_BYTES", "frame_bytes"), ("NEURON_DIST_TRANSPORT", "transport"))}
+                    for var, key in (("NEURON_DIST_FRAME_BYTES", "frame_bytes"), ("NEURON_DIST_TRANSPORT", "transport"),
+                                     ("the instance description (name and digest)", "model"))}
         differ = [var for var, values in settings.items() if len(set(values)) > 1]
         if bad or differ:
             if rank == 0:  # this process may host the store: stay until every peer has read the records
@@ -436,7 +437,13 @@ class Group(HangDiagnosis):
         local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
         slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
         node_given = any(env.get(k) for k in ("GROUP_RANK", "NODE_ID", "NODE_RANK"))
-        return {"slot": slot.to_dict(), "node_given": node_given}
+        # what this rank's model of the instance holds, not only its name: ranks that load
+        # different descriptions under one name (a file, register_instance on some ranks,
+        # versions of neuron_dist) built different rings and waited for each other at the first
+        # collective; compared below with the other settings every rank must share
+        model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
+        digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
+        return {"slot": slot.to_dict(), "node_given": node_given, "model": digest}
 
     def _build_topology(self):
         """The group's agreed topology (from every rank's published slot) and its ring order.

@@ -3,6 +3,7 @@ time-out), never wrong data or a hang; the fingerprint check (TORCH_DISTRIBUTED_
 NEURON_DIST_CHECK=1) catches every mismatch before the call runs and leaves the group usable;
 invalid arguments are rejected before a byte moves, with torch's error types."""
 import json
+import os
 
 import pytest
 from pool import free_port, rank_line, run_scripts
@@ -225,3 +226,23 @@ def test_a_rank_that_cannot_choose_its_address_fails_its_peers_at_once():
         assert "'no-such-host.invalid'" in line and "MASTER_ADDR" in line, lines
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, lines
     assert "no connection with rank 1" in lines[0], lines
+
+
+def test_ranks_that_describe_one_instance_name_differently_fail_at_group_creation(tmp_path):
+    """Rank 1 loads an instance description under the name the others load theirs (a file
+    edited on one node): the group compared only the name, each side built its own ring order,
+    and the first collective waited out the time-out naming no cause (a review's probe). The
+    descriptions' digests now go with the placement, and differing ones fail the group at once."""
+    from neuron_dist.topology import get_instance
+    a = dict(get_instance("trn1.32xlarge").to_dict(), name="custom-t6d")
+    b = dict(a, graph="ring", torus_dims=[16], torus_wrap=[True])
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    env = dict(os.environ, NEURON_DIST_INSTANCE=str(tmp_path / "a.json"))
+    port = free_port()
+    outs = run_scripts("placement_error.py", [[r, 3, port, 1, f"NEURON_DIST_INSTANCE={tmp_path / 'b.json'}"]
+                                              for r in range(3)], env=env)
+    for r, (_, out) in enumerate(outs):
+        line = rank_line(out, r)
+        assert "disagree on the instance description" in line and "rank 1: custom-t6d " in line, line
+        assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
