@@ -141,8 +141,18 @@ def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local
         if bad:
             raise ValueError(f"NEURON_RT_VISIBLE_CORES={vis!r} is out of bounds: {instance.name} "
                              f"at LNC={lnc} has logical cores 0-{ncores - 1}")
-    else:
-        cores = (local_rank,)
+    else:  # the runtime's NEURON_RT_NUM_CORES: M consecutive cores per process, as neuronrun lays them
+        m_s = env.get("NEURON_RT_NUM_CORES")
+        try:
+            m = int(m_s) if m_s else 1
+        except ValueError:
+            m = 0
+        if m < 1:
+            raise ValueError(f"NEURON_RT_NUM_CORES={m_s!r}: expected a positive number of cores per process")
+        if local_world_size * m > ncores:
+            raise ValueError(f"NEURON_RT_NUM_CORES={m_s} x {local_world_size} processes per node needs "
+                             f"{local_world_size * m} cores, but {instance.name} at LNC={lnc} has {ncores}")
+        cores = tuple(range(local_rank * m, local_rank * m + m))
     return make_slot(instance, node, cores, lnc)
 
 

@@ -56,6 +56,23 @@ def test_the_first_node_variable_set_names_the_node():
     assert placement_from_env({}, 5, 8, 1, 2).node == 2
 
 
+def test_num_cores_without_visible_cores_places_m_cores_per_process():
+    """The runtime's NEURON_RT_NUM_CORES=M alone (torchrun, no core list): each process holds M
+    consecutive cores, as neuronrun --cores-per-rank M lays them out; it was read as one core
+    per local rank (trn1, M=2, 4 ranks: chips 0, 0, 1, 1 instead of one each), and asking for
+    more cores than the node has passed (a review's probe)."""
+    env = {"NEURON_RT_NUM_CORES": "2", "NEURON_DIST_INSTANCE": "trn1.32xlarge"}
+    slots = [placement_from_env(env, r, 4, r, 4) for r in range(4)]
+    assert [s.cores for s in slots] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [s.chip for s in slots] == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="NEURON_RT_NUM_CORES=16 x 4 processes per node needs 64 cores"):
+        placement_from_env(dict(env, NEURON_RT_NUM_CORES="16"), 0, 4, 0, 4)
+    for bad in ("0", "x", "-1"):
+        with pytest.raises(ValueError, match="expected a positive number of cores per process"):
+            placement_from_env(dict(env, NEURON_RT_NUM_CORES=bad), 0, 4, 0, 4)
+    assert placement_from_env(dict(env, NEURON_RT_VISIBLE_CORES="5"), 0, 4, 0, 4).cores == (5,)  # the list wins
+
+
 def test_visible_cores_errors_name_every_form_the_runtime_takes():
     """The runtime takes an index, a range or a comma-separated list of both (since 2.16); the
     message named only the first two although the list was accepted."""
