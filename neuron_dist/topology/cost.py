@@ -104,11 +104,16 @@ def _grid_terms(topo: GroupTopology, grid: Grid, rs: bool, ag: bool) -> list[Ter
     return terms
 
 
-def _all_pairs(topo, frac, passes, root=None) -> Term:
+def _all_pairs(topo, frac, passes, root=None, to_root=False) -> Term:
+    """Every rank to every other, or (root given) the root to every other rank, or with
+    `to_root` every other rank to the root (gather, reduce): routes are not symmetric (dimension
+    order), so the direction decides which links carry the load."""
     pl = _places(topo)
     n = topo.size
     if root is None:
         flows = [(pl[a], pl[b]) for a in range(n) for b in range(n) if a != b]
+    elif to_root:
+        flows = [(pl[b], pl[root]) for b in range(n) if b != root]
     else:
         flows = [(pl[root], pl[b]) for b in range(n) if b != root]
     alpha, beta = pattern_cost(topo.instance, flows)
@@ -147,8 +152,8 @@ def _log_terms(topo, c, a) -> list[Term]:
     terms: list[Term] = []
     k = 1
     while k < n:
-        if a == "tree":
-            flows = [(pl[i], pl[i + k]) for i in range(k) if i + k < n]
+        if a == "tree":  # a broadcast sends down the tree (i to i + k), a reduce up it
+            flows = [(pl[i + k], pl[i]) if c == "reduce" else (pl[i], pl[i + k]) for i in range(k) if i + k < n]
             alpha, beta = pattern_cost(topo.instance, flows)
             passes = REDUCE_PASSES if c == "reduce" else COPY_PASSES
             terms.append((1, alpha, beta + _hbm(topo, passes)))
@@ -185,12 +190,12 @@ def plan_terms(collective: str, algorithm: str, topo: GroupTopology) -> tuple[Te
     if c in ("broadcast", "reduce"):
         passes = REDUCE_PASSES if c == "reduce" else COPY_PASSES
         if a == "direct":
-            return (_all_pairs(topo, 1.0, passes, root=0),)
+            return (_all_pairs(topo, 1.0, passes, root=0, to_root=c == "reduce"),)
         alpha, beta = _ring_pattern(topo)     # pipelined chain along the ring
         return ((n - 1, alpha, 0.0), (1, 0.0, beta + _hbm(topo, passes)))
     if c in ("gather", "scatter"):
         if a == "direct":
-            return (_all_pairs(topo, 1 / n, COPY_PASSES, root=0),)
+            return (_all_pairs(topo, 1 / n, COPY_PASSES, root=0, to_root=c == "gather"),)
         alpha, beta = _ring_pattern(topo)
         return ((n - 1, alpha, (beta + _hbm(topo, COPY_PASSES)) / n),)
     if c == "barrier":

@@ -267,3 +267,17 @@ def test_a_registered_algorithm_the_model_cannot_price_runs_when_forced_and_is_n
         algorithms.register("allgather", "Mine", algorithms.BUILDERS[("allgather", "ring")])
     with pytest.raises(ValueError, match="unknown algorithm 'mine' for allgather"):
         backend_forced("allgather:mine")
+
+
+def test_gather_and_reduce_are_priced_toward_their_root():
+    """Routes follow dimension order, so a link's load depends on the direction: gather (and
+    reduce) were priced as if data left the root, scatter's direction, and on an UltraServer the
+    model predicted less than the bytes on the busiest link need (a review's probe: trn2u 2x8,
+    4 MiB, 11.9 us against 16.4). Where routes are the same both ways, so are the prices."""
+    topo = place("trn2u.48xlarge", 2, 8)
+    gather, scatter = (estimate(c, "direct", 4 << 20, topo) for c in ("gather", "scatter"))
+    assert gather > scatter * 1.3, (gather, scatter)
+    assert estimate("reduce", "direct", 4 << 20, topo) > estimate("broadcast", "direct", 4 << 20, topo)
+    assert estimate("reduce", "tree", 4 << 20, topo) >= estimate("broadcast", "tree", 4 << 20, topo)
+    one = place("trn2.48xlarge", 1, 64)
+    assert estimate("gather", "direct", 16 << 20, one) == pytest.approx(estimate("scatter", "direct", 16 << 20, one))
