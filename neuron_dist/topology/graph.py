@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .instances import InstanceModel
 from .placement import GroupTopology
@@ -108,16 +108,19 @@ def link_kind(topo: GroupTopology, a: int, b: int) -> str | None:
     return None
 
 
-def pattern_cost(inst: InstanceModel, flows: Sequence[tuple[Place, Place]]) -> tuple[float, float]:
+def pattern_cost(inst: InstanceModel, flows) -> tuple[float, float]:
     """For flows that run at the same time, each moving the same number of bytes:
-    (alpha: the slowest flow's latency, beta: seconds per byte on the busiest link)."""
+    (alpha: the slowest flow's latency, beta: seconds per byte on the busiest link). `flows`:
+    (source, destination) place pairs, or a mapping of such a pair to how many flows take it
+    (an all-pairs pattern of many ranks per place: one route per pair of places, not per pair
+    of ranks)."""
     load: dict[tuple, int] = {}
     alpha = 0.0
-    for a, b in flows:
+    for (a, b), k in (flows.items() if isinstance(flows, Mapping) else ((f, 1) for f in flows)):
         links, lat = route(inst, a, b)
         alpha = max(alpha, lat)
         for l in links:
-            load[l] = load.get(l, 0) + 1
+            load[l] = load.get(l, 0) + k
     beta = max((n / link_bandwidth(inst, l) for l, n in load.items()), default=0.0)
     return alpha, beta
 

@@ -281,3 +281,16 @@ def test_gather_and_reduce_are_priced_toward_their_root():
     assert estimate("reduce", "tree", 4 << 20, topo) >= estimate("broadcast", "tree", 4 << 20, topo)
     one = place("trn2.48xlarge", 1, 64)
     assert estimate("gather", "direct", 16 << 20, one) == pytest.approx(estimate("scatter", "direct", 16 << 20, one))
+
+
+def test_all_pairs_counted_per_place_pair_price_as_the_rank_pairs_do():
+    """The all-pairs patterns are priced from one route per pair of places, weighted by the rank
+    pairs that take it (a 4,096-rank predict built 16.8 million flows): the same alpha and beta
+    as the rank pairs one by one, on layouts with one and with many ranks per place."""
+    from collections import Counter
+    from neuron_dist.topology.graph import pattern_cost
+    for inst, nodes, ppn in (("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 2, 5), ("trn2u.48xlarge", 2, 8)):
+        topo = place(inst, nodes, ppn)
+        pl = [(s.node, s.chip) for s in topo.slots]
+        pairs = [(pl[a], pl[b]) for a in range(topo.size) for b in range(topo.size) if a != b]
+        assert pattern_cost(topo.instance, Counter(pairs)) == pattern_cost(topo.instance, pairs)
