@@ -347,3 +347,21 @@ def test_call_anatomy_cold_rows():
             slack = 0.05 + (cold / warm) * (0.005 / warm + 0.005 / cold) * 1.01
             assert abs(ratio - cold / warm) <= slack, m.group(0)
     assert "after 2 ms busy" in p.stdout
+
+
+def test_topology_tool_names_the_bad_setting_and_follows_the_jobs_lnc(capsys, monkeypatch, tmp_path):
+    """A review's points: `predict --nodes 0` said only that a group needs a rank; `show --svg` to
+    a directory printed the whole description, then an OSError; `predict` ignored the job's
+    NEURON_LOGICAL_NC_CONFIG, which it takes as the default LNC, as it takes NEURON_DIST_INSTANCE."""
+    rc, out, err = _topology(["predict", "all_reduce", "--nodes", "0", "--sizes", "8K"], capsys)
+    assert rc == 2 and out == "" and "--nodes must be at least 1, not 0" in err, err
+    rc, out, err = _topology(["show", "trn1.32xlarge", "--svg", str(tmp_path)], capsys)
+    assert rc == 2 and out == "" and "a directory, not a file" in err, (out, err)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    rc, out, _ = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--sizes", "8K"], capsys)
+    assert rc == 0 and "(128 ranks per node, LNC=1," in out, out
+    rc, out, _ = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--lnc", "2", "--sizes", "8K"], capsys)
+    assert rc == 0 and "(64 ranks per node, LNC=2," in out, out
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
+    rc, out, err = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--sizes", "8K"], capsys)
+    assert rc == 2 and "NEURON_LOGICAL_NC_CONFIG='3'" in err, err

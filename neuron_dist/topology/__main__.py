@@ -54,6 +54,9 @@ def cmd_show(args) -> int:
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):  # before the description prints, not after it as a traceback
         raise ValueError(f"--svg {path}: directory {d} does not exist")
+    if os.path.isdir(path) or not os.access(d, os.W_OK):  # so are these (the error came after the description)
+        raise ValueError(f"--svg {path}: " + ("a directory, not a file" if os.path.isdir(path) else
+                                              f"directory {d} is not writable"))
     p = print
     p(f"{inst.name}: {inst.chips} chips x {inst.physical_cores_per_chip} physical cores; "
       f"LNC={lnc}: {inst.cores_per_chip(lnc)} logical cores per chip, {inst.cores(lnc)} per node "
@@ -91,7 +94,13 @@ def cmd_show(args) -> int:
 def cmd_predict(args) -> int:
     coll = normalise_collective(args.collective)
     inst = get_instance(args.instance)
-    lnc = inst.check_lnc(args.lnc)
+    if args.nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, not {args.nodes}")
+    lnc_env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")  # the default, as for --instance: the job's own
+    try:
+        lnc = inst.check_lnc(args.lnc if args.lnc is not None else int(lnc_env) if lnc_env else None)
+    except ValueError as e:
+        raise ValueError(f"{'--lnc' if args.lnc is not None else f'NEURON_LOGICAL_NC_CONFIG={lnc_env!r}'}: {e}") from None
     if args.ppn is not None and args.ppn < 1:  # 0 is not "every core": that is --ppn left out
         raise ValueError(f"--ppn must be at least 1, not {args.ppn} (leave it out for every logical core)")
     ppn = inst.cores(lnc) if args.ppn is None else args.ppn
