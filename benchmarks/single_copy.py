@@ -2,7 +2,7 @@
 transport's two copies on this host? Two processes, one per core, each move a buffer of SIZE
 bytes from the other at the same time, both ways:
 
-    python benchmarks/single_copy.py [SIZE ...]     # default 512 KiB (one frame) and 2 MiB
+    python benchmarks/single_copy.py [SIZE ...]     # default 512 KiB (one frame) and 2 MiB; 64K, 1MiB...
 
   cma        each reads the peer's buffer straight into its own (process_vm_readv): one copy
   two copies each copies its buffer into a shared slot, then the peer's slot into its own buffer
@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from neuron_dist.bench import parse_size
 from neuron_dist.transport.cma import read as _cma_read  # the read the shm transport lends through
 
 ITERS = 200
@@ -81,7 +82,12 @@ def measure(n: int) -> dict:
 
 
 def main() -> None:
-    sizes = [int(s) for s in sys.argv[1:]] or [512 << 10, 2 << 20]
+    try:  # sizes as neuron_dist.bench takes them ("64K", "2MiB"); int() made "64K" a traceback
+        sizes = [parse_size(s) for s in sys.argv[1:]] or [512 << 10, 2 << 20]
+    except ValueError as e:
+        raise SystemExit(f"single_copy.py: bad size ({e}); sizes are bytes, or 64K, 2M, 1GiB") from None
+    if min(sizes) < 1:
+        raise SystemExit("single_copy.py: a size must be at least 1 byte")
     print(f"# {ITERS} moves per size, both ranks at once; time per move (slower rank), GB/s of SIZE")
     print(f"# {'size':>10} {'cma us':>9} {'GB/s':>6} {'2 copies us':>12} {'GB/s':>6} {'1 copy us':>10} {'GB/s':>6}")
     for n in sizes:

@@ -34,6 +34,19 @@ SET_ASIDE = {
 
 OPS = (("allreduce", "all-reduce"), ("allgather", "all-gather"), ("reducescatter", "reduce-scatter"))
 
+# (run folder, what) of the rows left out because their results were wrong: listed under the table
+WRONG: set[tuple[str, str]] = set()
+
+
+def clean(d: str, what: str, *rows) -> bool:
+    """Whether none of `rows` (a run's JSON rows, None where absent) counted wrong elements or, for a
+    training row of a real backend, ended with ranks (or Gloo) disagreeing; a row that did says
+    nothing about speed and is left out of the ranges (noted in WRONG)."""
+    bad = any(r and (r.get("wrong") or (r.get("agree") is False and r.get("backend") != "none")) for r in rows)
+    if bad:
+        WRONG.add((d, what))
+    return not bad
+
 
 def runs(root: str) -> list[str]:
     """`root` and its folders that hold a full run, in name order."""
@@ -61,28 +74,32 @@ def _rows(d: str, name: str) -> dict:
 def ratios(d: str, op: str, other: str, lo: int, hi: int) -> list[float]:
     """neuron's collbench busbw over `other`'s at each size in [lo, hi]."""
     n, o = _rows(d, f"cb_{op}_neuron.json"), _rows(d, f"cb_{op}_{other}.json")
-    return [n[s]["busbw"] / o[s]["busbw"] for s in n if lo <= s <= hi and s in o and o[s]["busbw"] > 0]
+    return [n[s]["busbw"] / o[s]["busbw"] for s in n if lo <= s <= hi and s in o and o[s]["busbw"] > 0
+            and clean(d, f"{op} {s} B (collbench)", n[s], o[s])]
 
 
 def loop_us(d: str, impl: str, size: int = 4096) -> list[float]:
     r = _rows(d, f"loop_{impl}.json").get(size)
-    return [r["time_us"]] if r else []
+    return [r["time_us"]] if r and clean(d, f"allreduce {size} B (collbench --loop, {impl})", r) else []
 
 
 def one_at_a_time_us(d: str, size: int = 4096) -> list[float]:
     r = _rows(d, "cb_allreduce_neuron.json").get(size)
-    return [r["time_us"]] if r else []
+    return [r["time_us"]] if r and clean(d, f"allreduce {size} B (collbench)", r) else []
 
 
 def bound_fraction(d: str) -> list[float]:
     """The 64 MiB all-reduce's busbw over T/5 (tables.bound's derivation, the better copy rate)."""
     got = copy_bound_inputs(d)
-    return [] if got is None else [got[1]["busbw"] / (got[2] / 5)]
+    if got is None or not clean(d, f"allreduce {64 * MiB} B (collbench)", got[1]):
+        return []
+    return [got[1]["busbw"] / (got[2] / 5)]
 
 
 def train(d: str, wrap: str, backend: str) -> list[float]:
     run = load(os.path.join(d, "train.json"))
-    return [r["ratio"] for r in run["rows"] if r["wrap"] == wrap and r["backend"] == backend] if run else []
+    return [r["ratio"] for r in run["rows"] if r["wrap"] == wrap and r["backend"] == backend
+            and clean(d, f"training {wrap} {backend}", r)] if run else []
 
 
 def world4_slower(d: str, name: str) -> list[float]:
@@ -90,7 +107,8 @@ def world4_slower(d: str, name: str) -> list[float]:
     run = load(os.path.join(d, name))
     if not run:
         return []
-    rows = [r for r in run["rows"] if r.get("ratio") is not None]
+    rows = [r for r in run["rows"] if r.get("ratio") is not None
+            and clean(d, f"{name} {r['op']} {r['size']} B", r["neuron"], r.get("gloo"))]
     return [sum(r["ratio"] < 1 for r in rows)] if rows else []
 
 
@@ -161,6 +179,9 @@ def main() -> None:
              if run in names.values()]
     if aside:
         print("\nSet aside: " + "; ".join(aside) + ".")
+    if WRONG:  # only where a run counted wrong elements: what it says of speed is no result
+        print("\nLeft out, their results were wrong: " + "; ".join(f"{names[d]}'s {what}" for d, what in sorted(WRONG))
+              + ".")
 
 
 if __name__ == "__main__":

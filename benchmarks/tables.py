@@ -23,6 +23,14 @@ def load(path):
         return None
 
 
+def wrong_note(rows: dict) -> str:
+    """'wrong results: neuron 3' for the implementations whose row (impl -> collbench row or None)
+    counted wrong elements, else ''. The collbench tables have no #wrong column: a row of wrong
+    data would otherwise look like any other, and meet its targets."""
+    bad = [f"{impl} {r['wrong']}" for impl, r in rows.items() if r and r.get("wrong")]
+    return f"**wrong results: {', '.join(bad)}**" if bad else ""
+
+
 def collbench(d: str) -> None:
     for op in ("allreduce", "allgather", "reducescatter"):
         runs = {impl: load(os.path.join(d, f"cb_{op}_{impl}.json")) for impl in ("neuron", "gloo", "mpi")}
@@ -37,11 +45,14 @@ def collbench(d: str) -> None:
             xg = n["busbw"] / g["busbw"] if g else float("nan")
             xm = n["busbw"] / m["busbw"] if m else float("nan")
             checks = []
-            if MiB <= size <= 16 * MiB:
+            wrong = wrong_note({"neuron": n, "gloo": g, "mpi": m})
+            if wrong:  # no target is met with wrong data
+                checks.append(wrong)
+            elif MiB <= size <= 16 * MiB:
                 checks.append(f"5x gloo {'met' if xg >= 5 else 'missed'}")
-            if MiB <= size <= 64 * MiB:
+            if MiB <= size <= 64 * MiB and not wrong:
                 checks.append(f">= mpi {'met' if xm >= 1 else 'missed'}")
-            if op == "allreduce" and size == 4096:
+            if op == "allreduce" and size == 4096 and not wrong:
                 checks.append(f"<= 30 us {'met' if n['time_us'] <= 30 else 'missed'}")
             print(f"| {human(size)} | {n['time_us']:.1f} | {n['busbw']:.3f} | {g['busbw'] if g else float('nan'):.3f} | "
                   f"{m['busbw'] if m else float('nan'):.3f} | {xg:.2f} | {xm:.2f} | {', '.join(checks)} |")
@@ -58,7 +69,8 @@ def loop(d: str) -> None:
     print("|---:|---:|---:|---:|---:|")
     for size in sorted(rows["neuron"]):
         n, g, m = (rows[i].get(size, {}).get("time_us", float("nan")) for i in ("neuron", "gloo", "mpi"))
-        print(f"| {human(size)} | {n:.1f} | {g:.1f} | {m:.1f} | {g / n:.1f} |")
+        wrong = wrong_note({i: rows[i].get(size) for i in ("neuron", "gloo", "mpi")})
+        print(f"| {human(size)} | {n:.1f} | {g:.1f} | {m:.1f} | {g / n:.1f}{' ' + wrong if wrong else ''} |")
 
 
 def cell(v, digits: int) -> str:
@@ -76,17 +88,21 @@ def bench(d: str, name: str, title: str) -> None:
           f"{run['config'].get('instance')}, not this host)\n")
     print("| op | size | count | type | time us | algbw | busbw | #wrong | gloo us | gloo busbw | ratio | model |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    slower = []
+    slower, wrong = [], []
     for r in run["rows"]:
         n, g = r["neuron"], r.get("gloo", {})
         m = r.get("model") or {}
         if g and (r.get("ratio") or 1) < 1:
             slower.append(f"{r['op']} {human(r['size'])}")
+        if n["wrong"] or g.get("wrong"):  # (the table's #wrong is neuron's only)
+            wrong.append(f"{r['op']} {human(r['size'])} (neuron {n['wrong']}, gloo {g.get('wrong', '-')})")
         print(f"| {r['op']} | {human(r['size'])} | {r['count']} | {r['type']} | {cell(n['time_us'], 1)} | "
               f"{cell(n['algbw'], 3)} | {cell(n['busbw'], 3)} | {n['wrong']} | {cell(g.get('time_us'), 1)} | "
               f"{cell(g.get('busbw'), 3)} | {cell(r.get('ratio'), 2)} | "
               f"{('%.1f ' % m['busbw'] + m['algorithm']) if m else '-'} |")
     print(f"\nRows where neuron is slower than Gloo: {', '.join(slower) if slower else 'none'}.")
+    if wrong:
+        print(f"\n**Rows with wrong results** (elements): {', '.join(wrong)}.")
 
 
 def train(d: str) -> None:
@@ -105,8 +121,11 @@ def _train_table(run: dict, how: str) -> None:
         name = "none (floor: no communication)" if r["backend"] == "none" else r["backend"]
         local = r.get("compute_ms", run["compute_ms"])  # runs before the reference was interleaved
         peak = f"{r['peak_mib']:.0f}" if "peak_mib" in r else "-"  # (older runs did not record it)
+        agree = r.get("agree", "-")
+        if agree is False and r["backend"] != "none":  # the floor must disagree; a backend must not
+            agree = "**False: wrong parameters**"
         print(f"| {r['wrap']} | {name} | {r['step_ms']:.1f} | {local:.1f} | {r['ratio']:.2f} | "
-              f"{r.get('agree', '-')} | {peak} |")
+              f"{agree} | {peak} |")
 
 
 def _rate(mems, kind: str, procs: int, field: str) -> float:

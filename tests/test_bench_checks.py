@@ -1,0 +1,201 @@
+"""The benchmarks' checks of their own results (a review's findings): wrong data must show in
+#wrong, in bench_train's `agree`, in the exit statuses, in tables.py, summary.py and run_all.sh;
+and the JSON must say how a run was made. Tiny sizes: speed is not asserted here."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from neuron_dist import bench
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+# Loaded (through PYTHONPATH) by every process of a run, the fork server's ranks included: with
+# CORRUPT_OPS set, rank 1's outputs of those methods of the backend get 1000 added to their
+# first element once the call completes.
+CORRUPTING_SITECUSTOMIZE = '''
+import os
+if os.environ.get("CORRUPT_OPS"):
+    from neuron_dist import c10d
+    cls = c10d.NeuronProcessGroup
+    def _wrap(fn, listed):
+        def f(self, *args, **kw):
+            w = fn(self, *args, **kw)
+            if self.rank() == 1:
+                w.wait()
+                (args[0][0] if listed else args[0]).view(-1)[0] += 1000
+            return w
+        return f
+    for name in os.environ["CORRUPT_OPS"].split(","):
+        if name in cls.__dict__:
+            setattr(cls, name, _wrap(cls.__dict__[name], name == "allreduce"))
+'''
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "alltoall", "sendrecv"])
+def test_an_output_the_call_never_writes_counts_as_wrong(op, dtype):
+    """Outputs start as a value no collective gives (NaN, or the most negative integer), so a
+    receive that never wrote its buffer counts every element: torch.empty's memory could hold the
+    expected values already (an earlier size's or Gloo's buffer), and #wrong read 0."""
+    import torch
+    c = bench.Case(op, 64, getattr(torch, dtype), 0, 2, None)  # constructed, never run
+    assert c.out is not c.x and c.wrong() == c.out.numel() > 0
+    if dtype == "int32":
+        assert (c.out == torch.iinfo(torch.int32).min).all()
+    else:
+        assert c.out.isnan().all()
+
+
+def test_sizes_that_round_to_one_count_run_once():
+    """A call moves at least one element per rank: at a few bytes several sizes of the sweep
+    give the same buffer, and their rows repeated one another (-b 1 -e 64 -f 2, world 2)."""
+    sizes = bench.sweep(1, 64, 2)
+    assert bench.distinct_sizes("allreduce", sizes, 4, 2) == [1, 8, 16, 32, 64]
+    assert bench.distinct_sizes("allgather", sizes, 4, 2) == [1, 16, 32, 64]  # a block per rank
+    assert bench.distinct_sizes("allreduce", [4096, 16384], 4, 2) == [4096, 16384]
+
+
+def test_json_config_under_a_launcher_and_no_repeated_rows(tmp_path):
+    """Under torchrun the JSON's world is the job's (it was -g's default, 2, whatever ran), the
+    variables that choose the backend's algorithms are recorded, and sizes that round alike run
+    once (world 1: 1, 2 and 4 bytes are all one float32)."""
+    out = tmp_path / "w.json"
+    env = dict(os.environ, NEURON_DIST_TUNING="host")
+    env.pop("NEURON_DIST_ALGO", None)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr",
+                        "127.0.0.1", "--master-port", "33241", "-m", "neuron_dist.bench", "-b", "1", "-e", "16",
+                        "-f", "2", "-n", "1", "-w", "0", "--ops", "allreduce,allgather", "--instance", "",
+                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.load(open(out))
+    assert data["config"]["world"] == 1, data["config"]
+    assert data["config"]["env"]["NEURON_DIST_TUNING"] == "host" and data["config"]["env"]["NEURON_DIST_ALGO"] is None
+    assert [(r["op"], r["size"]) for r in data["rows"]] == [(op, s) for op in ("allreduce", "allgather")
+                                                           for s in (4, 8, 16)]
+
+
+@pytest.mark.parametrize("module", ["neuron_dist.bench", "neuron_dist.bench_train"])
+def test_an_unwritable_json_path_is_a_usage_error(module, tmp_path):
+    """--json in a directory that exists but refuses new files (/proc; permission bits do not
+    stop root) was found only when the results were written, after the whole run: a traceback,
+    the results lost. A path that can be written is left as it was (no empty file)."""
+    args = ["-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", ""] if module.endswith("bench") else \
+        ["--layers", "1", "--width", "8", "--steps", "1", "--warmup", "0", "--wrap", "ddp", "--backends", "gloo"]
+    p = subprocess.run([sys.executable, "-m", module, *args, "--json", "/proc/nope.json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "cannot be written" in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+    import argparse
+    ok = tmp_path / "ok.json"
+    bench.check_json_path(argparse.ArgumentParser(), str(ok))
+    assert not ok.exists()
+
+
+def test_training_bench_fails_on_wrong_gradients(tmp_path):
+    """The backend under test corrupts rank 1's all-reduce (DDP's gradients) and reduce-scatter
+    (FSDP2's gradient shards). FSDP2's wrong shard updates a parameter that every rank then
+    all-gathers, so the ranks agree on the wrong value: only the comparison with Gloo's
+    parameters sees it. Either row must read agree False, and the exit status must be 1."""
+    (tmp_path / "sitecustomize.py").write_text(CORRUPTING_SITECUSTOMIZE)
+    out = tmp_path / "t.json"
+    env = dict(os.environ, CORRUPT_OPS="allreduce,reduce_scatter_single,_reduce_scatter_base",
+               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
+                        "--steps", "2", "--warmup", "1", "--backends", "neuron,gloo", "--json", str(out)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    rows = json.load(open(out))["rows"]
+    assert [(r["wrap"], r["backend"], r["agree"]) for r in rows] == [
+        ("ddp", "neuron", False), ("ddp", "gloo", True), ("fsdp2", "neuron", False), ("fsdp2", "gloo", True)], p.stdout
+    assert p.returncode == 1 and "wrong parameters" in p.stderr, p.stdout + p.stderr
+
+
+def test_training_digests_compare_exactly_at_two_ranks_within_rounding_at_more():
+    from neuron_dist.bench_train import same_params
+    ref = ((1.0, 10.0), (-2.0, 30.0))
+    assert same_params(ref, ref, 2) and not same_params(((1.0 + 1e-12, 10.0), (-2.0, 30.0)), ref, 2)
+    assert same_params(((1.0 + 1e-12, 10.0), (-2.0, 30.0)), ref, 3)      # another order of addition
+    assert not same_params(((1.0, 10.0), (-2.0 + 1e-3, 30.0)), ref, 3)   # a wrong element
+
+
+def _cb(d, name, rows):
+    (d / name).write_text(json.dumps({"config": {}, "rows": rows}))
+
+
+def _wrong_run(d):
+    """A run folder whose 1 MiB all-reduce (collbench, neuron) and DDP neuron row were wrong."""
+    d.mkdir()
+    (d / "machine.txt").write_text("Model name:   AMD EPYC\nL3 cache:   32 MiB (1 instance)\n")
+    for impl, bw in (("neuron", (10.0, 10.0, 8.0)), ("gloo", (1.0,) * 3), ("mpi", (2.0,) * 3)):
+        _cb(d, f"cb_allreduce_{impl}.json",
+            [{"size": s, "busbw": b, "time_us": 20.0, "wrong": 3 if (impl, s) == ("neuron", MiB) else 0}
+             for s, b in zip((4096, MiB, 4 * MiB), bw)])
+    (d / "train.json").write_text(json.dumps({"config": {"world": 2}, "params": 1e6, "compute_ms": 1.0, "rows": [
+        {"wrap": "ddp", "backend": b, "step_ms": 1.0, "compute_ms": 1.0, "ratio": r, "agree": a, "peak_mib": 1}
+        for b, r, a in (("neuron", 1.1, False), ("gloo", 1.5, True), ("none", 1.0, False))]}))
+
+
+def test_tables_mark_wrong_results(tmp_path):
+    """tables.py: the collbench tables have no #wrong column, so a row of wrong data looked like
+    any other and met its targets; a real backend's training row whose ranks disagree is marked
+    (the floor's must disagree)."""
+    _wrong_run(tmp_path / "r")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    line = next(l for l in p.stdout.splitlines() if l.startswith("| 1 MiB |"))
+    assert "wrong results: neuron 3" in line and "met" not in line, line
+    assert "wrong" not in next(l for l in p.stdout.splitlines() if l.startswith("| 4 MiB |"))
+    assert "| ddp | neuron | 1.0 | 1.0 | 1.10 | **False: wrong parameters** |" in p.stdout
+    assert "| ddp | none (floor: no communication) | 1.0 | 1.0 | 1.00 | False |" in p.stdout
+
+
+def test_summary_leaves_wrong_rows_out(tmp_path):
+    """summary.py: a row with wrong elements, or a real backend's training row that disagrees,
+    says nothing of speed: it is left out of the ranges and named under the table."""
+    _wrong_run(tmp_path / "r")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "summary.py"), str(tmp_path)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = {l.split("|")[1].strip(): l.split("|")[2].strip() for l in p.stdout.splitlines() if l.startswith("| ")}
+    assert rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"] == "8.0 (1/1)"    # 1 MiB's 10.0 left out
+    assert rows["DDP step x compute-only"] == "-" and rows["DDP under Gloo, same run"] == "1.50"
+    assert rows["DDP with no communication (the floor)"] == "1.00"          # the floor must disagree
+    assert ("Left out, their results were wrong: r's allreduce 1048576 B (collbench); r's training ddp neuron."
+            in p.stdout), p.stdout
+
+
+def test_run_all_records_failures_and_exits_non_zero(tmp_path):
+    """run_all.sh (set -u, no -e) ignored its commands' exit statuses, sent bench's stderr to
+    /dev/null and exited with its last line's status: a benchmark that found wrong results (exit
+    1) or crashed left no trace. With `python` stubbed to fail for one bench and one collbench
+    run, the script must go on, name both in FAILED, keep their stderr, and exit 1."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text('#!/bin/sh\ncase "$*" in *bench_w4.json*|*cb_allgather_mpi.json*) '
+                                 'echo "boom: $*" >&2; exit 3;; esac\nexit 0\n')
+    (stub / "python").chmod(stat.S_IRWXU)
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "run_all.sh"), str(out)], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}",
+                                                        COLLBENCH=str(tmp_path / "cb.py")))
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (out / "FAILED").read_text().splitlines() == ["cb_allgather_mpi: exit status 3",
+                                                         "bench_w4: exit status 3"]
+    assert "boom" in (out / "bench_w4.err").read_text()
+    assert not (out / "bench_w2.err").exists()   # a command that succeeded keeps no .err
+    assert "bench_w4" in p.stderr and (out / "machine.txt").exists()
+
+
+def test_single_copy_takes_sizes_as_bench_does():
+    """benchmarks/single_copy.py 64K was a ValueError traceback (int('64K'))."""
+    script = os.path.join(ROOT, "benchmarks", "single_copy.py")
+    p = subprocess.run([sys.executable, script, "4K"], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in p.stderr, p.stderr
+    # (a host that forbids process_vm_readv says so instead of timing)
+    assert (p.returncode == 0 and "\n        4096 " in p.stdout) or "process_vm_readv" in p.stderr, p.stdout + p.stderr
+    p = subprocess.run([sys.executable, script, "4X"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "bad size" in p.stderr and "Traceback" not in p.stderr, p.stderr
