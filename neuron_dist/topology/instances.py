@@ -288,6 +288,8 @@ def _inf2(name, chips):
                  "physical_cores_per_chip": _ARCH + "inf2-arch.rst: 2 NeuronCore-v2 per chip",
                  "graph": _ARCH + "inf2-arch.rst: NeuronLink-v2 ring, 2 links per chip",
                  "link_bandwidth": "derived: 192 GiB/s per chip (inf2-arch.rst) / 2 links",
+                 "hbm_bandwidth": _ARCH + "inf2-arch.rst: 32 GiB HBM at 820 GiB/s per chip",
+                 "hbm_bytes": _ARCH + "inf2-arch.rst",
                  "multi_node": _ARCH + "inf2-arch.rst: single instance only"},
         **_TRN1_COMMON)
 
