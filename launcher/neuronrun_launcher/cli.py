@@ -6,7 +6,9 @@ templates written for torchrun keep working. Defaults are *not* applied here:
 ``parse`` reports where each value came from (command line, which variable, or
 default) because the configuration step must tell an explicit ``--nnodes`` from a
 default one before it fills values in from Slurm or MPI, and must name the source
-in conflict errors.
+in conflict errors. A variable of a torchrun flag that neuronrun does not accept
+(``PET_START_METHOD``) is an error, as the flag is on the command line: ignored,
+the job would run other than its template says.
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_PREFIXES = ("NEURONRUN_", "PET_")
+# torchrun's flags that read PET_* and that neuronrun does not have (as of torch 2.13), and
+# whether each is a switch (a false value asks for what neuronrun does anyway)
+TORCHRUN_ONLY = {"start_method": False, "event_log_handler": False, "run_path": True,
+                 "duplicate_stdout_filters": False, "duplicate_stderr_filters": False,
+                 "signals_to_handle": False, "virtual_local_rank": True}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -156,9 +163,19 @@ def _from_env(flag: Flag, raw: str, var: str) -> Any:
     return value
 
 
+def _refuse_torchrun_only(env: Mapping[str, str]) -> None:
+    for dest, switch in TORCHRUN_ONLY.items():
+        for var in (p + dest.upper() for p in ENV_PREFIXES):
+            raw = env.get(var)
+            if raw is not None and (raw.strip().lower() not in _FALSE if switch else raw != ""):
+                raise ValueError(f"${var}={raw!r}: neuronrun has no --{dest.replace('_', '-')} (a torchrun flag "
+                                 f"it does not accept); unset the variable")
+
+
 def parse(argv: Sequence[str], env: Mapping[str, str], description: str | None = None) -> ParsedArgs:
     """Parse ``argv`` with ``env`` as fallback. Raises SystemExit (argparse) or ValueError."""
     ns = build_parser(description).parse_args(list(argv))
+    _refuse_torchrun_only(env)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for flag in FLAGS:

@@ -31,9 +31,14 @@ UNSHARED_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torch's own switch 
 
 
 def worker_command(cfg: RunConfig) -> tuple[str, list[str]]:
-    """Entrypoint and arguments the agent runs for every local rank."""
-    python = os.environ.get("PYTHON_EXEC", sys.executable)
-    return python, ["-u", WORKER, cfg.mode, cfg.script or "", *cfg.script_args]
+    """Entrypoint and arguments the agent runs for every local rank.
+
+    The trampoline runs under neuronrun's own interpreter, not $PYTHON_EXEC: torchrun starts
+    each rank as ``$PYTHON_EXEC -u script``, and the trampoline execs exactly that (it reads
+    PYTHON_EXEC from the environment the agent hands down). Run under a $PYTHON_EXEC wrapper,
+    the trampoline itself would get the wrapper's interpreter options (-X, -W) and exec a
+    plain interpreter without them."""
+    return sys.executable, ["-u", WORKER, cfg.mode, cfg.script or "", *cfg.script_args]
 
 
 def _std(text: str):
@@ -185,10 +190,36 @@ def exit_code_of(failure) -> int:
     return 128 - code if code < 0 else (code or 1)
 
 
-def _only_in_files(cfg: RunConfig) -> bool:
-    """Whether some rank's output reached only its files: redirected and not teed to the
-    terminal, or teed but left out by --local-ranks-filter."""
-    return (cfg.redirects.strip() not in ("", "0") and cfg.tee.strip() != "3") or bool(cfg.local_ranks_filter)
+def _only_in_files(dest) -> bool:
+    """Whether some rank's output reached only its files: a stream written to a log file that
+    the agent does not copy to the terminal (redirected and not teed, or teed but left out by
+    --local-ranks-filter). ``dest``: torch's LogsDest of the last attempt (every attempt has the
+    same layout), None if no rank was started. Decided from where the streams went, not from
+    the flags: a stream both redirected and teed reached the terminal too, and a rank left out
+    by --local-ranks-filter whose stream was not captured wrote to /dev/null, not to a file."""
+    if dest is None:
+        return False
+    for files, teed in ((dest.stdouts, dest.tee_stdouts), (dest.stderrs, dest.tee_stderrs)):
+        for local_rank, path in files.items():
+            if path and path != os.devnull and teed.get(local_rank) != path:
+                return True
+    return False
+
+
+def _copy_error_file(failure) -> None:
+    """Copy the root-cause rank's error file (written by its ``@record``) to neuronrun's own
+    $TORCHELASTIC_ERROR_FILE, as torchrun's ``@record`` main does: whatever started neuronrun
+    with that variable set (a scheduler, an outer torchrun) reads the rank's error there.
+    Nothing is written when the variable is unset or the rank left no error file."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE") or not os.path.isfile(failure.error_file):
+        return
+    try:
+        get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable or not torch's format
+        print(f"neuronrun: could not copy {failure.error_file} to $TORCHELASTIC_ERROR_FILE: {exc}", file=sys.stderr,
+              flush=True)
 
 
 def launch(cfg: RunConfig) -> int:
@@ -197,25 +228,38 @@ def launch(cfg: RunConfig) -> int:
     if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1 and not cfg.plan.host_cpus:
         os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
     # (bound ranks get their share's size instead, from the worker trampoline)
-    own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
-    groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
-    os.environ[GROUPS_VAR] = groups_dir
-    os.environ[AGENT_VAR] = str(os.getpid())  # the ranks' parent (the trampoline's check)
-    if cfg.rdzv_backend != "static" and cfg.max_nodes > 1:
-        # A fresh store for each round's ranks. torch's agents share the rendezvous store with
-        # the ranks and keep it across rounds, and ranks can tell rounds apart only by their
-        # node's restart count, which a round begun by another node's failure (a membership
-        # change) does not raise: after one rank's failure the other nodes' new ranks met the
-        # failed round's keys (the backend's and torch's own), failed on its dead ranks, and
-        # spent a restart of their own. Unshared, each round's rank 0 hosts a new store.
-        os.environ.setdefault(UNSHARED_STORE_VAR, "1")
-    config = launch_config(cfg, own_log_dir)
-    config.logs_specs.groups_dir = groups_dir
+    # torch's elastic modules before the directories: importing them takes about a second, and a
+    # SIGTERM then ends neuronrun at once (torch installs its handlers as the first ranks start),
+    # which left both directories behind. What remains is the agent's start, a tenth of a second
+    # on one node, and a multi-node rendezvous: a Python handler would not run while torch's
+    # static store waits in C++ (Ctrl-C does not stop that wait either)
+    import torch.distributed.launcher.api  # noqa: F401
+
+    own_log_dir = groups_dir = None
     try:
+        own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
+        groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
+        os.environ[GROUPS_VAR] = groups_dir
+        os.environ[AGENT_VAR] = str(os.getpid())  # the ranks' parent (the trampoline's check)
+        if cfg.rdzv_backend != "static" and cfg.max_nodes > 1:
+            # A fresh store for each round's ranks. torch's agents share the rendezvous store with
+            # the ranks and keep it across rounds, and ranks can tell rounds apart only by their
+            # node's restart count, which a round begun by another node's failure (a membership
+            # change) does not raise: after one rank's failure the other nodes' new ranks met the
+            # failed round's keys (the backend's and torch's own), failed on its dead ranks, and
+            # spent a restart of their own. Unshared, each round's rank 0 hosts a new store.
+            os.environ.setdefault(UNSHARED_STORE_VAR, "1")
+        config = launch_config(cfg, own_log_dir)
+        config.logs_specs.groups_dir = groups_dir
         return _run(cfg, config, own_log_dir)
     finally:
-        sweep_groups(groups_dir)
-        shutil.rmtree(groups_dir, ignore_errors=True)
+        if groups_dir:
+            sweep_groups(groups_dir)
+            shutil.rmtree(groups_dir, ignore_errors=True)
+        # a log directory without a file (Ctrl-C before the ranks started, the agent's own error
+        # such as a --master-port in use) holds nothing to read
+        if own_log_dir and not any(files for _, _, files in os.walk(own_log_dir)):
+            shutil.rmtree(own_log_dir, ignore_errors=True)
 
 
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
@@ -239,6 +283,7 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         if dest is not None:
             logs = {"stderr": dest.stderrs.get(first.local_rank), "stdout": dest.stdouts.get(first.local_rank)}
         node = config.logs_specs.node_rank
+        _copy_error_file(first)
         report = [describe_failure(rank, first, "?" if node is None else node, socket.gethostname(), logs)]
         others = [f"{r} ({_how(f)})" for r, f in sorted(err.failures.items()) if r != rank]
         if others:
@@ -259,14 +304,14 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         return 1
     except SignalException as sig:
         kept = ""
-        if own_log_dir and _only_in_files(cfg):
+        if own_log_dir and _only_in_files(config.logs_specs.last_dest):
             kept = f"; the output that went only to files is in {own_log_dir}"
         elif own_log_dir:  # every line was also on the terminal: nothing the report points at
             shutil.rmtree(own_log_dir, ignore_errors=True)
         print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank{kept}",
               file=sys.stderr, flush=True)
         return 128 + int(sig.sigval)
-    if own_log_dir and _only_in_files(cfg):  # the only copy of some output: kept, as torchrun keeps it
+    if own_log_dir and _only_in_files(config.logs_specs.last_dest):  # some output's only copy: kept, as torchrun does
         print(f"neuronrun: the output that went only to files is in {own_log_dir}", file=sys.stderr, flush=True)
     elif own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
         shutil.rmtree(own_log_dir, ignore_errors=True)

@@ -10,8 +10,10 @@ the newline follows alone under a prefix of its own ("[rank2]: " on an empty lin
 
 ``tail_whole_lines`` is that function with one change: an unfinished line is held
 until its newline arrives, for at most ``HOLD_S`` (so a progress bar that never
-ends its line is still shown, as torch shows it), and the last piece is written
-when the rank is done. Same arguments, same filter semantics, same destination.
+ends its line is still shown), and the last piece is written when the rank is
+done. A piece written unfinished (after the hold, or the rank's last words
+without a newline) gets a newline, so the next line, maybe another rank's, starts
+on a line of its own. Same arguments, same filter semantics, same destination.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def tail_whole_lines(header: str, file: str, dst: TextIO, finished, interval_sec
                     since = time.monotonic()
                 continue
             if held and (finished.is_set() or time.monotonic() - since >= HOLD_S):
-                emit(held)  # the rank is done, or this line is not going to end soon
+                emit(held + "\n")  # the rank is done, or this line is not going to end soon
                 held = ""
             if finished.is_set():
                 return

@@ -151,7 +151,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         plan, local_rank = _plan(dict(os.environ))
         env = rank_env(dict(os.environ), plan)
-        cmd = command(mode, target, args, sys.executable)
+        # torchrun's ranks run $PYTHON_EXEC (a wrapper, say, that adds interpreter options); the
+        # trampoline itself runs under neuronrun's interpreter (launch.worker_command)
+        cmd = command(mode, target, args, os.environ.get("PYTHON_EXEC") or sys.executable)
         warning = bind_cpus(plan.cpus(local_rank))
     except (RuntimeError, ValueError) as exc:
         print(f"neuronrun worker (rank {os.environ.get('RANK', '?')}): {exc}", file=sys.stderr, flush=True)

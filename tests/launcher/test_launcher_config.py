@@ -52,6 +52,18 @@ def test_env_fallback_order():
         cfg("t.py", NEURONRUN_MAX_RESTARTS="x")
 
 
+@pytest.mark.parametrize("var, value", [("PET_RUN_PATH", "1"), ("PET_START_METHOD", "fork"),
+                                        ("NEURONRUN_START_METHOD", "spawn"), ("PET_SIGNALS_TO_HANDLE", "SIGUSR1")])
+def test_a_variable_of_a_torchrun_flag_neuronrun_lacks_is_refused(var, value):
+    """--run-path and --start-method are usage errors on neuronrun's command line, but their
+    PET_* variables (which torchrun honours) were ignored: the job ran other than its template
+    said, without a word."""
+    flag = "--" + var.split("_", 1)[1].lower().replace("_", "-")
+    with pytest.raises(ConfigError, match=rf"\${var}={value!r}: neuronrun has no {flag} "):
+        cfg("t.py", **{var: value})
+    cfg("t.py", PET_RUN_PATH="0", PET_START_METHOD="")  # a false switch or an empty value asks for nothing
+
+
 def test_single_node_defaults_like_torchrun():
     c = cfg("t.py")
     assert (c.rdzv_backend, c.rdzv_endpoint, c.nproc_per_node, c.tee, c.max_restarts) == ("c10d", "localhost:0", 1,

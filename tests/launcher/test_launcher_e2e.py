@@ -6,8 +6,11 @@ without psutil, that nothing survives a failure or a signal.
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -268,3 +271,99 @@ def test_failure_report_names_the_node_when_nodes_differ_in_size(job):
     assert procs[1].returncode == 7, err[-3000:]
     assert "neuronrun: rank 2 (local rank 0, node 1, host " in err, err[-3000:]
     assert_all_gone(piddir, 3)
+
+
+@pytest.mark.parametrize("flags, ends", [(["-r", "1", "-t", "1"], "success"), (["-r", "3", "-t", "0:3,1:3"], "success"),
+                                          (["-t", "0", "--local-ranks-filter", "1"], "success"),
+                                          (["-r", "1", "-t", "1"], "signal")])
+def test_output_that_also_reached_the_terminal_is_not_said_to_be_only_in_files(job, tmp_path, flags, ends):
+    """Redirected and teed (-r 1 -t 1) every line also reached the terminal; a rank left out by
+    --local-ranks-filter with nothing redirected wrote to /dev/null. neuronrun decided from the
+    flags' text, said "the output that went only to files is in DIR" and kept DIR (empty in the
+    last case)."""
+    script, piddir = job
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2", *flags,
+                             "--shutdown-timeout", "5", str(script), str(piddir),
+                             "hang" if ends == "signal" else "ok"],
+                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if ends == "signal":
+        wait_for_files(piddir, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == (128 + 15 if ends == "signal" else 0), err
+    assert "only to files" not in err and list(tmp.iterdir()) == [], (err, list(tmp.rglob("*")))
+    if "--local-ranks-filter" not in flags:
+        assert "[rank0]: env" in out and "[rank1]: env" in out, out
+
+
+def test_the_failed_ranks_error_reaches_neuronruns_own_error_file(tmp_path):
+    """torchrun copies the error file that the root-cause rank's @record wrote to its own
+    $TORCHELASTIC_ERROR_FILE (what an outer launcher or a scheduler reads); neuronrun left it
+    unwritten."""
+    script = tmp_path / "raise.py"
+    script.write_text(textwrap.dedent('''
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        @record
+        def main():
+            raise ValueError("the root cause")
+
+        main()
+    '''))
+    parent = tmp_path / "parent.json"
+    r = neuronrun(["--nproc-per-node", "1", str(script)], env=clean_env(TORCHELASTIC_ERROR_FILE=str(parent)),
+                  timeout=120)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert parent.is_file(), r.stderr[-3000:]
+    message = json.loads(parent.read_text())["message"]
+    assert "ValueError: the root cause" in json.dumps(message), message
+
+
+def test_a_python_exec_wrappers_interpreter_options_reach_the_rank(tmp_path):
+    """torchrun starts each rank as `$PYTHON_EXEC -u script`; neuronrun ran its trampoline under
+    $PYTHON_EXEC, which then exec'd a plain interpreter: a wrapper's -X and -W options were lost."""
+    wrapper = tmp_path / "pywrap.sh"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -X faulthandler -W error::DeprecationWarning '
+                       '"$@"\n')
+    wrapper.chmod(0o755)
+    script = tmp_path / "flags.py"
+    script.write_text("import faulthandler, sys\nprint('faulthandler', faulthandler.is_enabled(), sys.warnoptions)\n")
+    r = neuronrun(["--nproc-per-node", "1", str(script)], env=clean_env(PYTHON_EXEC=str(wrapper)), timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "[rank0]: faulthandler True ['error::DeprecationWarning']" in r.stdout, r.stdout
+
+
+def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
+    """A --master-port in use is torch's error (EADDRINUSE from the store), raised before any
+    rank starts: neuronrun left its empty neuronrun_* log directory in $TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = neuronrun(["--nproc-per-node", "1", "--master-port", str(port), "t.py"], env=clean_env(TMPDIR=str(tmp)),
+                      timeout=120)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert list(tmp.iterdir()) == [], r.stderr[-3000:]
+
+
+def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
+    """Ctrl-C as soon as neuronrun made its directories (it made them before importing torch,
+    about a second, and outside its cleanup) left neuronrun_* and neuronrun_groups_* in $TMPDIR."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "sleep.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "1",
+                             "--shutdown-timeout", "5", str(script)],
+                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not any(tmp.iterdir()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert list(tmp.iterdir()) == [], err[-3000:]

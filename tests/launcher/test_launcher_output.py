@@ -45,8 +45,15 @@ def test_a_line_written_in_two_pieces_stays_one_line(tmp_path):
 
 def test_an_unended_line_is_shown_after_the_hold_and_at_the_end(tmp_path):
     shown = _copy(tmp_path, tail.tail_whole_lines, [("50%", tail.HOLD_S + 0.3), (" 100%", 0.05)])
-    assert shown.startswith("[r0]: 50%")  # not held for ever (a progress bar without newlines)
-    assert shown.endswith("[r0]:  100%")  # the last piece is written once the rank is done
+    assert shown.startswith("[r0]: 50%\n")  # not held for ever (a progress bar without newlines)
+    assert shown.endswith("[r0]:  100%\n")  # the last piece is written once the rank is done
+
+
+def test_a_last_line_without_newline_is_ended(tmp_path):
+    """A rank whose last words had no newline ("done" with end="") left the terminal's cursor
+    after them, and the next line written there, another rank's or neuronrun's report, was glued
+    to them: the README promises whole lines."""
+    assert _copy(tmp_path, tail.tail_whole_lines, [("line\nlast words", 0.05)]) == "[r0]: line\n[r0]: last words\n"
 
 
 def test_neuronrun_prints_each_rank_line_whole(tmp_path):
