@@ -352,11 +352,14 @@ def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
 
 def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
     """Ctrl-C as soon as neuronrun made its directories (it made them before importing torch,
-    about a second, and outside its cleanup) left neuronrun_* and neuronrun_groups_* in $TMPDIR."""
+    about a second, and outside its cleanup) left neuronrun_* and neuronrun_groups_* in $TMPDIR.
+    (On a loaded host the signal may land where torch's rendezvous takes it for a failure and
+    retries, as under torchrun: the job then runs its 3 s and ends; either way nothing is left.
+    tempfile's own probe of $TMPDIR, interrupted, may leave a file of its own: not neuronrun's.)"""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     script = tmp_path / "sleep.py"
-    script.write_text("import time\ntime.sleep(60)\n")
+    script.write_text("import time\ntime.sleep(3)\n")
     proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "1",
                              "--shutdown-timeout", "5", str(script)],
                             env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -365,5 +368,5 @@ def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.002)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert list(tmp.iterdir()) == [], err[-3000:]
+    _, err = proc.communicate(timeout=90)
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("neuronrun")] == [], err[-3000:]
