@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_PREFIXES = ("NEURONRUN_", "PET_")
-# torchrun's flags that read PET_* and that neuronrun does not have (as of torch 2.13), and
-# whether each is a switch (a false value asks for what neuronrun does anyway)
-TORCHRUN_ONLY = {"start_method": False, "event_log_handler": False, "run_path": True,
-                 "duplicate_stdout_filters": False, "duplicate_stderr_filters": False,
-                 "signals_to_handle": False, "virtual_local_rank": True}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+# torchrun's flags that read PET_* and that neuronrun does not have (as of torch 2.13), and the
+# values that ask for what neuronrun does anyway: a switch's false ones; spawn, its only start
+# method (a template that spells out torchrun's default still runs)
+TORCHRUN_ONLY = {"start_method": {"spawn"}, "event_log_handler": set(), "run_path": _FALSE,
+                 "duplicate_stdout_filters": set(), "duplicate_stderr_filters": set(),
+                 "signals_to_handle": set(), "virtual_local_rank": _FALSE}
 
 
 @dataclass(frozen=True)
@@ -164,10 +165,10 @@ def _from_env(flag: Flag, raw: str, var: str) -> Any:
 
 
 def _refuse_torchrun_only(env: Mapping[str, str]) -> None:
-    for dest, switch in TORCHRUN_ONLY.items():
+    for dest, harmless in TORCHRUN_ONLY.items():
         for var in (p + dest.upper() for p in ENV_PREFIXES):
             raw = env.get(var)
-            if raw is not None and (raw.strip().lower() not in _FALSE if switch else raw != ""):
+            if raw is not None and raw != "" and raw.strip().lower() not in harmless:
                 raise ValueError(f"${var}={raw!r}: neuronrun has no --{dest.replace('_', '-')} (a torchrun flag "
                                  f"it does not accept); unset the variable")
 

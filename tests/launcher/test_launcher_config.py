@@ -53,7 +53,7 @@ def test_env_fallback_order():
 
 
 @pytest.mark.parametrize("var, value", [("PET_RUN_PATH", "1"), ("PET_START_METHOD", "fork"),
-                                        ("NEURONRUN_START_METHOD", "spawn"), ("PET_SIGNALS_TO_HANDLE", "SIGUSR1")])
+                                        ("NEURONRUN_START_METHOD", "forkserver"), ("PET_SIGNALS_TO_HANDLE", "SIGUSR1")])
 def test_a_variable_of_a_torchrun_flag_neuronrun_lacks_is_refused(var, value):
     """--run-path and --start-method are usage errors on neuronrun's command line, but their
     PET_* variables (which torchrun honours) were ignored: the job ran other than its template
@@ -62,6 +62,7 @@ def test_a_variable_of_a_torchrun_flag_neuronrun_lacks_is_refused(var, value):
     with pytest.raises(ConfigError, match=rf"\${var}={value!r}: neuronrun has no {flag} "):
         cfg("t.py", **{var: value})
     cfg("t.py", PET_RUN_PATH="0", PET_START_METHOD="")  # a false switch or an empty value asks for nothing
+    cfg("t.py", PET_START_METHOD="spawn")  # torchrun's default, and what neuronrun does: a template may spell it out
 
 
 def test_single_node_defaults_like_torchrun():
