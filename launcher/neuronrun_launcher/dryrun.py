@@ -8,14 +8,17 @@ spawner and checks that the two agree, so this listing cannot drift silently.
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
+import sys
 
 from .config import RunConfig
 from .launch import worker_command
 from .plan import format_cpus, neuron_env, split_host_port
 from .slots import assign_slots
 from .thp import THP_VAR, host_mode
+from .worker import command
 
 AT_RENDEZVOUS = "<chosen at rendezvous>"
 
@@ -92,6 +95,9 @@ def render(cfg: RunConfig) -> str:
         f"rendezvous: {cfg.rdzv_backend} {cfg.rdzv_endpoint} id={cfg.rdzv_id}"
         + (f" (from {cfg.scheduler.name})" if cfg.scheduler else ""),
         "every rank runs: " + shlex.join([entry, *args]),
+        # what the trampoline then execs: $PYTHON_EXEC (a wrapper, say) where set, as torchrun runs it
+        "which execs: " + shlex.join(command(cfg.mode, cfg.script or "", list(cfg.script_args),
+                                             os.environ.get("PYTHON_EXEC") or sys.executable)),
     ]
     if THP_VAR in plan.thp_env:  # --thp on: whether this node's kernel will honour it
         mode = host_mode()

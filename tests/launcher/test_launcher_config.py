@@ -245,6 +245,9 @@ def test_dry_run_cli_output():
     out = r.stdout
     assert "trn2.48xlarge, LNC 1 (16 chips x 8 logical cores), 2 node(s) x 2 rank(s), 8 core(s) per rank" in out
     assert "worker.py python train.py --epochs 3" in out
+    assert "\nwhich execs: " in out and "-u train.py --epochs 3\n" in out, out
+    r = neuronrun(["--dry-run", "-m", "pkg.train", "--lr", "1"], env=clean_env(PYTHON_EXEC="/opt/py-wrap"))
+    assert r.returncode == 0 and "\nwhich execs: /opt/py-wrap -u -m pkg.train --lr 1\n" in r.stdout, r.stdout + r.stderr
     block = out.split("rank 3, ")[1]
     assert block.startswith("host n2, node rank 1, local rank 1, chip 1, cores 8-15\n")
     for line in ("RANK=3", "LOCAL_RANK=1", "WORLD_SIZE=4", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=1",
