@@ -284,6 +284,9 @@ def _forget_groups_in_child() -> None:
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)
 
+_LOCAL_COUNTS: dict[str, int] = {}  # Group._generation's count where the store cannot add
+
+
 def _elastic_attempt() -> int:
     """Which attempt of an elastic job this process belongs to, where that keeps attempts apart:
     TORCHELASTIC_RESTART_COUNT, set by torch's agent for every worker, when the ranks use the
@@ -969,7 +972,13 @@ class Group(HangDiagnosis):
         is in the key, not in the meeting's keys: ranks that disagree on it still meet there and
         are told so at once."""
         members = ",".join(map(str, self.global_ranks))
-        k = store.add(f"gen-{attempt}/groups/{zlib.crc32(members.encode()):08x}", 1)
+        key = f"gen-{attempt}/groups/{zlib.crc32(members.encode()):08x}"
+        try:
+            k = store.add(key, 1)
+        except (RuntimeError, NotImplementedError):  # a store of the caller's without add (Gloo needs none):
+            k = _LOCAL_COUNTS[key] = _LOCAL_COUNTS.get(key, 0) + self.size  # this process's own count, as before
+            log.debug("rank %d: the store has no add; group %r counts its generations in this process",
+                      self.rank, self.name)
         return (k - 1) // self.size
 
     def _agree_on_members(self, store) -> None:

@@ -133,3 +133,12 @@ def test_report_without_a_default_group_says_so():
     assert not dist.is_initialized()
     with pytest.raises(ValueError, match="no default process group"):
         neuron_dist.report()
+
+
+def test_a_store_without_add_still_makes_groups():
+    """A caller's store with set/get/check/wait but no add (Gloo needs no more) failed group
+    creation with 'Tried to call pure virtual function ::c10d::Store::add' once group generations
+    were counted in the store (a review of this change): such a store counts them in the process."""
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "store_without_add.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "ok [1.0, 1.0, 1.0]" in p.stdout, (p.stdout + p.stderr)[-3000:]
