@@ -22,11 +22,12 @@ ENV_PREFIXES = ("NEURONRUN_", "PET_")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 # torchrun's flags that read PET_* and that neuronrun does not have (as of torch 2.13), and the
-# values that ask for what neuronrun does anyway: a switch's false ones; spawn, its only start
-# method (a template that spells out torchrun's default still runs)
-TORCHRUN_ONLY = {"start_method": {"spawn"}, "event_log_handler": set(), "run_path": _FALSE,
+# values that ask for what neuronrun does anyway, so that a template spelling out torchrun's
+# defaults still runs: a switch's false ones; spawn, its only start method; torch's default event
+# log handler and signal list, which neuronrun's agent runs with
+TORCHRUN_ONLY = {"start_method": {"spawn"}, "event_log_handler": {"null"}, "run_path": _FALSE,
                  "duplicate_stdout_filters": set(), "duplicate_stderr_filters": set(),
-                 "signals_to_handle": set(), "virtual_local_rank": _FALSE}
+                 "signals_to_handle": {"sighup,sigint,sigquit,sigterm"}, "virtual_local_rank": _FALSE}
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ def _refuse_torchrun_only(env: Mapping[str, str]) -> None:
     for dest, harmless in TORCHRUN_ONLY.items():
         for var in (p + dest.upper() for p in ENV_PREFIXES):
             raw = env.get(var)
-            if raw is not None and raw != "" and raw.strip().lower() not in harmless:
+            # (compared as a sorted, comma-separated list: a signal list in any order)
+            if raw is not None and raw != "" and ",".join(sorted(raw.replace(" ", "").lower().split(","))) not in harmless:
                 raise ValueError(f"${var}={raw!r}: neuronrun has no --{dest.replace('_', '-')} (a torchrun flag "
                                  f"it does not accept); unset the variable")
 

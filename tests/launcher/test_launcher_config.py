@@ -62,7 +62,9 @@ def test_a_variable_of_a_torchrun_flag_neuronrun_lacks_is_refused(var, value):
     with pytest.raises(ConfigError, match=rf"\${var}={value!r}: neuronrun has no {flag} "):
         cfg("t.py", **{var: value})
     cfg("t.py", PET_RUN_PATH="0", PET_START_METHOD="")  # a false switch or an empty value asks for nothing
-    cfg("t.py", PET_START_METHOD="spawn")  # torchrun's default, and what neuronrun does: a template may spell it out
+    # torchrun's defaults, which neuronrun's agent runs with: a template may spell them out
+    cfg("t.py", PET_START_METHOD="spawn", PET_EVENT_LOG_HANDLER="null",
+        PET_SIGNALS_TO_HANDLE="SIGTERM, SIGINT,SIGQUIT,SIGHUP")
 
 
 def test_single_node_defaults_like_torchrun():
