@@ -471,8 +471,10 @@ def check_json_path(p: argparse.ArgumentParser, path: str | None) -> None:
     """--json FILE is written after the whole run: a path that cannot be written is a usage
     error now, not a traceback then (bench and bench_train). Writability is tried by opening the
     file to append (a file this creates is removed again): permission bits say nothing for root,
-    and a directory such as /proc passes them yet refuses new files."""
-    if path:
+    and a directory such as /proc passes them yet refuses new files. Under a launcher only rank 0,
+    which writes the file, looks: the ranks' checks raced on it (two could create and remove it
+    together, one then failing, or leave an empty file)."""
+    if path and os.environ.get("RANK", "0") == "0":
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):
             p.error(f"--json {path}: directory {d} does not exist")

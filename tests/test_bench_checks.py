@@ -199,3 +199,22 @@ def test_single_copy_takes_sizes_as_bench_does():
     assert (p.returncode == 0 and "\n        4096 " in p.stdout) or "process_vm_readv" in p.stderr, p.stdout + p.stderr
     p = subprocess.run([sys.executable, script, "4X"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and "bad size" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_only_rank_0_checks_the_json_path_under_a_launcher(tmp_path, monkeypatch):
+    """Under a launcher every rank parses the arguments, and their writability checks raced on
+    the one path (two created and removed it together, one failing on the removal, or left an
+    empty file; a review's probe). Only rank 0 writes the file, so only rank 0 looks: another
+    rank's check touches nothing, rank 0's still refuses a path it cannot write."""
+    import argparse
+    path = tmp_path / "r.json"
+    monkeypatch.setattr(os, "remove", lambda p: (_ for _ in ()).throw(AssertionError(f"rank 1 removed {p}")))
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(AssertionError(f"rank 1 opened {a[0]}")))
+    monkeypatch.setenv("RANK", "1")
+    bench.check_json_path(argparse.ArgumentParser(), str(path))
+    monkeypatch.undo()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit):
+        bench.check_json_path(argparse.ArgumentParser(), "/proc/nope.json")
+    bench.check_json_path(argparse.ArgumentParser(), str(path))
+    assert not path.exists()
