@@ -357,11 +357,16 @@ def test_topology_tool_names_the_bad_setting_and_follows_the_jobs_lnc(capsys, mo
     assert rc == 2 and out == "" and "--nodes must be at least 1, not 0" in err, err
     rc, out, err = _topology(["show", "trn1.32xlarge", "--svg", str(tmp_path)], capsys)
     assert rc == 2 and out == "" and "a directory, not a file" in err, (out, err)
+    monkeypatch.setenv("NEURON_DIST_INSTANCE", "trn2.48xlarge")
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
-    rc, out, _ = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--sizes", "8K"], capsys)
-    assert rc == 0 and "(128 ranks per node, LNC=1," in out, out
-    rc, out, _ = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--lnc", "2", "--sizes", "8K"], capsys)
+    rc, out, _ = _topology(["predict", "all_reduce", "--sizes", "8K"], capsys)
+    assert rc == 0 and "1 x trn2.48xlarge (128 ranks per node, LNC=1," in out, out
+    rc, out, _ = _topology(["predict", "all_reduce", "--lnc", "2", "--sizes", "8K"], capsys)
     assert rc == 0 and "(64 ranks per node, LNC=2," in out, out
+    # an instance named here gets its own default LNC, not the job's (trn1 has LNC 1 only)
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    rc, out, _ = _topology(["predict", "all_reduce", "--instance", "trn1.32xlarge", "--sizes", "8K"], capsys)
+    assert rc == 0 and "trn1.32xlarge (32 ranks per node, LNC=1," in out, out
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
-    rc, out, err = _topology(["predict", "all_reduce", "--instance", "trn2.48xlarge", "--sizes", "8K"], capsys)
+    rc, out, err = _topology(["predict", "all_reduce", "--sizes", "8K"], capsys)
     assert rc == 2 and "NEURON_LOGICAL_NC_CONFIG='3'" in err, err

@@ -93,10 +93,12 @@ def cmd_show(args) -> int:
 
 def cmd_predict(args) -> int:
     coll = normalise_collective(args.collective)
-    inst = get_instance(args.instance)
+    job_instance = args.instance is None  # the job's own (NEURON_DIST_INSTANCE), not one named here
+    inst = get_instance(args.instance or os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
     if args.nodes < 1:
         raise ValueError(f"--nodes must be at least 1, not {args.nodes}")
-    lnc_env = os.environ.get("NEURON_LOGICAL_NC_CONFIG")  # the default, as for --instance: the job's own
+    # the job's LNC is the default for the job's instance; an instance named with --instance gets its own
+    lnc_env = os.environ.get("NEURON_LOGICAL_NC_CONFIG") if job_instance else None
     try:
         lnc = inst.check_lnc(args.lnc if args.lnc is not None else int(lnc_env) if lnc_env else None)
     except ValueError as e:
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     s.add_argument("--svg")
     pr = sub.add_parser("predict")
     pr.add_argument("collective")
-    pr.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+    pr.add_argument("--instance", help="default: $NEURON_DIST_INSTANCE, else " + DEFAULT_INSTANCE)
     pr.add_argument("--nodes", type=int, default=1)
     pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
     pr.add_argument("--lnc", type=int)
