@@ -350,12 +350,12 @@ class Group(HangDiagnosis):
         # agent restarts (--max-restarts) meets the failed attempt's keys in the agent's store,
         # which lives on across attempts: the attempt number keeps them apart
         attempt = _elastic_attempt()
-        store = dist.PrefixStore(f"gen-{attempt}.{self._generation(store, attempt)}/", store)
+        members = f"{zlib.crc32(','.join(map(str, self.global_ranks)).encode()):08x}"  # the member list's key
+        store = dist.PrefixStore(f"gen-{attempt}.{self._generation(store, attempt, members)}/", store)
         self._agree_on_members(store)
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
-        members = ",".join(map(str, self.global_ranks))
-        store = self.store = dist.PrefixStore(f"members-{zlib.crc32(members.encode()):08x}/", store)
+        store = self.store = dist.PrefixStore(f"members-{members}/", store)
         # the token authenticates every frame; the job id names the group's shared-memory segments
         # and IPC sockets, which any local user can list (/dev/shm, /proc/net/unix), so it is
         # drawn apart from the token: a name derived from it gave away 48 of its 63 bits
@@ -961,7 +961,7 @@ class Group(HangDiagnosis):
         self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
         self._hb_thread.start()
 
-    def _generation(self, store, attempt: int) -> int:
+    def _generation(self, store, attempt: int, members: str) -> int:
         """How many groups of these members this store has seen by this name before, counted in
         the store: each member adds one, and none can start the next such group before every
         member has added for this one (_agree_on_members waits for them all), so the n-th group
@@ -970,9 +970,8 @@ class Group(HangDiagnosis):
         not in an earlier world's subgroup never counted that name): the ranks met under
         different keys and waited out the time-out, where Gloo formed the group. The member list
         is in the key, not in the meeting's keys: ranks that disagree on it still meet there and
-        are told so at once."""
-        members = ",".join(map(str, self.global_ranks))
-        key = f"gen-{attempt}/groups/{zlib.crc32(members.encode()):08x}"
+        are told so at once. `members`: the member list's key (a checksum of the global ranks)."""
+        key = f"gen-{attempt}/groups/{members}"
         try:
             k = store.add(key, 1)
         except (RuntimeError, NotImplementedError):  # a store of the caller's without add (Gloo needs none):

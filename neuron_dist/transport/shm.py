@@ -172,11 +172,11 @@ def _wait_for(store, key: str, timeout: float) -> None:
         pause = min(pause * 2, 0.01)
 
 
-def _segment_name(job_id: str, rank: int) -> re.Pattern:
-    """The path of `rank`'s segment in job `job_id` (SHM_DIR/nd-<job>-<rank>-<pid>): a peer's
-    published path must be one, so a value planted in the store cannot have a rank map and
-    write into another file."""
-    return re.compile(re.escape(os.path.join(SHM_DIR, f"nd-{job_id}-{rank}-")) + r"[0-9]+", re.ASCII)
+def _segment_prefix(job_id: str, rank: int) -> str:
+    """`rank`'s segment in job `job_id` is this prefix and its pid (SHM_DIR/nd-<job>-<rank>-<pid>):
+    the name a rank makes its own, and the only kind of path it maps for a peer, so a value
+    planted in the store cannot have a rank map and write into another file."""
+    return os.path.join(SHM_DIR, f"nd-{job_id}-{rank}-")
 
 
 class _Segment:
@@ -209,7 +209,7 @@ class _Segment:
                     raise TransportError(f"it is not a segment this job made (a regular file of this user, "
                                          f"mode 0600): mode {stat.filemode(st.st_mode)}, uid {st.st_uid}")
                 if st.st_size != nbytes:
-                    raise TransportError(f"it has {os.fstat(fd).st_size} bytes where this rank expects {nbytes}: "
+                    raise TransportError(f"it has {st.st_size} bytes where this rank expects {nbytes}: "
                                          f"the ranks disagree on NEURON_DIST_SHM_SLOTS or NEURON_DIST_FRAME_BYTES "
                                          f"(or run different versions of neuron_dist)")
                 self.mm = mmap.mmap(fd, nbytes)
@@ -324,7 +324,7 @@ class ShmTransport(Transport):
         self.index = {r: i for i, r in enumerate(members)}
         npeers = len(self.peers)  # one inbound ring per peer (see ring_index)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
-        path = os.path.join(SHM_DIR, f"nd-{ctx.job_id}-{self.rank}-{os.getpid()}")
+        path = _segment_prefix(ctx.job_id, self.rank) + str(os.getpid())
         try:
             self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
         except OSError as e:
@@ -346,10 +346,10 @@ class ShmTransport(Transport):
                     failed = self.setup_error(where)
                     if failed:
                         raise TransportError(self._no_shm(p, failed))
-                    if not _segment_name(ctx.job_id, p).fullmatch(where):  # the store is read, not trusted
+                    theirs = _segment_prefix(ctx.job_id, p)  # the store is read, not trusted
+                    if not re.fullmatch(re.escape(theirs) + r"[0-9]+", where, re.ASCII):
                         raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
-                                             f"segment, not a name this job gives one "
-                                             f"({os.path.join(SHM_DIR, f'nd-{ctx.job_id}-{p}-<pid>')})")
+                                             f"segment, not a name this job gives one ({theirs}<pid>)")
                     try:
                         self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
                     except (OSError, TransportError) as e:
