@@ -131,10 +131,16 @@ class NeuronWork(dist.Work):
         self._fut = None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        if isinstance(timeout, timedelta):  # torch's binding takes a timedelta or float seconds
+            secs = timeout.total_seconds()
+        elif isinstance(timeout, float):
+            secs = timeout
+        else:
+            raise TypeError(f"wait(): timeout must be a datetime.timedelta or float seconds, "
+                            f"not {type(timeout).__name__}")
         op = self._op
         if op.finished and op.error is None:
             return True
-        secs = timeout.total_seconds() if timeout else 0
         op.wait(secs if secs > 0 else None)
         return True
 
@@ -148,7 +154,7 @@ class NeuronWork(dist.Work):
         return self._op.finished
 
     def is_success(self) -> bool:
-        return self._op.finished and self._op.error is None
+        return self._op.error is None  # torch's Work::isSuccess: no error so far, finished or not
 
     def exception(self):
         return self._op.error

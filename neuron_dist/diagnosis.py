@@ -85,12 +85,13 @@ class HangDiagnosis:
 
     def progress_record(self) -> dict:
         """This rank's small progress record: the next sequence number it will issue, the last
-        collective it completed and its most recent collectives (seq, kind, bytes, state)."""
+        collective it completed and its most recent collectives (seq, kind, bytes, dtype, state,
+        algorithm)."""
         recs = list(self.records)
         done = max((r.seq for r in recs if r.state == "done"), default=-1)
         return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "done": done,
                 "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
-                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state] for r in recs[-4:]]}
+                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state, r.algorithm] for r in recs[-4:]]}
 
     def _publish_progress(self, bounded: bool = False) -> None:
         """Write this rank's record if it changed. `bounded` (the engine thread, failing an op):
@@ -135,7 +136,8 @@ class HangDiagnosis:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
         records every rank keeps in the store), plus this rank's recent collectives."""
         def fmt(recent):
-            return ", ".join(f"#{s} {k} {n}B {st}" for s, k, n, _dt, st in recent) or "nothing"
+            return ", ".join(f"#{s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
+                             for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
         parts = []
         collective = op is not None and not op.is_p2p
@@ -151,6 +153,14 @@ class HangDiagnosis:
             if silent:
                 parts.append(f"ranks {silent} published no progress record;")
             parts.append(f"ranks {inside} had entered it.")
+            # ranks that chose different algorithms for one call may send to disjoint peers (a
+            # ring beside a hierarchical grid): no frame meets its checksum, all wait
+            ran = {r: a[0] for r, p in [*peers.items(), (self.rank, mine)] for s, _k, _n, _dt, _st, *a in p["recent"]
+                   if s == op.seq and a and a[0]}
+            if len(set(ran.values())) > 1:
+                parts.append("The ranks run it by different algorithms ("
+                             + ", ".join(f"rank {r}: {a}" for r, a in sorted(ran.items()))
+                             + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
                 p = peers[r]
                 parts.append(f"Rank {r} last ran: {fmt(p['recent'])} (next seq {p['issued']}"

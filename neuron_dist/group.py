@@ -55,13 +55,31 @@ INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits
 STATS_SIZES = 512  # distinct (collective, algorithm, size) rows a group counts exactly, for NEURON_DIST_REPORT
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
 SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often (who went first)
-LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
+LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often (at most)
+# A stalled engine waits on its transport for a quarter of the stall so far, within these: a
+# rank that waits long for a late peer wakes ~10 times a second (a fixed 5 ms wait took
+# ~2% of a core per waiting rank over zmq and kept the shm wait from sleeping long); every
+# frame, freed slot, peer's close or failure and new call wakes it at once, and a peer that
+# dies without a word is seen within STALL_WAIT_MAX_S
+STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.1
 
 
 _PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
 _KIND_NAMES = {k: k.name.lower() for k in Kind}  # enum .name is slow on the per-call path
 _P2P = Kind.P2P
 _DTYPE_NAMES: dict = {}
+
+
+def _choice_settings() -> dict:
+    """What decides each call's algorithm, as every rank must have it alike (compared at group
+    creation): NEURON_DIST_ALGO's forced choices and NEURON_DIST_TUNING's policy, normalized. A
+    bad value is this rank's set-up error, published already: left out here."""
+    from .collectives import select as algorithm_select
+    try:
+        return {"algo": ",".join(f"{c}:{a}" for c, a in sorted(algorithm_select.forced().items())) or None,
+                "tuning": algorithm_select.tuning()}
+    except ValueError:
+        return {}
 
 
 def _dtype_name(dtype) -> str:
@@ -368,18 +386,28 @@ class Group(HangDiagnosis):
         except GroupError as e:
             placement, placement_error = None, placement_error or e
         me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
-              "frame_bytes": self.frame_bytes, "transport": forced}
+              "frame_bytes": self.frame_bytes, "transport": forced,
+              **_choice_settings()}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
+        try:
+            store.wait([f"peer/{r}" for r in range(size)], timeout)
+        except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
+            raise GroupError(f"[rank {rank}] group {name!r}: the members met, but not every one published its "
+                             f"set-up within {timeout.total_seconds():.0f}s (a member that died or left meanwhile): "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
         # every rank cuts messages into frames of this size, and each checks the peer's frames
         # against its own cut: ranks that differ would fail at their first collective, on sizes;
-        # ranks that force different transports would each wait for the other's records
+        # ranks that force different transports would each wait for the other's records; ranks
+        # that choose algorithms differently (one host's environment forcing a ring, another's a
+        # hierarchical grid) send to disjoint peers and wait out the time-out at their first call
         settings = {var: [p.get(key) for p in self.peers_info]
                     for var, key in (("NEURON_DIST_FRAME_BYTES", "frame_bytes"), ("NEURON_DIST_TRANSPORT", "transport"),
-                                     ("the instance description (name and digest)", "model"))}
+                                     ("the instance description (name and digest)", "model"),
+                                     ("NEURON_DIST_ALGO", "algo"), ("NEURON_DIST_TUNING", "tuning"))}
         differ = [var for var, values in settings.items() if len(set(values)) > 1]
         if bad or differ:
             if rank == 0:  # this process may host the store: stay until every peer has read the records
@@ -552,8 +580,8 @@ class Group(HangDiagnosis):
                     return
                 if time.perf_counter() > deadline:
                     break
-                if not moved:
-                    self.transport.wait(min(0.001, budget))
+                if not moved:  # every transport's wait returns on news (a frame, a freed slot, a wake)
+                    self.transport.wait(max(0.0, deadline - time.perf_counter()))
         except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
             self._fail(op, e, self._active, self._waiting)
             if not isinstance(e, Exception):  # Ctrl-C (KeyboardInterrupt), SystemExit: the caller's
@@ -642,7 +670,12 @@ class Group(HangDiagnosis):
         # per thread; the fast path in submit does the same for the caller's thread).
         self._set_grad_enabled(False)
         active, waiting = self._active, self._waiting
+        stalled_since = None
         while True:
+            # the last op this loop ran is no longer named here: held while the engine slept, it
+            # kept its tensors and its call's scratch (a 256 MiB all-reduce's input and output,
+            # deleted by the caller) until this group's next op
+            op = None
             if self._abort:
                 err = GroupError(f"[rank {self.rank}] the process group was aborted")
                 with self._drive:
@@ -668,6 +701,8 @@ class Group(HangDiagnosis):
                 self._admit(active, waiting)
                 moved = False
                 for op in list(active):
+                    if op.finished:  # failed by an earlier op's failure in this pass (`_break`)
+                        continue
                     try:
                         if op.exe is None:
                             op.t0 = time.monotonic()
@@ -687,12 +722,17 @@ class Group(HangDiagnosis):
                             active.remove(op)
                         self._fail(op, e, active, waiting)
                         moved = True
-                if not moved and active:
+                if moved or not active:
+                    stalled_since = None
+                else:
+                    now = time.monotonic()
+                    if stalled_since is None:
+                        stalled_since = now
                     try:
                         self._check_stalled(active, waiting)
                         # wait with the drive lock held: nobody else may drive meanwhile, and the
                         # transport's wait releases the GIL (spin with yields, then futex/poll)
-                        self.transport.wait(0.005)
+                        self.transport.wait(min(STALL_WAIT_MAX_S, max(STALL_WAIT_MIN_S, (now - stalled_since) / 4)))
                     except BaseException as e:  # noqa: BLE001 - a broken transport (a malformed frame,
                         # an MPI error on a dead peer): fail what runs, never let it kill the engine
                         for op in list(active):
@@ -720,6 +760,7 @@ class Group(HangDiagnosis):
                 st[0] += 1
                 st[1] += op.record.t_end - op.record.t_start
                 st[2] += op.nbytes
+        op.exe = None  # its buffers (a large call's own scratch) go now, not with a Work kept after
         op.complete(error, self._callback_runner)  # callbacks never on the engine (nor under the drive lock)
 
     def _name(self, op: Op) -> str:

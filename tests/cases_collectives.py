@@ -332,8 +332,23 @@ def async_ops(rank, world):
                     assert text in str(e) and "recv" in str(e), e
                 else:
                     raise AssertionError("result() of an unfinished irecv did not raise")
+            # as Gloo's: an unfinished op with no error is a success so far, and wait() takes
+            # float seconds (it raised AttributeError on the float) but no int (TypeError)
+            assert w.is_success() and not w.is_completed()
+            try:
+                w.wait(0.2)
+            except RuntimeError as e:
+                assert "timed out" in str(e), e
+            else:
+                raise AssertionError("wait(0.2) of an unfinished irecv returned")
+            try:
+                w.wait(1)
+            except TypeError as e:
+                assert "timedelta" in str(e), e
+            else:
+                raise AssertionError("wait(1) was taken")
             dist.barrier(group=R.GLOO)  # rank 1 sends only after this
-            w.wait()
+            assert w.wait(30.0) is True
             assert w.result()[0] is t and w._source_rank() == 1 and t.tolist() == [1.0, 2.0, 3.0]
         elif rank == 1:
             dist.barrier(group=R.GLOO)
@@ -1316,6 +1331,66 @@ def waits_sleep_beside_an_early_message(rank, world, late=0.6, bound=0.3):
         checks = 3
     else:
         dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    return checks
+
+
+def a_long_wait_sleeps(rank, world, late=2.0):
+    """Ranks that wait long for a late peer (rank 0 comes `late` seconds after the others, as
+    when it checkpoints) sleep, as Gloo's do, instead of waking every few milliseconds: the
+    shared-memory wait napped 1 ms at a time (a lost wake-up's bound) and the engine looked
+    every 5 ms, ~4% of a core per waiting rank (~2% over zmq) taken from the rank they waited
+    for. Returns each waiter's process CPU seconds per second of its all-reduce's and its
+    receive's waits (rank 0: its own short waits), the results checked."""
+    import time
+    x, got = torch.full((64,), float(rank + 1)), torch.empty(64)
+    dist.barrier()
+    shares = []
+    for kind in ("all_reduce", "recv"):
+        if rank == 0:
+            time.sleep(late)
+        c0, w0 = time.process_time(), time.monotonic()
+        if kind == "all_reduce":
+            dist.all_reduce(x)
+        elif rank == 0:
+            for p in range(1, world):
+                dist.send(x, dst=p)
+        else:
+            dist.recv(got, src=0)
+        shares.append((time.process_time() - c0) / (time.monotonic() - w0))
+    assert torch.equal(x, torch.full((64,), float(world * (world + 1) // 2))), x
+    assert rank == 0 or torch.equal(got, x), got
+    dist.barrier()
+    return shares
+
+
+def finished_calls_hold_no_tensors(rank, world):
+    """A tensor the caller drops after its async call ended is freed, as with Gloo: the engine
+    thread held its last op (and the op its tensors and the call's scratch) while it slept,
+    until the group's next op (a 256 MiB all-reduce's input and output stayed resident)."""
+    import gc
+    import time
+    import weakref
+    checks = 0
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        x = torch.ones((1 << 19) * world)  # 2 MiB a rank and more: past the caller's inline size
+        out = torch.empty(x.numel() // world if kind == "reduce_scatter" else x.numel() * world)
+        if kind == "all_reduce":
+            w = dist.all_reduce(x, async_op=True)
+        elif kind == "reduce_scatter":
+            w = dist.reduce_scatter_tensor(out, x, async_op=True)
+        else:
+            w = dist.all_gather_into_tensor(out, x, async_op=True)
+        w.wait()
+        refs = [weakref.ref(x), weakref.ref(out)]
+        del x, out, w
+        deadline = time.monotonic() + 5
+        while any(r() is not None for r in refs) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = [r() for r in refs if r() is not None]
+        assert not held, f"{kind}: a tensor still held after the call ended, by " + \
+            ", ".join(sorted({type(o).__name__ for t in held for o in gc.get_referrers(t)}))
+        checks += 1
     dist.barrier()
     return checks
 

@@ -62,3 +62,31 @@ def test_the_dump_signals_handler_never_raises_nor_nests(monkeypatch):
         raise RuntimeError("the terminal went away")
     monkeypatch.setattr(diagnosis, "emit", failing)
     diagnosis._dump_on_signal("stderr")  # no exception
+
+
+def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
+    """Ranks whose algorithm choice for one call differs (a NEURON_DIST_ALGO changed on some
+    ranks mid-job, to a schedule with other peers) wait for frames that never come: the
+    time-out's diagnosis names each rank's algorithm from the progress records."""
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import HangDiagnosis
+    from neuron_dist.op import Record
+    from neuron_dist.transport.frame import Kind
+
+    def record(algorithm):
+        return {"issued": 1, "recent": [[0, "allreduce", 20, "float32", "running", algorithm]], "broken": None}
+
+    class Group(HangDiagnosis):
+        rank, size, _seq, broken = 0, 3, 1, None
+        records = [Record(0, "allreduce", 20, "float32", "ring", "running")]
+
+        def _peer_records(self):
+            return {1: record("ring"), 2: record(other)}, [], ""
+
+    op = SimpleNamespace(seq=0, is_p2p=False, kind=Kind.ALLREDUCE)
+    other = "hierarchical"
+    said = Group().diagnose(op)
+    assert "different algorithms (rank 0: ring, rank 1: ring, rank 2: hierarchical)" in said, said
+    assert "Rank 2 last ran: #0 allreduce 20B running (hierarchical)" in said, said
+    other = "ring"
+    assert "different algorithms" not in Group().diagnose(op)

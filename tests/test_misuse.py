@@ -246,3 +246,29 @@ def test_ranks_that_describe_one_instance_name_differently_fail_at_group_creatio
         line = rank_line(out, r)
         assert "disagree on the instance description" in line and "rank 1: custom-t6d " in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
+
+
+@pytest.mark.parametrize("setting", ["NEURON_DIST_ALGO=allreduce:ring", "NEURON_DIST_TUNING=host"])
+def test_ranks_that_choose_algorithms_differently_fail_at_group_creation(setting):
+    """One host's environment forces a ring, another's a hierarchical grid (a review's probe on
+    two namespaced hosts): the two send to disjoint peers, so no frame's checksum met the other
+    and every rank waited out the time-out naming no cause. The settings that decide each call's
+    algorithm are now compared when the group is made."""
+    port = free_port()
+    var, value = setting.split("=")
+    outs = run_scripts("placement_error.py", [[r, 3, port, 1, setting] for r in range(3)])
+    for r, (_, out) in enumerate(outs):
+        line = rank_line(out, r)
+        assert f"the ranks disagree on {var} (" in line and f"rank 1: {value}" in line, line
+        assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
+
+
+def test_a_member_that_dies_in_set_up_is_a_clear_error():
+    """A member that died after the members met and before it published its set-up (a host
+    killed while the others made a group): its peers failed with the store's bare "wait timeout
+    after 4000ms, keys: /.../peer/1" (a review's probe on namespaced hosts)."""
+    port = free_port()
+    outs = run_scripts("dies_in_setup.py", [[r, 3, port] for r in range(3)])
+    for r in (0, 2):
+        line = rank_line(outs[r][1], r)
+        assert "GroupError" in line and "not every one published its set-up within 4s" in line, line

@@ -280,3 +280,14 @@ def test_a_peer_killed_on_this_host_fails_its_peers_at_once_over_mpi():
         assert line is not None and "failed after" in line, out[-4000:]
         assert re.search(r"rank 2 \(pid \d+\) exited", line), line
         assert float(line.split("after ")[1].split("s")[0]) < 8, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_destroyed_groups_leave_nothing_in_comm_world():
+    """A destroyed group left its peers' closing frames unreceived in MPI_COMM_WORLD, where the
+    program's own receives matched them: `comm.recv(source=0)` after destroy_process_group got a
+    BYE frame and failed to unpickle it (a review's probe). Nothing is left now, and the
+    program's message arrives."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_leftovers.py"), timeout=100)
+    assert rc == 0, out[-4000:]
+    assert "rank 0: left 0 [] got None" in out and "rank 1: left 0 [] got {'epoch': 1}" in out, out[-4000:]

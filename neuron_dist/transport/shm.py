@@ -20,8 +20,10 @@ sched_yield when local ranks outnumber cores, so the peer we wait for gets the c
 per rank spins on yielding at each turn (NEURON_DIST_SHM_YIELD_US, 1000 us: a futex wake-up
 costs more than a short wait), once per episode of waiting, and then sleeps on the doorbell with
 futex(2); a peer that publishes a frame or frees a slot bumps the doorbell and wakes the sleeper
-only when its "sleeping" flag is set. Each sleep is capped at 1 ms, so a wake-up lost to
-store/load reordering costs at most that.
+only when its "sleeping" flag is set. A full fence between the bump and the flag's read (`ring`)
+keeps store/load reordering from losing a wake-up, so a rank that waits long sleeps until news
+or its caller's time-out (each sleep capped at MAX_SLEEP, a safety net), not in 1 ms naps that
+took ~4% of a core per waiting rank and slowed the peer it waited for.
 
 Lending. For the collectives that only move data, the steps of others marked `lend` in their
 schedules (those that only copy; those their receiver reduces, from `lend_reduce_from`), and
@@ -70,7 +72,7 @@ SHM_DIR = "/dev/shm"
 LINE = 64
 SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
-MAX_SLEEP = 0.001  # cap of one futex sleep: bounds the cost of a lost wake-up
+MAX_SLEEP = 0.05  # cap of one futex sleep: a safety net, `ring`'s fence loses no wake-up
 YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
@@ -91,6 +93,19 @@ _CODE_DTYPE = frame.CODE_DTYPE  # a received slot is handed out viewed as its fr
 _DOORBELL, _SLEEPING, _CLOSED, _PID, _FAILED, _BASE = 0, 4, 8, 16, 24, 32
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_FENCE_LOCK = threading.Lock()
+
+
+def _fence() -> None:
+    """A full memory fence: taking and giving back an uncontended lock is a locked instruction
+    each on x86 (glibc's semaphores: lock cmpxchg, lock xadd), ~60 ns. Each place that writes
+    its own word and then reads a peer's to decide whether to wake it (`_Segment.ring`,
+    `ShmTransport.release`) needs one: x86 may satisfy the read before the write is seen, and
+    the peer, doing the mirror image, then sleeps through the news."""
+    _FENCE_LOCK.acquire()
+    _FENCE_LOCK.release()
+
+
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 
@@ -236,8 +251,14 @@ class _Segment:
             self.rings.append((head, tail, slots))
 
     def ring(self) -> None:
-        """Bump the doorbell; wake the owner if it sleeps."""
+        """Bump the doorbell; wake the owner if it sleeps.
+
+        The fence between the bump and the flag's read closes the store-buffering race with a
+        waiter that sets its flag and then reads the doorbell (the futex call fences that side):
+        without it both reads could see the old values, the waiter sleeping through the news
+        while this ring skipped its wake."""
         self.doorbell.value = (self.doorbell.value + 1) & 0x7FFFFFFF
+        _fence()
         if self.sleeping.value:
             _futex_wake(self.base + _DOORBELL)
 
@@ -561,8 +582,10 @@ class ShmTransport(Transport):
         if peer in self.held_lent:
             self.held_lent.discard(peer)
             self.theirs[peer].ring()
-        elif head.value - (t - 1) >= self.nslots:
-            self.theirs[peer].ring()
+        else:
+            _fence()  # the freed slot seen before the head is read (see `_fence`)
+            if head.value - (t - 1) >= self.nslots:
+                self.theirs[peer].ring()
 
     def _news(self) -> bool:
         """Whether something arrived or was freed since the last look: a frame in a ring, a slot

@@ -339,6 +339,8 @@ class ZmqTransport(Transport):
         if self._arrived != self._arrived_seen:
             self._arrived_seen = self._arrived
             return
+        if self.trackers:  # zmq's I/O thread handing a zero-copy frame off wakes no poll: look again soon
+            timeout = min(timeout, 0.002)
         for sock, _ in self.poller.poll(max(0, int(timeout * 1000))):
             if sock == self._wake_r:
                 try:
