@@ -488,6 +488,15 @@ class Group(HangDiagnosis):
         if len(set(self.hosts)) > 1 and not any(p.get("node_given") for p in self.peers_info):
             node_of = {h: i for i, h in enumerate(dict.fromkeys(self.hosts))}
             slots = [dataclasses.replace(s, node=node_of[h]) for s, h in zip(slots, self.hosts)]
+        else:  # the launcher's node numbers stand: ranks on two hosts cannot share a node's cores
+            first: dict[int, tuple[int, str]] = {}
+            for r, (s, h) in enumerate(zip(slots, self.hosts)):
+                q, other = first.setdefault(s.node, (r, h))
+                if other != h:
+                    raise GroupError(
+                        f"[rank {self.rank}] group {self.name!r}: ranks {q} and {r} run on different hosts ({other}; "
+                        f"{h}) but both on node {s.node} by the launcher's node number (GROUP_RANK, NODE_ID or "
+                        f"NODE_RANK): give each host its own, or set none and the hosts decide")
         topo = topology.GroupTopology(topology.get_instance(slots[0].instance), slots)
         topo.validate()
         order = list(topology.ring_order(topo))

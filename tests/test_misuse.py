@@ -272,3 +272,16 @@ def test_a_member_that_dies_in_set_up_is_a_clear_error():
     for r in (0, 2):
         line = rank_line(outs[r][1], r)
         assert "GroupError" in line and "not every one published its set-up within 4s" in line, line
+
+
+def test_ranks_on_two_hosts_given_one_node_number_are_told_so():
+    """A launcher that gives ranks on two hosts one node number (GROUP_RANK=0 everywhere): the
+    group failed on every rank with "ranks 0 and 2 both use core 0 on node 0; more ranks than
+    cores or overlapping NEURON_RT_VISIBLE_CORES", naming neither the hosts nor the variable
+    (a review's probe on namespaced hosts)."""
+    port = free_port()
+    outs = run_scripts("two_hosts_one_node.py", [[r, 4, port] for r in range(4)])
+    for r, (_, out) in enumerate(outs):
+        line = rank_line(out, r)
+        assert "ranks 0 and 2 run on different hosts" in line and "both on node 0 by the launcher's node number" \
+            in line and "GROUP_RANK" in line, line
