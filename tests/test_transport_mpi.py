@@ -287,7 +287,10 @@ def test_destroyed_groups_leave_nothing_in_comm_world():
     """A destroyed group left its peers' closing frames unreceived in MPI_COMM_WORLD, where the
     program's own receives matched them: `comm.recv(source=0)` after destroy_process_group got a
     BYE frame and failed to unpickle it (a review's probe). Nothing is left now, and the
-    program's message arrives."""
+    program's message arrives. A rank that saw its peer's BYE before its own close sent that
+    peer none, and the peer's destroy waited 2 s for it."""
     rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_leftovers.py"), timeout=100)
     assert rc == 0, out[-4000:]
+    took = [float(line.split("destroy took ")[1].rstrip("s")) for line in out.splitlines() if "destroy took" in line]
+    assert len(took) == 2 and max(took) < 1.0, out[-4000:]
     assert "rank 0: left 0 [] got None" in out and "rank 1: left 0 [] got {'epoch': 1}" in out, out[-4000:]

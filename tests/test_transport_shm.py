@@ -815,18 +815,26 @@ def test_a_wait_over_several_transports_slices_a_long_stall_coarsely():
     """A rank whose peers sit on two transports (shared memory on its host, MPI or zmq to
     another) waits on each in turn: in 0.5 ms slices while things move, and in a tenth of the
     engine's wait once it waits long, instead of ~2,000 polls a second (8-11% of a core in a
-    review's two-host probe while a peer was 10 s late)."""
+    review's two-host probe while a peer was 10 s late). News on one transport ends the wait
+    at once: the coarse slice on the other is not waited out (5-10 ms late, a re-read found)."""
+    import time
     from neuron_dist.transport.select import Composite
 
     class Part:
         def __init__(self):
-            self.waits = []
+            self.waits, self.news = [], False
 
         def wait(self, timeout):
             self.waits.append(timeout)
+            if not self.news:
+                time.sleep(timeout)
 
     a, b = Part(), Part()
     both = Composite({"shm": a, "mpi": b}, {1: a, 2: b})
     both.wait(0.005)
     both.wait(0.1)
     assert a.waits == b.waits == [0.0005, 0.01], (a.waits, b.waits)
+    a.news = True
+    t0 = time.perf_counter()
+    both.wait(0.1)
+    assert a.waits[-1] == 0.01 and len(b.waits) == 2 and time.perf_counter() - t0 < 0.005, b.waits

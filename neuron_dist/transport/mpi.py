@@ -282,9 +282,9 @@ class MpiTransport(Transport):
             return
         # an orderly close tells every peer, after everything sent so far (MPI keeps the order
         # per source and tag); an abort has already sent its peers an ABORT frame with the cause
+        # to every peer, one that closed first too: it waits for this BYE (`_take_byes`)
         for p in ([] if abort else self.peers):
-            if p not in self.finished:
-                self.send(p, frame.bye_header(self.token, self.rank, p), torch.empty(0, dtype=torch.uint8))
+            self.send(p, frame.bye_header(self.token, self.rank, p), torch.empty(0, dtype=torch.uint8))
         try:
             self.flush(1.0 if abort else 5.0)
         except TransportError:

@@ -17,10 +17,20 @@ for g in (None, sub):
     t = torch.full((1000,), float(r))
     dist.all_reduce(t, group=g)
     assert t[0].item() == n * (n - 1) / 2
+# rank 0 closes first, and rank 1 sees its closing frame before its own close (as a receive
+# or the engine's look at its peers does): its close then sent rank 0 none, and rank 0 waited
+# for it for 2 s
 if r == 1:
-    time.sleep(0.5)  # ranks close at different times
+    pg = sub if isinstance(sub, neuron_dist.NeuronProcessGroup) else sub._get_backend(torch.device("cpu"))
+    transport = pg.group.transport
+    deadline = time.monotonic() + 10
+    while not transport.peer_finished(0) and time.monotonic() < deadline:
+        time.sleep(0.01)
+t0 = time.monotonic()
 dist.destroy_process_group(sub)
+took = time.monotonic() - t0
 dist.destroy_process_group()
+print(f"rank {r}: destroy took {took:.3f}s", flush=True)
 comm = MPI.COMM_WORLD
 comm.Barrier()
 left, status = [], MPI.Status()
