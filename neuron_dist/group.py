@@ -410,11 +410,7 @@ class Group(HangDiagnosis):
                                      ("NEURON_DIST_ALGO", "algo"), ("NEURON_DIST_TUNING", "tuning"))}
         differ = [var for var, values in settings.items() if len(set(values)) > 1]
         if bad or differ:
-            if rank == 0:  # this process may host the store: stay until every peer has read the records
-                try:
-                    store.wait([f"peer_read/{r}" for r in range(1, size)], min(timeout, timedelta(seconds=30)))
-                except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
-                    pass
+            self._stay_until_read(store)
             if placement_error is not None:
                 raise placement_error
             if bad:
@@ -426,7 +422,11 @@ class Group(HangDiagnosis):
                              + "); set it alike on every rank")
         self.hosts = host_identities(self.peers_info)
         host = self.hosts[rank]
-        self.topology, self.order = self._build_topology()
+        try:
+            self.topology, self.order = self._build_topology()
+        except (GroupError, ValueError):  # every rank finds it in the same records
+            self._stay_until_read(store)
+            raise
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
         local_cpus = {c for p, h in zip(self.peers_info, self.hosts) if h == host
                       for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
@@ -475,6 +475,17 @@ class Group(HangDiagnosis):
         model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
         digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
         return {"slot": slot.to_dict(), "node_given": node_given, "model": digest}
+
+    def _stay_until_read(self, store) -> None:
+        """Before a set-up error every rank finds in the records: rank 0's process may host the
+        store, so it stays until every peer has read them (a peer still reading met a closed
+        store: "DistNetworkError: Failed to recv", not the error)."""
+        if self.rank != 0:
+            return
+        try:
+            store.wait([f"peer_read/{r}" for r in range(1, self.size)], min(self.timeout, timedelta(seconds=30)))
+        except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
+            pass
 
     def _build_topology(self):
         """The group's agreed topology (from every rank's published slot) and its ring order.
