@@ -70,18 +70,6 @@ _P2P = Kind.P2P
 _DTYPE_NAMES: dict = {}
 
 
-def _choice_settings() -> dict:
-    """What decides each call's algorithm, as every rank must have it alike (compared at group
-    creation): NEURON_DIST_ALGO's forced choices and NEURON_DIST_TUNING's policy, normalized. A
-    bad value is this rank's set-up error, published already: left out here."""
-    from .collectives import select as algorithm_select
-    try:
-        return {"algo": ",".join(f"{c}:{a}" for c, a in sorted(algorithm_select.forced().items())) or None,
-                "tuning": algorithm_select.tuning()}
-    except ValueError:
-        return {}
-
-
 def _dtype_name(dtype) -> str:
     name = _DTYPE_NAMES.get(dtype)
     if name is None:
@@ -351,13 +339,14 @@ class Group(HangDiagnosis):
         # would otherwise wait for this rank's records until the group's time-out)
         from . import debug
         self.frame_bytes = forced = None
+        choice = {}  # NEURON_DIST_ALGO and _TUNING, normalized (a bad value: this rank's error, published)
         try:
             install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
             debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
             self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
             self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
             forced = transport_select.settings()  # NEURON_DIST_TRANSPORT and the transports' own
-            algorithm_select.check_settings()     # NEURON_DIST_TUNING and NEURON_DIST_ALGO
+            choice = algorithm_select.check_settings()  # NEURON_DIST_TUNING and NEURON_DIST_ALGO
             placement, placement_error = self._placement_info(), None
         except (ValueError, KeyError, OSError) as e:
             placement, placement_error = None, e
@@ -386,8 +375,7 @@ class Group(HangDiagnosis):
         except GroupError as e:
             placement, placement_error = None, placement_error or e
         me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
-              "frame_bytes": self.frame_bytes, "transport": forced,
-              **_choice_settings()}
+              "frame_bytes": self.frame_bytes, "transport": forced, **choice}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         try:

@@ -58,12 +58,14 @@ def forced() -> dict[str, str]:
     return parse_forced(env("NEURON_DIST_ALGO", "") or "")
 
 
-def check_settings() -> None:
+def check_settings() -> dict:
     """Raise on a bad NEURON_DIST_TUNING or NEURON_DIST_ALGO when a group is made: read only at
     a collective, a bad value on one rank raised there alone, and its peers waited for it until
-    the time-out (the group publishes a set-up error to them)."""
-    tuning()
-    forced()
+    the time-out (the group publishes a set-up error to them). Returns both, normalized, for the
+    group to compare across ranks: ranks that choose algorithms differently may run schedules
+    with disjoint peers, whose frames never meet to be checked."""
+    policy = tuning()
+    return {"algo": ",".join(f"{c}:{a}" for c, a in sorted(forced().items())) or None, "tuning": policy}
 
 
 def choose(collective: str, nbytes: int, group) -> str:
