@@ -2,21 +2,14 @@
 its set-up (started by tests/test_misuse.py). Prints how init_process_group ended on this rank."""
 import os
 import sys
-import time
-from datetime import timedelta
 
 rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
-import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
 from neuron_dist import group  # noqa: E402
+from report_init import init_and_report  # noqa: E402
 
 if rank == 1:
     group._forced_bind_addr = lambda: os._exit(3)  # read just before the rank publishes its set-up
-t0 = time.monotonic()
-try:
-    dist.init_process_group("neuron", timeout=timedelta(seconds=4))
-    print(f"rank {rank}: ok", flush=True)
-except Exception as e:  # noqa: BLE001
-    print(f"rank {rank}: {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+init_and_report(rank, 4)

@@ -3,22 +3,15 @@ the backend takes them for one), every rank given GROUP_RANK=0 by a mistaken lau
 by tests/test_misuse.py). Prints how init_process_group ended on this rank."""
 import os
 import sys
-import time
-from datetime import timedelta
 
 rank, world, port = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world),
                   LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK="0")
-import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
 from neuron_dist import group  # noqa: E402
+from report_init import init_and_report  # noqa: E402
 
 if rank >= world // 2:
     group._machine_key = lambda: "0ther0ne"
-t0 = time.monotonic()
-try:
-    dist.init_process_group("neuron", timeout=timedelta(seconds=20))
-    print(f"rank {rank}: ok", flush=True)
-except Exception as e:  # noqa: BLE001
-    print(f"rank {rank}: {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+init_and_report(rank, 20)

@@ -6,8 +6,6 @@ init_process_group ended on this rank and how long it took (the group time-out i
 import os
 import socket
 import sys
-import time
-from datetime import timedelta
 
 rank, port = int(sys.argv[1]), sys.argv[2]
 if rank == 1:
@@ -15,14 +13,8 @@ if rank == 1:
     os.environ["MASTER_ADDR"] = "no-such-host.invalid"
 else:
     os.environ.update(MASTER_ADDR="127.0.0.1", NEURON_DIST_BIND_ADDR="127.0.0.1")
-import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
+from report_init import init_and_report  # noqa: E402
 
-t0 = time.monotonic()
-try:
-    dist.init_process_group("neuron", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
-    print(f"rank {rank}: ok", flush=True)
-except Exception as e:  # noqa: BLE001
-    print(f"rank {rank}: {type(e).__name__} after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+init_and_report(rank, 60, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
