@@ -916,11 +916,21 @@ class Group(HangDiagnosis):
         now = time.monotonic()
         limit = self.timeout.total_seconds()
         if now >= self._next_sweep and any(not o.is_p2p for o in active):
-            # note when each member is first seen gone, so a failure names the first to go
+            # note when each member is first seen gone, so a failure names the first to go; and a
+            # member whose copy of the group failed (its ABORT, its failure flag) or that died
+            # breaks every collective of the group, not only one waiting on it: a rank that had
+            # that member's data and waited on a late third rank waited out its own time-out
             self._next_sweep = now + SWEEP_INTERVAL_S
             for q in range(self.size):
-                if q != self.rank:
-                    self._peer_gone(q, now)
+                if q == self.rank:
+                    continue
+                gone = self._peer_gone(q, now)
+                if gone and not self.transport.peer_finished(q):  # one that closed in order broke nothing
+                    op = next(o for o in active if not o.is_p2p)
+                    active.remove(op)
+                    self._fail(op, GroupError(
+                        f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(q, gone)}"), active, waiting)
+                    return
         # a peer's liveness costs a system call or two (shared memory reads /proc/PID/stat):
         # looked at every LOOK_INTERVAL_S, not on every idle pass of a waiting receive
         look = now >= self._next_look

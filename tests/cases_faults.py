@@ -652,6 +652,32 @@ def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
         dist.destroy_process_group(sub)
 
 
+def failure_reaches_a_rank_waiting_on_another(rank, world, timeout_s=1.5, patient_s=12.0):
+    """Rank 0 times out on rank 2, which never calls; rank 1, with a longer time-out, has rank
+    0's data and waits on rank 2 too. Rank 0's ABORT (or its failure flag, or its close) must
+    fail rank 1's call at once: only the peer a rank waited on was looked at, so rank 1 waited
+    out its own whole time-out."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s if rank == 0 else patient_s))
+    meta = dist.new_group(backend="gloo")
+    try:
+        dist.all_reduce(torch.ones(2), group=sub)
+        t0 = time.monotonic()
+        if rank == 2:
+            return dict(outcome="skipped")
+        try:
+            dist.all_reduce(torch.ones(16), group=sub)
+            out = dict(outcome="ok")
+        except Exception as e:  # noqa: BLE001
+            out = dict(outcome=type(e).__name__, msg=str(e))
+        out["elapsed"] = time.monotonic() - t0
+        return out
+    finally:
+        dist.barrier(group=meta)  # nobody closes before the others are done
+        dist.destroy_process_group(sub)
+
+
 def stats_bounded(rank, world, sizes=1500):
     """The per-size call counts behind NEURON_DIST_REPORT stay bounded (one row per distinct
     size grew without end: 4,508 rows after a cache probe) and the report's totals stay exact."""

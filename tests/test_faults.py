@@ -85,8 +85,8 @@ def test_failure_names_the_member_that_went_first():
         return SimpleNamespace(desc="reduce_scatter_tensor(8 MiB)", seq=0, is_p2p=False, t0=time.monotonic(),
                                timeout=None, exe=SimpleNamespace(waiting_on=2, sends=()))
 
-    msg = stalled_until_failure(op())
-    assert "rank 1 is gone: connection to rank 1 closed" in msg and "then rank 2" in msg, msg
+    msg = stalled_until_failure(op())  # the sweep fails it on rank 1, the first to go, naming rank 2 after it
+    assert msg.split("failed: ")[1].startswith("rank 1 is gone: connection to rank 1 closed") and "rank 2" in msg, msg
     finished.add(1)  # rank 1 left in order (destroy_process_group): rank 2 is the one to name
     msg = stalled_until_failure(op())
     assert "rank 2 is gone" in msg and "rank 1" not in msg, msg
@@ -184,6 +184,17 @@ def test_a_late_rank_learns_at_once_that_its_peers_failed(pools, world):
     assert late["outcome"] == "GroupError", late
     assert late["elapsed"] < 3.0, f"the late rank waited {late['elapsed']:.1f}s (its time-out is 4 s): {late['msg']}"
     assert "group failed or was aborted" in late["msg"] or "aborted the group" in late["msg"], late["msg"]
+
+
+def test_a_failure_reaches_a_rank_that_waits_on_another_peer(pools):
+    """README: a rank whose collective fails tells every peer, "so the others fail at once
+    instead of at the timeout" -- including a peer that waits on a third rank, not on it."""
+    res = pools(3).run("cases_faults:failure_reaches_a_rank_waiting_on_another", timeout=120)
+    first, patient = res[0], res[1]
+    assert first["outcome"] == "GroupError" and "timed out" in first["msg"], first
+    assert patient["outcome"] == "GroupError", patient
+    assert patient["elapsed"] < 4.0, f"rank 1 waited {patient['elapsed']:.1f}s (rank 0 failed at 1.5 s): {patient['msg']}"
+    assert "rank 0" in patient["msg"] and ("aborted" in patient["msg"] or "failed" in patient["msg"]), patient["msg"]
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])

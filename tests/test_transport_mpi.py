@@ -236,6 +236,20 @@ def test_a_late_rank_fails_at_once_on_its_peers_abort():
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_failure_reaches_a_rank_waiting_on_another_and_destroys_stay_short():
+    """Rank 1 waited out its own 12 s time-out on rank 2 although rank 0 had failed at 1.5 s and
+    sent its ABORT; and rank 2's orderly destroy waited 2 s for closing frames (BYE) that the
+    two failed ranks never send (an ABORT is their last frame)."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_abort_reaches_all.py"), n=3, timeout=100)
+    lines = {int(x.split()[1]): x for x in out.splitlines() if x.startswith("rank ") and " failed after " in x}
+    assert set(lines) == {0, 1}, out[-4000:]
+    assert float(lines[1].split("after ")[1].split("s")[0]) < 4.0, lines[1]
+    assert "rank 0 aborted the group" in lines[1], lines[1]
+    destroyed = re.search(r"rank 2 destroyed in ([0-9.]+)s", out)
+    assert destroyed and float(destroyed.group(1)) < 1.5, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
 def test_mpi_below_thread_multiple_is_refused():
     """The engine thread drives MPI while the caller's thread may call it: MPI started at a
     thread level below MULTIPLE (mpi4py.rc.thread_level = "single") was accepted, then aborted or

@@ -260,7 +260,8 @@ class MpiTransport(Transport):
         the program's own receives match it (mpi4py's `comm.recv(source=0)` takes any tag: it
         got a BYE frame instead of its data, and failed to unpickle it)."""
         deadline = time.monotonic() + timeout
-        while any(p not in self.finished for p in self.peers):
+        while any(p not in self.finished and p not in self.aborted for p in self.peers):  # an ABORT is
+            # the last frame of a peer whose group failed (its close sends no BYE)
             try:
                 moved = self._poll()
             except Exception:  # noqa: BLE001 - a broken channel at close: nothing more to take

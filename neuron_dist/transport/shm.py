@@ -704,8 +704,8 @@ class ShmTransport(Transport):
         return None
 
     def peer_finished(self, peer):
-        seg = self.theirs.get(peer)
-        return bool(seg is not None and seg.closed is not None and seg.closed.value)
+        seg = self.theirs.get(peer)  # closed, and not after a failure (an abort closes too)
+        return bool(seg is not None and seg.closed is not None and seg.closed.value and not seg.failed.value)
 
     def close(self, abort: bool = False):
         if self.closed:

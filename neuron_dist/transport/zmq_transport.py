@@ -185,6 +185,7 @@ class ZmqTransport(Transport):
         self.monitors: dict[int, zmq.Socket] = {}
         self.gone: dict[int, str] = {}
         self.finished: set[int] = set()  # peers that sent BYE (closed in order)
+        self.aborted: dict[int, str] = {}  # peers that sent ABORT: its cause (`check_peer`)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
         self._arrived = self._arrived_seen = 0  # frames drained in all, and as the last wait saw them
         self.trackers: list[tuple[zmq.MessageTracker, torch.Tensor, int]] = []
@@ -323,6 +324,8 @@ class ZmqTransport(Transport):
                 # Misaligned payloads (small ones; complex128 at any size) get an aligned copy.
                 payload = payload.clone()
             self.queues[h.src].append((h, payload))
+            if h.kind == frame.Kind.ABORT:  # kept aside too: the executor may be waiting on another
+                self.aborted.setdefault(h.src, frame.abort_reason(payload))  # peer, never reading this one's
             self._arrived += 1
 
     def recv(self, peer):
@@ -400,6 +403,10 @@ class ZmqTransport(Transport):
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")
+        if peer not in self.gone and peer not in self.aborted:
+            self._drain()  # an ABORT frame queued behind what no one reads yet (a bad frame raises here)
+        if peer in self.aborted:
+            return f"rank {peer} aborted the group: {self.aborted[peer]}"
         return self.gone.get(peer)
 
     def peer_finished(self, peer):
