@@ -7,7 +7,7 @@ group's history; NEURON_DIST_DUMP / NEURON_DIST_DUMP_SIGNAL write every group's 
 on a signal.
 
 `HangDiagnosis` is a mixin of `Group`: it reads the group's `records`, `rank`, `size`, `name`,
-`store`, `_seq`, `broken` and `_published`.
+`store`, `_seq`, `broken` and `_published`, and keeps `_store_lost`.
 """
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ os.register_at_fork(after_in_child=_forget_stuck_in_child)
 
 class HangDiagnosis:
     """Progress records, diagnosis and dumps of one group (mixed into `Group`)."""
+    _store_lost: str | None = None  # why a store call failed outright: none is made after it
 
     def progress_record(self) -> dict:
         """This rank's small progress record: the next sequence number it will issue, the last
@@ -96,6 +97,8 @@ class HangDiagnosis:
     def _publish_progress(self, bounded: bool = False) -> None:
         """Write this rank's record if it changed. `bounded` (the engine thread, failing an op):
         wait for the store at most STORE_ANSWER_S; the heartbeat thread may block instead."""
+        if self._store_lost:
+            return
         try:
             rec = self.progress_record()
             key = (rec["issued"], rec["done"], tuple(tuple(x) for x in rec["recent"]), rec["broken"])
@@ -104,8 +107,17 @@ class HangDiagnosis:
                     store.set(k, v)
                 bounded_store_call(put, "a progress record") if bounded else put()
                 self._published = key
-        except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
+        except StoreUnanswered as e:
             log.debug("rank %d: progress record not published: %s", self.rank, e)
+        except Exception as e:  # noqa: BLE001 - the store (rank 0's process) may be gone
+            self._lose_store(e)
+            log.debug("rank %d: progress record not published: %s", self.rank, e)
+
+    def _lose_store(self, e: BaseException) -> None:
+        """A store call failed outright (its host, rank 0's process, has gone): no more calls. Each
+        one printed torch's C++ 'sendBytes failed' trace on this rank's stderr, once per failed
+        call after it, burying the group's own error."""
+        self._store_lost = f"{type(e).__name__}: {e}"
 
     def _peer_records(self) -> tuple[dict[int, dict], list[int], str]:
         """The other ranks' progress records; the ranks whose record could not be read, and why.
@@ -113,6 +125,8 @@ class HangDiagnosis:
         at most a few seconds; what was read before stays."""
         records = {}
         others = [r for r in range(self.size) if r != self.rank]
+        if self._store_lost:
+            return records, others, f"the store could not be read ({self._store_lost})"
         deadline = time.monotonic() + STORE_READ_S
         for i, r in enumerate(others):
             left = deadline - time.monotonic()
@@ -127,6 +141,7 @@ class HangDiagnosis:
             except StoreUnanswered as e:
                 return records, others[i:], str(e)
             except Exception as e:  # noqa: BLE001 - a dead store must not hide the local diagnosis
+                self._lose_store(e)
                 return records, others[i:], f"the store could not be read ({type(e).__name__}: {e})"
             if raw is not None:
                 records[r] = json.loads(raw)
@@ -148,8 +163,11 @@ class HangDiagnosis:
             inside = [r for r in range(self.size) if r not in missing and r not in silent and r not in unread]
             if unread:
                 parts.append(f"The progress of ranks {unread} is unknown: {why};")
-            if missing:
-                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq};")
+            if missing:  # a record is as old as its rank's last heartbeat: a rank frozen (SIGSTOP, a
+                # debugger) just after entering the call is not in it yet, so say how old it is
+                age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in missing))
+                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq} by their "
+                             f"progress records (the oldest {age:.1f}s old);")
             if silent:
                 parts.append(f"ranks {silent} published no progress record;")
             parts.append(f"ranks {inside} had entered it.")

@@ -90,3 +90,16 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
     assert "Rank 2 last ran: #0 allreduce 20B running (hierarchical)" in said, said
     other = "ring"
     assert "different algorithms" not in Group().diagnose(op)
+
+
+def test_a_lost_store_is_left_alone_after_its_first_failed_call():
+    """Rank 0's process hosts the store; once it has gone, each store call of a failing rank
+    (its progress record after every failed call) printed torch's C++ "sendBytes failed" trace,
+    ~20 lines each, burying the group's own error (9 traces for 4 failed calls). One failed call
+    now marks the store lost and no more are made."""
+    from pool import free_port, run_scripts
+    port = free_port()
+    (_, out0), (code, out) = run_scripts("store_host_gone.py", [[0, port], [1, port]])
+    assert code == 0 and all(f"rank 1: call {i}: GroupError" in out for i in range(4)), out[-3000:]
+    traces = out.count("sendBytes failed") + out.count("recvBytes failed")
+    assert traces <= 1, f"{traces} store traces:\n{out[-3000:]}"
