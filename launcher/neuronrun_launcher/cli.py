@@ -105,8 +105,9 @@ FLAGS: tuple[Flag, ...] = (
          choices=("on", "off")),
     Flag(_spellings("--scheduler"), "read nodes/node rank/master from: auto (detect srun/mpirun), slurm, mpi, "
          "none", "auto", choices=("auto", "slurm", "mpi", "none")),
-    Flag(_spellings("--dry-run"), "print every rank's host, node rank, local rank, chip, cores and exact "
-         "environment, then exit", False, switch=True),
+    Flag(_spellings("--dry-run"), "print every rank's host, node rank, local rank, chip, cores and the "
+         "environment neuronrun sets for it (torch's agent adds its own TORCHELASTIC_* bookkeeping), then exit",
+         False, switch=True),
 )
 
 

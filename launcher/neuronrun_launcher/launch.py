@@ -268,11 +268,18 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.elastic.multiprocessing import tail_log
     from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed import DistNetworkError, DistStoreError
 
     from .tail import tail_whole_lines
 
     tail_log.tail_logfile = tail_whole_lines  # the agent's per-rank output copier; see tail.py
     entrypoint, args = worker_command(cfg)
+    if cfg.max_nodes > 1:
+        # the rendezvous waits for the other nodes in torch's C++ store, where Python's Ctrl-C
+        # handler never runs: Ctrl-C was lost (the node kept waiting and ran the job when the
+        # others came). The default action ends neuronrun at once, as SIGTERM's does; torch
+        # installs its own handlers as the ranks start
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
@@ -301,6 +308,11 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         print(f"neuronrun: the rendezvous failed ({type(err).__name__}: {err}); the node that holds its "
               f"store (--rdzv-endpoint) may be gone; every rank on this node is stopped", file=sys.stderr,
               flush=True)
+        return 1
+    except (DistNetworkError, DistStoreError) as err:  # a static rendezvous's store (node 0's agent) gone
+        print(f"neuronrun: the rendezvous store failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
+              f"the node that holds it (node 0, --master-addr) may be gone; every rank on this node is stopped",
+              file=sys.stderr, flush=True)
         return 1
     except SignalException as sig:
         kept = ""

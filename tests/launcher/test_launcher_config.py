@@ -268,6 +268,20 @@ def test_cpu_bind_dry_run_and_bad_value():
         assert f"local rank {local}, chip 0, cores {local}, cpus {want}\n" in r.stdout
     r = neuronrun(["--dry-run", "--nproc-per-node", "2", "train.py"])  # default: not bound, not shown
     assert r.returncode == 0 and "cpus" not in r.stdout
+
+
+def test_dry_run_lists_the_omp_threads_neuronrun_sets():
+    """--dry-run promised each rank's environment but left out OMP_NUM_THREADS, which neuronrun
+    sets where unset: 1 with several ranks (as torchrun), the share's size with --cpu-bind core."""
+    env = {k: v for k, v in clean_env().items() if k != "OMP_NUM_THREADS"}
+    share = len(rank_cpus(tuple(sorted(os.sched_getaffinity(0))), 0, 1))
+    for flags, want in ((["--nproc-per-node", "2"], "1"), (["--nproc-per-node", "1", "--cpu-bind", "core"], str(share))):
+        r = neuronrun(["--dry-run", *flags, "train.py"], env=env)
+        assert r.returncode == 0 and f"\n  OMP_NUM_THREADS={want}\n" in r.stdout, (flags, r.stdout + r.stderr)
+    r = neuronrun(["--dry-run", "--nproc-per-node", "1", "train.py"], env=env)  # one rank: left to torch
+    assert r.returncode == 0 and "OMP_NUM_THREADS" not in r.stdout, r.stdout
+    r = neuronrun(["--dry-run", "--nproc-per-node", "2", "train.py"], env={**env, "OMP_NUM_THREADS": "3"})
+    assert r.returncode == 0 and "OMP_NUM_THREADS" not in r.stdout, r.stdout  # the user's own, inherited
     r = neuronrun(["--cpu-bind", "socket", "train.py"])
     assert r.returncode == 2 and "--cpu-bind" in r.stderr and "Traceback" not in r.stderr
 

@@ -190,6 +190,37 @@ def test_a_rendezvous_that_times_out_says_too_few_nodes_came(job):
     assert "may be gone" not in r.stderr
 
 
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_ctrl_c_while_a_node_waits_for_the_others_ends_it(job, backend):
+    """A node of a two-node job waits in the rendezvous, in torch's C++ store, where Python's
+    Ctrl-C handler never runs: SIGINT was lost (the node went on waiting, and ran the job when
+    the other node came). It now ends neuronrun at once, as SIGTERM does (status 130)."""
+    script, piddir = job
+    port = free_port()
+    how = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "sigint"] \
+        if backend == "c10d" else ["--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "1",
+                             *how, str(script), str(piddir), "allreduce"],
+                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # until the rendezvous listens: the node is then waiting for the other
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode in (-signal.SIGINT, 128 + signal.SIGINT), (proc.returncode, err[-3000:])
+    assert not list(piddir.iterdir()), "a rank started"
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_signals_to_neuronrun_leave_no_orphans(job, sig, tmp_path):
     script, piddir = job

@@ -191,6 +191,28 @@ def test_a_lost_rendezvous_is_a_report_not_a_traceback(monkeypatch, scrubbed_env
     assert "neuronrun: the rendezvous failed (RendezvousConnectionError: The connection to the C10d store" in err, err
 
 
+def test_a_lost_static_rendezvous_store_is_a_report_not_a_traceback(monkeypatch, scrubbed_environ, capsys):
+    """With static rendezvous the store is node 0's agent's: when node 0 died during a restart,
+    node 1's agent raised DistNetworkError ("Broken pipe") and neuronrun printed torch's
+    traceback. It now says what failed and exits 1."""
+    from torch.distributed import DistNetworkError
+    import torch.distributed.launcher.api as launcher_api
+
+    def lost(config, entrypoint):
+        def run(*args):
+            raise DistNetworkError("Broken pipe\nException raised from sendBytes ...")
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", lost)
+    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    code = launch.launch(config_from_argv(["--nproc-per-node", "2", "train.py"], dict(os.environ)))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "neuronrun: the rendezvous store failed (DistNetworkError: Broken pipe); the node that holds it" in err, err
+
+
 def _trampoline_check(agent: str | None) -> int:
     """Exit status of a process that runs the rank trampoline's parent check with
     NEURONRUN_AGENT_PID set to `agent` (None: unset)."""
