@@ -5,7 +5,8 @@
     python -m neuron_dist.bench --ops allreduce -d bfloat16 --json out.json
     python -m neuron_dist.bench --instance trn2.48xlarge     # modelled busbw for that instance
 
-Spawns `-g` CPU ranks on this host (or joins a launcher's RANK/WORLD_SIZE job). Sizes run from
+Spawns `-g` CPU ranks on this host, which meet on `--port` (default $MASTER_PORT, else a free
+port), or joins a launcher's RANK/WORLD_SIZE job. Sizes run from
 `-b` to `-e`, times `-f` each row (one row when -b equals -e). Columns follow nccl-tests: size
 (bytes of the largest buffer: all-gather's output, reduce-scatter's input), count (elements of
 one rank's call, nccl-tests' paramcount: all-gather's input, reduce-scatter's output,
@@ -373,8 +374,9 @@ def worker(a) -> int:
         say("# -: the call cost less than the barrier's jitter (median difference <= 0); use more iterations")
     if rank == 0 and a.json:
         # world: the ranks that ran (under a launcher -g is ignored, and vars(a) holds its default)
-        meta_info = dict(vars(a), world=n, host=platform.node(), cpus=os.cpu_count(),
-                         python=sys.version.split()[0], torch=torch.__version__,
+        # port: the rendezvous port the ranks met on (a launcher's MASTER_PORT, or the spawned job's)
+        meta_info = dict(vars(a), world=n, port=int(os.environ.get("MASTER_PORT", 0)) or None,
+                         host=platform.node(), cpus=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__,
                          transport=getattr(transport, "name", "?"), env=run_env())
         with open(a.json, "w") as f:
             json.dump({"config": meta_info, "rows": rows}, f, indent=1)
@@ -424,8 +426,26 @@ def rank_context(preload: tuple[str, ...] = ()):
     return ctx
 
 
+def rendezvous_port(port: int | None) -> int:
+    """The port the ranks this command spawns meet on: --port, else $MASTER_PORT, else a free
+    one (ports.free_port). MASTER_PORT was ignored: every run drew a random port, whatever port
+    the job script or CI slot had set aside for it (collbench's --port has the same default)."""
+    if port:
+        return port
+    return int(os.environ.get("MASTER_PORT") or 0) or free_port()
+
+
+def check_port(p: argparse.ArgumentParser, port: int | None) -> None:
+    """--port, or the MASTER_PORT it defaults to, is a port number: a usage error now, not a
+    ValueError in the launching process or a failed rendezvous in every rank. Under a launcher
+    MASTER_PORT is the launcher's, torch reads it, and bench does not call this."""
+    raw = str(port) if port is not None else os.environ.get("MASTER_PORT") or ""
+    if raw and not (raw.isdigit() and 1 <= int(raw) <= 65535):
+        p.error(f"{'--port' if port is not None else 'MASTER_PORT'} {raw!r} is not a port number (1-65535)")
+
+
 def launch(a) -> int:
-    port = free_port()
+    port = a.port = rendezvous_port(a.port)
     ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
@@ -461,6 +481,8 @@ def parser() -> argparse.ArgumentParser:
                    help="instance the cost model predicts busbw for (default $NEURON_DIST_INSTANCE, "
                         "as the backend models, else trn2.48xlarge; '' to omit the column)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--port", type=int, help="rendezvous port of the ranks it spawns (default $MASTER_PORT, "
+                                            "else a free one; under a launcher, the launcher's)")
     p.add_argument("--json", metavar="FILE", help="write the configuration and every row to FILE")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress lines on stderr")
@@ -518,6 +540,8 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error(str(e))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     from .topology import place, placement_from_env
+    if not launched:
+        check_port(p, a.port)
     if not launched:  # the ranks this command starts place themselves as the backend does (the
         try:          # modelled instance, NEURON_LOGICAL_NC_CONFIG): the last one, on one node
             placement_from_env(os.environ, a.world - 1, a.world, a.world - 1, a.world)

@@ -123,9 +123,8 @@ def same_params(d, ref, world: int) -> bool:
 def run(a, backend: str, wrap: str) -> tuple[float, list, float]:
     """The slowest rank's median step, each rank's parameter digest (rank order not kept), and the
     largest peak resident memory of a rank in MiB."""
-    from .bench import rank_context
-    from .ports import free_port
-    port = free_port()
+    from .bench import rank_context, rendezvous_port
+    port = rendezvous_port(a.port)  # a fresh free port for each row unless one is given
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
@@ -175,6 +174,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
     p.add_argument("--thp", choices=("off", "on"), default="off",
                    help="on: torch's huge pages (neuronrun --thp on) for every process of the run (see above)")
+    p.add_argument("--port", type=int, help="rendezvous port of every row's ranks (default $MASTER_PORT, "
+                                            "else a free one per row)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     bad = [b for b in a.backends.split(",") if b not in BACKENDS]
@@ -184,8 +185,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
-    from .bench import check_json_path
+    from .bench import check_json_path, check_port
     check_json_path(p, a.json)
+    check_port(p, a.port)
     return a
 
 

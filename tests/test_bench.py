@@ -33,6 +33,54 @@ def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch):
     assert bench.free_port() >= low
 
 
+@pytest.mark.parametrize("tool", [
+    ["neuron_dist.bench", "-g", "1", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", ""],
+    ["neuron_dist.bench_train", "--world", "1", "--layers", "1", "--width", "8", "--steps", "1", "--warmup", "0",
+     "--wrap", "ddp", "--backends", "gloo"]])
+@pytest.mark.parametrize("given", ["MASTER_PORT", "--port"])
+def test_spawned_ranks_meet_on_the_port_given(tool, given):
+    """The ranks bench and bench_train spawn meet on --port, else MASTER_PORT (both ignored it:
+    every run drew a random port). Held by the test, the port makes their rendezvous fail and
+    name it; a port picked at random would not."""
+    import socket
+    port = bench.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    argv = [sys.executable, "-m", *tool]
+    if given == "--port":
+        argv += ["--port", str(port)]
+    else:
+        env["MASTER_PORT"] = str(port)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and f"port: {port}" in p.stderr and "EADDRINUSE" in p.stderr, p.stdout + p.stderr
+
+
+def test_bench_records_the_port_and_rejects_a_bad_one(tmp_path, monkeypatch, capsys):
+    """The JSON says which port the ranks met on; a MASTER_PORT or --port that is no port number
+    is a usage error before any rank starts."""
+    out, port = tmp_path / "p.json", bench.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "1", "-b", "4K", "-e", "4K", "-n", "1",
+                        "-w", "0", "--instance", "", "--json", str(out)], env=dict(env, MASTER_PORT=str(port)),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.load(open(out))["config"]["port"] == port
+    monkeypatch.delenv("RANK", raising=False)
+    for argv, value, said in ((["--port", "70000"], None, "--port '70000'"), ([], "29x", "MASTER_PORT '29x'")):
+        if value is not None:
+            monkeypatch.setenv("MASTER_PORT", value)
+        with pytest.raises(SystemExit) as e:
+            p = bench.parser()
+            bench.check(p, p.parse_args(argv))
+        assert e.value.code == 2 and f"{said} is not a port number" in capsys.readouterr().err
+        from neuron_dist import bench_train
+        with pytest.raises(SystemExit) as e:
+            bench_train.parse_args(argv)
+        assert e.value.code == 2 and f"{said} is not a port number" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("instance,n,op,nbytes", [
     ("trn2.48xlarge", 8, "broadcast", 1 << 20),    # the cost model alone picked "ring": no builder
     ("trn1.32xlarge", 4, "alltoall", 64 << 20),    # the same

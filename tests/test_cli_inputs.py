@@ -185,7 +185,7 @@ def test_bench_train_notices_a_dead_rank():
         import argparse, time
         from neuron_dist import bench_train
         a = argparse.Namespace(world=1, layers=1, width=16, batch=4, steps=1, warmup=0, threads=1,
-                               cpu_bind="none")
+                               cpu_bind="none", port=None)
         t = time.monotonic()
         try:
             bench_train.run(a, "foo", "ddp")
