@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -393,6 +394,7 @@ def count_wrong(rows: list[dict]) -> tuple[int, int]:
 
 
 def _spawned(rank: int, a, port: int, q) -> None:
+    ignore_interrupt()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -444,15 +446,63 @@ def check_port(p: argparse.ArgumentParser, port: int | None) -> None:
         p.error(f"{'--port' if port is not None else 'MASTER_PORT'} {raw!r} is not a port number (1-65535)")
 
 
+@contextlib.contextmanager
+def ranks_follow_signals(prog: str):
+    """While the ranks this process spawned run, SIGTERM or SIGINT to it stops them too: it used
+    to die alone (SIGTERM) or beside them (Ctrl-C, a KeyboardInterrupt traceback from every
+    process), and ranks it left behind finished the whole sweep unseen, their queue's semaphores
+    left in /dev/shm. The handler terminates and joins every live child, says so on one line, and
+    exits 128 + the signal's number, as a shell reports a process that signal ended (the exit
+    runs the multiprocessing finalizers that unlink the semaphores). The ranks ignore SIGINT
+    (`ignore_interrupt`), so Ctrl-C reaches them only through here. Under a launcher there is no
+    such parent: torchrun and neuronrun forward the signal to the ranks themselves."""
+    import multiprocessing as mp
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def stop(signum, frame):
+        ranks = mp.active_children()
+        for c in ranks:
+            c.terminate()
+        for c in ranks:
+            c.join(10)
+            if c.is_alive():  # stuck in a call that ignores SIGTERM
+                c.kill()
+                c.join()
+        print(f"{prog}: stopped by {signal.Signals(signum).name}"
+              + (f", and so were its {len(ranks)} rank processes" if ranks else ""), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = {s: signal.signal(s, stop) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def ignore_interrupt() -> None:
+    """In a spawned rank: Ctrl-C signals the whole process group, and the parent then stops the
+    ranks (ranks_follow_signals); each rank printed a KeyboardInterrupt traceback of its own.
+    SIGTERM stays at its default, which the shared-memory transport's set-up watches for."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def launch(a) -> int:
     port = a.port = rendezvous_port(a.port)
     ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    with ranks_follow_signals("neuron_dist.bench"):
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
     codes = [p.exitcode for p in procs]
     status = 0
     while not q.empty():

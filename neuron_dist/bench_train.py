@@ -77,6 +77,8 @@ def _no_comm(state, bucket):
 
 
 def _worker(rank, a, backend, wrap, port, q) -> None:
+    from .bench import ignore_interrupt
+    ignore_interrupt()  # Ctrl-C: the parent stops the ranks (bench.ranks_follow_signals)
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -208,6 +210,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.thp == "on":
         _with_thp(argv)
+    from .bench import ranks_follow_signals
+    with ranks_follow_signals("neuron_dist.bench_train"):  # SIGTERM/Ctrl-C stop the row's ranks too
+        return _main(a)
+
+
+def _main(a) -> int:
     a.thp = "on" if os.environ.get(THP_VAR) == "1" else "off"  # what torch runs with (it takes "1"
     # only): an exported value counts, as it does under neuronrun
     import torch

@@ -81,6 +81,62 @@ def test_bench_records_the_port_and_rejects_a_bad_one(tmp_path, monkeypatch, cap
         assert e.value.code == 2 and f"{said} is not a port number" in capsys.readouterr().err
 
 
+def _live_in_session(sid: int) -> dict[int, int]:
+    """{pid: parent pid} of the processes of session `sid` that have not ended (zombies left out)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out[int(d)] = int(fields[1])
+    return out
+
+
+@pytest.mark.parametrize("tool", [
+    ["neuron_dist.bench", "-b", "1M", "-e", "1M", "-n", "100000", "-w", "0", "--instance", "", "--no-progress"],
+    ["neuron_dist.bench_train", "--layers", "1", "--width", "8", "--steps", "5000", "--warmup", "0",
+     "--wrap", "ddp", "--backends", "neuron"]])
+@pytest.mark.parametrize("how", ["SIGTERM to the parent", "Ctrl-C to the group"])
+def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
+    """SIGTERM to bench's or bench_train's process left its two ranks running the whole sweep
+    (and /dev/shm/sem.mp-* behind when they were killed); Ctrl-C, which signals the whole process
+    group, printed a KeyboardInterrupt traceback from every process. Either must end every process
+    of the run at once, with one line and the shell's exit status for the signal."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    try:
+        deadline = _time.monotonic() + 120
+        while True:  # until both ranks (children of the fork server, the tool's child) run
+            live = _live_in_session(p.pid)
+            if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
+                break
+            assert p.poll() is None and _time.monotonic() < deadline, p.communicate()
+            _time.sleep(0.2)
+        _time.sleep(1)  # in their first calls
+        if how.startswith("SIGTERM"):
+            os.kill(p.pid, signal.SIGTERM)
+        else:
+            os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        sig = signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGINT
+        assert p.returncode == 128 + sig, (p.returncode, err)
+        assert err.strip().splitlines() == [f"{tool[0]}: stopped by {sig.name}, and so were its 2 rank processes"], err
+        deadline = _time.monotonic() + 10  # the fork server and resource tracker follow their parent
+        while _live_in_session(p.pid) and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+    finally:
+        for pid in _live_in_session(p.pid):
+            os.kill(pid, signal.SIGKILL)
+        p.wait()
+
+
 @pytest.mark.parametrize("instance,n,op,nbytes", [
     ("trn2.48xlarge", 8, "broadcast", 1 << 20),    # the cost model alone picked "ring": no builder
     ("trn1.32xlarge", 4, "alltoall", 64 << 20),    # the same
