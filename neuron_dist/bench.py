@@ -562,6 +562,43 @@ def check_json_path(p: argparse.ArgumentParser, path: str | None) -> None:
             os.remove(path)
 
 
+def settings_error(world: int) -> str | None:
+    """What every rank of a `world`-rank job on the "neuron" backend would raise while it builds
+    its group, from the settings each rank reads alone, else None. Each rank's set-up error
+    reached the user as a traceback from every rank (65 ranks: 2,456 lines): NEURON_DIST_TUNING,
+    _ALGO, _FRAME_BYTES, _SCRATCH_BYTES, _TRANSPORT and the shared-memory settings, read by the
+    group's own validators, and NEURON_DIST_TRANSPORT=mpi in a job mpirun did not start (the
+    transports' own plan, for one of the ranks of this host). The launching process calls it once
+    and makes the answer a usage error (bench, bench_train)."""
+    from .collectives import select as algorithm_select
+    from .collectives.scratch import scratch_bytes_setting
+    from .transport import select as transport_select
+    from .transport.base import TransportContext, TransportError
+    from .transport.frame import frame_bytes_setting
+    try:
+        frame_bytes_setting()
+        scratch_bytes_setting()
+        forced = transport_select.settings()
+        algorithm_select.check_settings()
+        transport_select.plan(TransportContext(rank=0, size=world, store=None, token=0, timeout=None,
+                                               hostname="", bind_addr=""), forced)
+    except (ValueError, TransportError) as e:
+        return str(e)
+    return None
+
+
+def placement_error(world: int) -> str | None:
+    """Why the `world` ranks this command spawns on this host cannot place themselves as the
+    backend does (the modelled instance, NEURON_LOGICAL_NC_CONFIG, NEURON_RT_*), else None: the
+    last one is checked, on one node (bench, bench_train)."""
+    from .topology import placement_from_env
+    try:
+        placement_from_env(os.environ, world - 1, world, world - 1, world)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def check(p: argparse.ArgumentParser, a) -> None:
     """Reject, before any rank starts, what the sweep would spin on (a size that never passes -e),
     fail on late (a --json directory that does not exist, written after the whole sweep) or turn
@@ -583,20 +620,16 @@ def check(p: argparse.ArgumentParser, a) -> None:
     if a.loop and a.added:
         p.error("--loop and --added are two ways of timing: choose one")
     check_json_path(p, a.json)
-    from .topology.select import ENV_ALGO, backend_forced
-    try:  # the backend would raise this at the first collective, in every rank
-        backend_forced(os.environ.get(ENV_ALGO))
-    except ValueError as e:
-        p.error(str(e))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    from .topology import place, placement_from_env
+    why = settings_error(int(os.environ["WORLD_SIZE"]) if launched else a.world)
+    if why:
+        p.error(why)
+    from .topology import place
     if not launched:
         check_port(p, a.port)
-    if not launched:  # the ranks this command starts place themselves as the backend does (the
-        try:          # modelled instance, NEURON_LOGICAL_NC_CONFIG): the last one, on one node
-            placement_from_env(os.environ, a.world - 1, a.world, a.world - 1, a.world)
-        except ValueError as e:
-            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {e}")
+        why = placement_error(a.world)
+        if why:
+            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {why}")
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
             place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world, lnc=_lnc())

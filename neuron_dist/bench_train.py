@@ -159,7 +159,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The arguments, checked before the reference step runs or any rank is spawned: an unknown
     backend used to kill every rank at init and leave the parent waiting, --steps 0 to fail
     only after the whole run, in statistics.median, and a --json FILE in a missing directory
-    only when the results were written, after the whole run (as bench.check does)."""
+    only when the results were written, after the whole run (as bench.check does). So are the
+    environment's settings and the placement the neuron ranks would fail on at init, each rank
+    with a traceback (--world 65 on trn2.48xlarge printed 2,456 lines)."""
     p = argparse.ArgumentParser(prog="python -m neuron_dist.bench_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)
@@ -187,9 +189,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
-    from .bench import check_json_path, check_port
+    from .bench import check_json_path, check_port, placement_error, settings_error
     check_json_path(p, a.json)
     check_port(p, a.port)
+    if "neuron" in a.backends.split(","):  # what each neuron rank would raise at init (bench checks the same)
+        why = settings_error(a.world)
+        if why:
+            p.error(why)
+        why = placement_error(a.world)
+        if why:
+            p.error(f"--world {a.world}: the ranks cannot place themselves: {why}")
     return a
 
 

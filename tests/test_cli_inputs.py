@@ -177,6 +177,46 @@ def test_bench_train_rejects_bad_arguments(argv, msg, capsys):
     assert bench_train.parse_args(["--backends", "neuron,gloo,none"]).backends == "neuron,gloo,none"
 
 
+@pytest.mark.parametrize("var,value,msg", [
+    ("NEURON_DIST_TUNING", "fast", "NEURON_DIST_TUNING='fast' is not a policy"),
+    ("NEURON_DIST_FRAME_BYTES", "1", "NEURON_DIST_FRAME_BYTES='1' must be at least 64"),
+    ("NEURON_DIST_TRANSPORT", "mpi", "NEURON_DIST_TRANSPORT=mpi, but rank 0 was not started by mpirun"),
+    ("NEURON_DIST_TRANSPORT", "tcp", "NEURON_DIST_TRANSPORT='tcp' is not a transport"),
+    ("NEURON_DIST_SHM_SLOTS", "1", "NEURON_DIST_SHM_SLOTS='1' must be at least 2"),
+    ("NEURON_DIST_ALGO", "allreduce:foo", "NEURON_DIST_ALGO"),
+])
+def test_tools_reject_settings_every_rank_would_fail_on(monkeypatch, capsys, var, value, msg):
+    """A setting the backend refuses when a group is built reached the user as a traceback from
+    every rank; bench checked NEURON_DIST_ALGO alone, bench_train nothing. Both now ask the
+    backend's own validators in the launching process: one usage error. bench_train only when
+    the neuron backend runs (gloo and the floor never read them)."""
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "NEURON_DIST_INSTANCE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as e:
+        _check(["-g", "2"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse_args(["--world", "2", "--backends", "gloo,neuron"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    bench_train.parse_args(["--world", "2", "--backends", "gloo,none"])
+
+
+def test_bench_train_places_its_ranks_before_spawning_them(monkeypatch, capsys):
+    """--world 65 on trn2.48xlarge (64 cores at its default LNC) started 65 ranks, each of which
+    printed the placement's ValueError in a traceback (2,456 lines); bench refused it up front.
+    bench_train now does too, when the neuron backend runs."""
+    for k in ("RANK", "WORLD_SIZE", "NEURON_DIST_INSTANCE", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse_args(["--world", "65", "--wrap", "ddp", "--backends", "neuron"])
+    assert e.value.code == 2 and "--world 65: the ranks cannot place themselves: 65 processes per node" in \
+        capsys.readouterr().err
+    assert bench_train.parse_args(["--world", "65", "--backends", "gloo"]).world == 65
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")  # 128 cores
+    assert bench_train.parse_args(["--world", "65", "--backends", "neuron"]).world == 65
+
+
 def test_bench_train_notices_a_dead_rank():
     """A rank that dies before it reports (here: at init, an unknown backend past the check)
     is noticed by its exit code, not after the parent's 900 s wait. In a child process with a
