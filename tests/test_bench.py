@@ -216,6 +216,24 @@ def test_collective_bench_timing_modes(tmp_path, mode, header, key):
     assert all(ok(r["neuron"]["time_us"]) and ok(r["gloo"]["time_us"]) for r in data["rows"]), data["rows"]
 
 
+def test_sendrecv_is_left_out_at_world_one(tmp_path):
+    """At world 1 send/recv has no peer: its row copied the tensor locally for "neuron" and
+    "gloo" alike and printed a busbw (38 GB/s) and a ratio that measured no backend. The row is
+    left out, with a line that says so, and a Case for it cannot be built."""
+    import torch
+    out = tmp_path / "w1.json"
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(bench.free_port()), GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--ops", "sendrecv,allreduce", "-b", "4K", "-e",
+                        "4K", "-n", "1", "-w", "0", "--vs", "gloo", "--instance", "", "--json", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["op"] for r in json.load(open(out))["rows"]] == ["allreduce"]
+    assert "# sendrecv: left out at world 1" in p.stdout and "# sendrecv\n" not in p.stdout, p.stdout
+    with pytest.raises(ValueError, match="two ranks"):
+        bench.Case("sendrecv", 4096, torch.float32, 0, 1, None)
+
+
 def test_loop_and_added_are_exclusive():
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--loop", "--added"], capture_output=True, text=True)
     assert p.returncode == 2 and "choose one" in p.stderr
