@@ -151,46 +151,69 @@ def unwritten(dtype):
     return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
+CHUNK = 1 << 18  # elements per piece when Case fills an input or checks an output
+
+
 class Case:
-    """One collective at one size on one backend's group: inputs, the call, the check."""
+    """One collective at one size on one backend's group: inputs, the call, the check. Inputs
+    and expected values are made CHUNK elements at a time, and the output checked so, never
+    held whole: the int64 index tensors and temporaries of whole-buffer expressions, a kept
+    copy of the expected output and the check's float copies made a rank's peak memory 8-9
+    times its buffer (1261 MiB for a 128 MiB all-gather)."""
 
     def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group):
         import torch
         import torch.distributed as dist
-        self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
+        if op == "sendrecv" and n < 2:  # a local copy measured no backend, yet printed a busbw (worker leaves it out)
+            raise ValueError("sendrecv needs two ranks or more")
+        self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK
         c = paramcount(nbytes, es, n, per)                                # per-rank block / count
         C = c * n if per else c                                           # the largest buffer
+        self.c = c
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
-        pat = lambda start, cnt, r: ((torch.arange(start, start + cnt) % 5) + r + 1).to(dtype)
-        if op == "allreduce":
-            self.x = pat(0, C, rank)
-            s = n * (n + 1) // 2
-            self.want = ((torch.arange(C) % 5) * n + s).to(dtype)
-            self.out = self.x
-        elif op == "allgather":
-            self.x, self.out = pat(rank * c, c, rank), torch.empty(C, dtype=dtype)
-            k = torch.arange(C)
-            self.want = ((k % 5) + k // c + 1).to(dtype)
-        elif op == "reduce_scatter":
-            self.x, self.out = pat(0, C, rank), torch.empty(c, dtype=dtype)
-            self.want = ((torch.arange(rank * c, rank * c + c) % 5) * n + n * (n + 1) // 2).to(dtype)
-        elif op == "broadcast":
-            self.x = pat(0, C, 0) if rank == 0 else torch.full((C,), -1, dtype=dtype)
-            self.out, self.want = self.x, pat(0, C, 0)
+        pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
+        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv"):
+            self.out = torch.empty(c if op == "reduce_scatter" else C, dtype=dtype)
+        if op == "allgather":
+            self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
         elif op == "alltoall":  # block j of rank r's input goes to rank j
-            self.x = (torch.arange(C) % 97 + 100 * rank).to(dtype)
-            self.out = torch.empty(C, dtype=dtype)
-            self.want = torch.cat([(torch.arange(rank * c, rank * c + c) % 97 + 100 * j).to(dtype)
-                                   for j in range(n)])
-        else:  # sendrecv: send to the next rank, receive from the previous
-            if n < 2:  # a local copy measured no backend, yet printed a busbw and a ratio (worker leaves it out)
-                raise ValueError("sendrecv needs two ranks or more")
-            self.x, self.out = pat(0, C, rank), torch.empty(C, dtype=dtype)
-            self.want = pat(0, C, (rank - 1) % n)
-        if self.out is not self.x:  # (outside the timed loops: only the checked call needs it)
+            self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
+        elif op == "broadcast" and rank != 0:
+            self.x = torch.full((C,), -1, dtype=dtype)
+        else:
+            self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
+        if op in ("allreduce", "broadcast"):
+            self.out = self.x
+        else:  # (outside the timed loops: only the checked call needs it)
             self.out.fill_(unwritten(dtype))
+
+    def _filled(self, count: int, values):
+        """A tensor of `count` elements of this case's dtype holding values(k) at index k,
+        computed a chunk of indices at a time."""
+        import torch
+        t = torch.empty(count, dtype=self.dtype)
+        for lo in range(0, count, CHUNK):
+            t[lo:lo + CHUNK] = values(torch.arange(lo, min(count, lo + CHUNK)))
+        return t
+
+    def want(self, k):
+        """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
+        n, r, c = self.n, self.rank, self.c
+        if self.op == "allreduce":
+            v = (k % 5) * n + n * (n + 1) // 2
+        elif self.op == "allgather":
+            v = (k % 5) + k // c + 1
+        elif self.op == "reduce_scatter":
+            v = ((k + r * c) % 5) * n + n * (n + 1) // 2
+        elif self.op == "broadcast":
+            v = (k % 5) + 1
+        elif self.op == "alltoall":  # block j came from rank j: its block r, offset k % c
+            v = (r * c + k % c) % 97 + 100 * (k // c)
+        else:  # sendrecv: the previous rank's input
+            v = (k % 5) + (r - 1) % n + 1
+        return v.to(self.dtype)
 
     def run(self) -> None:
         d, g = self.dist, self.g
@@ -210,8 +233,14 @@ class Case:
                 w.wait()
 
     def wrong(self) -> int:
+        """Elements of the output that differ from the expected values (NaN never equals),
+        compared a chunk at a time in float (exact for every benchmarked dtype's values)."""
         import torch
-        return int(torch.count_nonzero(self.out.float() != self.want.float()))
+        out, bad = self.out, 0
+        for lo in range(0, out.numel(), CHUNK):
+            k = torch.arange(lo, min(out.numel(), lo + CHUNK))
+            bad += int(torch.count_nonzero(out[lo:lo + CHUNK].float() != self.want(k).float()))
+        return bad
 
     def reset(self) -> None:
         """Keep all-reduce's in-place values bounded while timing."""
@@ -334,6 +363,7 @@ def worker(a) -> int:
             for name, g in (("neuron", None), ("gloo", gloo)):
                 if name == "gloo" and g is None:
                     continue
+                case = None  # the previous backend's buffers go before this one's are made
                 case = Case(op, nbytes, dtype, rank, n, g)
                 before = last_record(pg)
                 case.run()
