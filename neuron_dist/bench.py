@@ -24,7 +24,8 @@ backend ran (its flight record of the checked call; `-` for send/recv, which has
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
 model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`, default
-$NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core): the device the backend is
+$NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core, on one node or, under a
+launcher, LOCAL_WORLD_SIZE to a node): the device the backend is
 tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The
 exit status is 1 if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
@@ -255,17 +256,30 @@ def _lnc() -> int | None:
     return int(v) if v.isdigit() else None
 
 
-def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
+def job_nodes(n: int) -> int:
+    """How many nodes the `n` ranks of this job span, as the model column places them: a
+    launcher's LOCAL_WORLD_SIZE (or Open MPI's local size) ranks per node, else one node (the
+    ranks bench spawns). The column placed every job on one node: under a multi-node launcher it
+    modelled a placement the job did not have, and more ranks than one node's cores were
+    refused. A launcher whose nodes hold unequal numbers of ranks: one node (ValueError in place,
+    no column, where they do not fit)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or ""
+    ppn = int(local) if local.isdigit() and int(local) > 0 else n
+    return n // ppn if n % ppn == 0 else 1
+
+
+def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1) -> tuple[str, float] | None:
     """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
     predicted to take no time (one rank moves nothing: no bandwidth to divide by). The algorithm
     is the one the backend runs under its model policy: among those it has builders for, or the
-    one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call)."""
+    one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call). The `n` ranks
+    sit `n // nodes` to a node, one per core (job_nodes: the launcher's layout)."""
     if op == "sendrecv":
         return None
     try:
         from .topology import estimate, place
         from .topology.select import ENV_ALGO, backend_choose, backend_forced
-        topo = place(instance, 1, n, lnc=_lnc())
+        topo = place(instance, nodes, n // nodes, lnc=_lnc())
         algo = backend_choose(op, nbytes, topo, backend_forced(os.environ.get(ENV_ALGO)))
         t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
@@ -325,6 +339,7 @@ def worker(a) -> int:
     torch.set_num_threads(a.threads)
     dist.init_process_group("neuron")
     rank, n = dist.get_rank(), dist.get_world_size()
+    nodes = job_nodes(n)  # as the launcher laid the ranks out (the model column)
     meta = dist.new_group(backend="gloo")
     gloo = dist.new_group(backend="gloo") if a.vs == "gloo" else None
     dtype = getattr(torch, a.dtype)
@@ -335,7 +350,7 @@ def worker(a) -> int:
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
-        + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
+        + (f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core" if a.instance else ""))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
     es = torch.empty(0, dtype=dtype).element_size()
     ops = expand_ops(a.ops)
@@ -389,7 +404,7 @@ def worker(a) -> int:
                 line += f" {_num(gr['time_us'], 9, 1)} {_num(gr['busbw'], 7, 3)} {_num(row['ratio'], 6, 2)}"
             line += f" {r['algorithm'] or '-':>6}"
             if a.instance:
-                m = model_busbw(op, row["size"], n, a.instance)
+                m = model_busbw(op, row["size"], n, a.instance, nodes)
                 row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}
                 line += f" {m[1]:>7.1f} {m[0]:>6}" if m else f" {'-':>7} {'-':>6}"
             say(line)
@@ -667,7 +682,9 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {why}")
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
-            place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world, lnc=_lnc())
+            n = int(os.environ["WORLD_SIZE"]) if launched else a.world
+            nodes = job_nodes(n) if launched else 1
+            place(a.instance, nodes, n // nodes, lnc=_lnc())
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

@@ -108,6 +108,34 @@ def test_bench_places_its_ranks_as_the_backend_does(monkeypatch, capsys):
                                                      / 1e9 * 2 * 7 / 8)
 
 
+def test_bench_model_places_the_launchers_nodes(monkeypatch, capsys):
+    """Under a launcher the model column places the job as it runs, LOCAL_WORLD_SIZE ranks to a
+    node: it placed every job on one node (modelling a placement the job did not have), and
+    128 ranks of 16 nodes were refused ('need 128 cores') unless --instance ''."""
+    from neuron_dist.collectives import select
+    from neuron_dist.topology import place
+    from types import SimpleNamespace
+    for k in ("NEURON_DIST_ALGO", "NEURON_DIST_TUNING", "NEURON_DIST_INSTANCE", "NEURON_LOGICAL_NC_CONFIG",
+              "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "128")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    _check(["--json", ""])  # 16 nodes of 8 ranks: no usage error
+    assert bench.job_nodes(128) == 16
+    for nodes, ppn, nbytes in ((2, 8, 16 << 20), (2, 2, 16 << 20), (4, 1, 64 << 10)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ppn))
+        n = nodes * ppn
+        group = SimpleNamespace(topology=place("trn2.48xlarge", nodes, ppn), size=n, transport=None)
+        algo, _ = bench.model_busbw("allreduce", nbytes, n, "trn2.48xlarge", bench.job_nodes(n))
+        assert algo == select.choose("allreduce", nbytes, group), (nodes, ppn)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "65")  # more ranks on a node than its cores: still refused
+    monkeypatch.setenv("WORLD_SIZE", "130")
+    with pytest.raises(SystemExit) as e:
+        _check([])
+    assert e.value.code == 2 and "need 65 cores" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("size", ["inf", "-inf", "nan", "0.5", "1.3", "1.3K"])
 def test_sizes_are_whole_finite_bytes(size, capsys):
     """'inf' was an OverflowError traceback (argparse turns only ValueError into a usage error),
