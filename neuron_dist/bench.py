@@ -5,7 +5,8 @@
     python -m neuron_dist.bench --ops allreduce -d bfloat16 --json out.json
     python -m neuron_dist.bench --instance trn2.48xlarge     # modelled busbw for that instance
 
-Spawns `-g` CPU ranks on this host (or joins a launcher's RANK/WORLD_SIZE job). Sizes run from
+Spawns `-g` CPU ranks on this host, which meet on `--port` (default $MASTER_PORT, else a free
+port), or joins a launcher's RANK/WORLD_SIZE job. Sizes run from
 `-b` to `-e`, times `-f` each row (one row when -b equals -e). Columns follow nccl-tests: size
 (bytes of the largest buffer: all-gather's output, reduce-scatter's input), count (elements of
 one rank's call, nccl-tests' paramcount: all-gather's input, reduce-scatter's output,
@@ -15,14 +16,16 @@ preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = al
 collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
 broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call
 (outputs start as NaN, so an element the call never wrote counts). Sizes that round to the
-count of an earlier row (a call moves at least one element per rank) are left out.
+count of an earlier row (a call moves at least one element per rank) are left out, and so is
+send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
 see the same machine, and `ratio` is neuron's busbw over Gloo's. `ran` is the algorithm the
 backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
 model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`, default
-$NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core): the device the backend is
+$NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core, on one node or, under a
+launcher, LOCAL_WORLD_SIZE to a node): the device the backend is
 tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The
 exit status is 1 if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import math
 import os
@@ -148,44 +152,69 @@ def unwritten(dtype):
     return float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
+CHUNK = 1 << 18  # elements per piece when Case fills an input or checks an output
+
+
 class Case:
-    """One collective at one size on one backend's group: inputs, the call, the check."""
+    """One collective at one size on one backend's group: inputs, the call, the check. Inputs
+    and expected values are made CHUNK elements at a time, and the output checked so, never
+    held whole: the int64 index tensors and temporaries of whole-buffer expressions, a kept
+    copy of the expected output and the check's float copies made a rank's peak memory 8-9
+    times its buffer (1261 MiB for a 128 MiB all-gather)."""
 
     def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group):
         import torch
         import torch.distributed as dist
-        self.op, self.rank, self.n, self.g, self.dist = op, rank, n, group, dist
+        if op == "sendrecv" and n < 2:  # a local copy measured no backend, yet printed a busbw (worker leaves it out)
+            raise ValueError("sendrecv needs two ranks or more")
+        self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK
         c = paramcount(nbytes, es, n, per)                                # per-rank block / count
         C = c * n if per else c                                           # the largest buffer
+        self.c = c
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
-        pat = lambda start, cnt, r: ((torch.arange(start, start + cnt) % 5) + r + 1).to(dtype)
-        if op == "allreduce":
-            self.x = pat(0, C, rank)
-            s = n * (n + 1) // 2
-            self.want = ((torch.arange(C) % 5) * n + s).to(dtype)
-            self.out = self.x
-        elif op == "allgather":
-            self.x, self.out = pat(rank * c, c, rank), torch.empty(C, dtype=dtype)
-            k = torch.arange(C)
-            self.want = ((k % 5) + k // c + 1).to(dtype)
-        elif op == "reduce_scatter":
-            self.x, self.out = pat(0, C, rank), torch.empty(c, dtype=dtype)
-            self.want = ((torch.arange(rank * c, rank * c + c) % 5) * n + n * (n + 1) // 2).to(dtype)
-        elif op == "broadcast":
-            self.x = pat(0, C, 0) if rank == 0 else torch.full((C,), -1, dtype=dtype)
-            self.out, self.want = self.x, pat(0, C, 0)
+        pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
+        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv"):
+            self.out = torch.empty(c if op == "reduce_scatter" else C, dtype=dtype)
+        if op == "allgather":
+            self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
         elif op == "alltoall":  # block j of rank r's input goes to rank j
-            self.x = (torch.arange(C) % 97 + 100 * rank).to(dtype)
-            self.out = torch.empty(C, dtype=dtype)
-            self.want = torch.cat([(torch.arange(rank * c, rank * c + c) % 97 + 100 * j).to(dtype)
-                                   for j in range(n)])
-        else:  # sendrecv: send to the next rank, receive from the previous
-            self.x, self.out = pat(0, C, rank), torch.empty(C, dtype=dtype)
-            self.want = pat(0, C, (rank - 1) % n)
-        if self.out is not self.x:  # (outside the timed loops: only the checked call needs it)
+            self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
+        elif op == "broadcast" and rank != 0:
+            self.x = torch.full((C,), -1, dtype=dtype)
+        else:
+            self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
+        if op in ("allreduce", "broadcast"):
+            self.out = self.x
+        else:  # (outside the timed loops: only the checked call needs it)
             self.out.fill_(unwritten(dtype))
+
+    def _filled(self, count: int, values):
+        """A tensor of `count` elements of this case's dtype holding values(k) at index k,
+        computed a chunk of indices at a time."""
+        import torch
+        t = torch.empty(count, dtype=self.dtype)
+        for lo in range(0, count, CHUNK):
+            t[lo:lo + CHUNK] = values(torch.arange(lo, min(count, lo + CHUNK)))
+        return t
+
+    def want(self, k):
+        """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
+        n, r, c = self.n, self.rank, self.c
+        if self.op == "allreduce":
+            v = (k % 5) * n + n * (n + 1) // 2
+        elif self.op == "allgather":
+            v = (k % 5) + k // c + 1
+        elif self.op == "reduce_scatter":
+            v = ((k + r * c) % 5) * n + n * (n + 1) // 2
+        elif self.op == "broadcast":
+            v = (k % 5) + 1
+        elif self.op == "alltoall":  # block j came from rank j: its block r, offset k % c
+            v = (r * c + k % c) % 97 + 100 * (k // c)
+        else:  # sendrecv: the previous rank's input
+            v = (k % 5) + (r - 1) % n + 1
+        return v.to(self.dtype)
 
     def run(self) -> None:
         d, g = self.dist, self.g
@@ -199,16 +228,20 @@ class Case:
             d.broadcast(self.x, src=0, group=g)
         elif self.op == "alltoall":
             d.all_to_all_single(self.out, self.x, group=g)
-        elif self.n > 1:
+        else:
             nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
             for w in d.batch_isend_irecv([d.P2POp(d.isend, self.x, nxt, g), d.P2POp(d.irecv, self.out, prv, g)]):
                 w.wait()
-        else:
-            self.out.copy_(self.x)
 
     def wrong(self) -> int:
+        """Elements of the output that differ from the expected values (NaN never equals),
+        compared a chunk at a time in float (exact for every benchmarked dtype's values)."""
         import torch
-        return int(torch.count_nonzero(self.out.float() != self.want.float()))
+        out, bad = self.out, 0
+        for lo in range(0, out.numel(), CHUNK):
+            k = torch.arange(lo, min(out.numel(), lo + CHUNK))
+            bad += int(torch.count_nonzero(out[lo:lo + CHUNK].float() != self.want(k).float()))
+        return bad
 
     def reset(self) -> None:
         """Keep all-reduce's in-place values bounded while timing."""
@@ -223,17 +256,30 @@ def _lnc() -> int | None:
     return int(v) if v.isdigit() else None
 
 
-def model_busbw(op: str, nbytes: int, n: int, instance: str) -> tuple[str, float] | None:
+def job_nodes(n: int) -> int:
+    """How many nodes the `n` ranks of this job span, as the model column places them: a
+    launcher's LOCAL_WORLD_SIZE (or Open MPI's local size) ranks per node, else one node (the
+    ranks bench spawns). The column placed every job on one node: under a multi-node launcher it
+    modelled a placement the job did not have, and more ranks than one node's cores were
+    refused. A launcher whose nodes hold unequal numbers of ranks: one node (ValueError in place,
+    no column, where they do not fit)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or ""
+    ppn = int(local) if local.isdigit() and int(local) > 0 else n
+    return n // ppn if n % ppn == 0 else 1
+
+
+def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1) -> tuple[str, float] | None:
     """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
     predicted to take no time (one rank moves nothing: no bandwidth to divide by). The algorithm
     is the one the backend runs under its model policy: among those it has builders for, or the
-    one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call)."""
+    one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call). The `n` ranks
+    sit `n // nodes` to a node, one per core (job_nodes: the launcher's layout)."""
     if op == "sendrecv":
         return None
     try:
         from .topology import estimate, place
         from .topology.select import ENV_ALGO, backend_choose, backend_forced
-        topo = place(instance, 1, n, lnc=_lnc())
+        topo = place(instance, nodes, n // nodes, lnc=_lnc())
         algo = backend_choose(op, nbytes, topo, backend_forced(os.environ.get(ENV_ALGO)))
         t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
@@ -293,6 +339,7 @@ def worker(a) -> int:
     torch.set_num_threads(a.threads)
     dist.init_process_group("neuron")
     rank, n = dist.get_rank(), dist.get_world_size()
+    nodes = job_nodes(n)  # as the launcher laid the ranks out (the model column)
     meta = dist.new_group(backend="gloo")
     gloo = dist.new_group(backend="gloo") if a.vs == "gloo" else None
     dtype = getattr(torch, a.dtype)
@@ -303,10 +350,14 @@ def worker(a) -> int:
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
-        + (f" | model: {a.instance}, one rank per core" if a.instance else ""))
+        + (f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core" if a.instance else ""))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
     es = torch.empty(0, dtype=dtype).element_size()
-    plan = [(op, distinct_sizes(op, sizes, es, n)) for op in expand_ops(a.ops)]
+    ops = expand_ops(a.ops)
+    if n == 1 and "sendrecv" in ops:  # no peer: its row timed a local copy, for both backends alike
+        ops.remove("sendrecv")
+        say("# sendrecv: left out at world 1 (no peer to send to: no backend would be measured)")
+    plan = [(op, distinct_sizes(op, sizes, es, n)) for op in ops]
     total, done, t_start, t_said = sum(len(s) for _, s in plan), 0, time.time(), time.time()
     for op, op_sizes in plan:
         head = f"#{'size':>11} {'count':>11} {'type':>8} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
@@ -327,6 +378,7 @@ def worker(a) -> int:
             for name, g in (("neuron", None), ("gloo", gloo)):
                 if name == "gloo" and g is None:
                     continue
+                case = None  # the previous backend's buffers go before this one's are made
                 case = Case(op, nbytes, dtype, rank, n, g)
                 before = last_record(pg)
                 case.run()
@@ -352,7 +404,7 @@ def worker(a) -> int:
                 line += f" {_num(gr['time_us'], 9, 1)} {_num(gr['busbw'], 7, 3)} {_num(row['ratio'], 6, 2)}"
             line += f" {r['algorithm'] or '-':>6}"
             if a.instance:
-                m = model_busbw(op, row["size"], n, a.instance)
+                m = model_busbw(op, row["size"], n, a.instance, nodes)
                 row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}
                 line += f" {m[1]:>7.1f} {m[0]:>6}" if m else f" {'-':>7} {'-':>6}"
             say(line)
@@ -373,8 +425,9 @@ def worker(a) -> int:
         say("# -: the call cost less than the barrier's jitter (median difference <= 0); use more iterations")
     if rank == 0 and a.json:
         # world: the ranks that ran (under a launcher -g is ignored, and vars(a) holds its default)
-        meta_info = dict(vars(a), world=n, host=platform.node(), cpus=os.cpu_count(),
-                         python=sys.version.split()[0], torch=torch.__version__,
+        # port: the rendezvous port the ranks met on (a launcher's MASTER_PORT, or the spawned job's)
+        meta_info = dict(vars(a), world=n, port=int(os.environ.get("MASTER_PORT", 0)) or None,
+                         host=platform.node(), cpus=os.cpu_count(), python=sys.version.split()[0], torch=torch.__version__,
                          transport=getattr(transport, "name", "?"), env=run_env())
         with open(a.json, "w") as f:
             json.dump({"config": meta_info, "rows": rows}, f, indent=1)
@@ -391,6 +444,7 @@ def count_wrong(rows: list[dict]) -> tuple[int, int]:
 
 
 def _spawned(rank: int, a, port: int, q) -> None:
+    ignore_interrupt()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -424,15 +478,81 @@ def rank_context(preload: tuple[str, ...] = ()):
     return ctx
 
 
+def rendezvous_port(port: int | None) -> int:
+    """The port the ranks this command spawns meet on: --port, else $MASTER_PORT, else a free
+    one (ports.free_port). MASTER_PORT was ignored: every run drew a random port, whatever port
+    the job script or CI slot had set aside for it (collbench's --port has the same default)."""
+    if port:
+        return port
+    return int(os.environ.get("MASTER_PORT") or 0) or free_port()
+
+
+def check_port(p: argparse.ArgumentParser, port: int | None) -> None:
+    """--port, or the MASTER_PORT it defaults to, is a port number: a usage error now, not a
+    ValueError in the launching process or a failed rendezvous in every rank. Under a launcher
+    MASTER_PORT is the launcher's, torch reads it, and bench does not call this."""
+    raw = str(port) if port is not None else os.environ.get("MASTER_PORT") or ""
+    if raw and not (raw.isdigit() and 1 <= int(raw) <= 65535):
+        p.error(f"{'--port' if port is not None else 'MASTER_PORT'} {raw!r} is not a port number (1-65535)")
+
+
+@contextlib.contextmanager
+def ranks_follow_signals(prog: str):
+    """While the ranks this process spawned run, SIGTERM or SIGINT to it stops them too: it used
+    to die alone (SIGTERM) or beside them (Ctrl-C, a KeyboardInterrupt traceback from every
+    process), and ranks it left behind finished the whole sweep unseen, their queue's semaphores
+    left in /dev/shm. The handler terminates and joins every live child, says so on one line, and
+    exits 128 + the signal's number, as a shell reports a process that signal ended (the exit
+    runs the multiprocessing finalizers that unlink the semaphores). The ranks ignore SIGINT
+    (`ignore_interrupt`), so Ctrl-C reaches them only through here. Under a launcher there is no
+    such parent: torchrun and neuronrun forward the signal to the ranks themselves."""
+    import multiprocessing as mp
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+
+    def stop(signum, frame):
+        ranks = mp.active_children()
+        for c in ranks:
+            c.terminate()
+        for c in ranks:
+            c.join(10)
+            if c.is_alive():  # stuck in a call that ignores SIGTERM
+                c.kill()
+                c.join()
+        print(f"{prog}: stopped by {signal.Signals(signum).name}"
+              + (f", and so were its {len(ranks)} rank processes" if ranks else ""), file=sys.stderr, flush=True)
+        raise SystemExit(128 + signum)
+
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    old = {s: signal.signal(s, stop) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def ignore_interrupt() -> None:
+    """In a spawned rank: Ctrl-C signals the whole process group, and the parent then stops the
+    ranks (ranks_follow_signals); each rank printed a KeyboardInterrupt traceback of its own.
+    SIGTERM stays at its default, which the shared-memory transport's set-up watches for."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def launch(a) -> int:
-    port = free_port()
+    port = a.port = rendezvous_port(a.port)
     ctx = rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
+    with ranks_follow_signals("neuron_dist.bench"):
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
     codes = [p.exitcode for p in procs]
     status = 0
     while not q.empty():
@@ -461,6 +581,8 @@ def parser() -> argparse.ArgumentParser:
                    help="instance the cost model predicts busbw for (default $NEURON_DIST_INSTANCE, "
                         "as the backend models, else trn2.48xlarge; '' to omit the column)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--port", type=int, help="rendezvous port of the ranks it spawns (default $MASTER_PORT, "
+                                            "else a free one; under a launcher, the launcher's)")
     p.add_argument("--json", metavar="FILE", help="write the configuration and every row to FILE")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress lines on stderr")
@@ -490,6 +612,43 @@ def check_json_path(p: argparse.ArgumentParser, path: str | None) -> None:
             os.remove(path)
 
 
+def settings_error(world: int) -> str | None:
+    """What every rank of a `world`-rank job on the "neuron" backend would raise while it builds
+    its group, from the settings each rank reads alone, else None. Each rank's set-up error
+    reached the user as a traceback from every rank (65 ranks: 2,456 lines): NEURON_DIST_TUNING,
+    _ALGO, _FRAME_BYTES, _SCRATCH_BYTES, _TRANSPORT and the shared-memory settings, read by the
+    group's own validators, and NEURON_DIST_TRANSPORT=mpi in a job mpirun did not start (the
+    transports' own plan, for one of the ranks of this host). The launching process calls it once
+    and makes the answer a usage error (bench, bench_train)."""
+    from .collectives import select as algorithm_select
+    from .collectives.scratch import scratch_bytes_setting
+    from .transport import select as transport_select
+    from .transport.base import TransportContext, TransportError
+    from .transport.frame import frame_bytes_setting
+    try:
+        frame_bytes_setting()
+        scratch_bytes_setting()
+        forced = transport_select.settings()
+        algorithm_select.check_settings()
+        transport_select.plan(TransportContext(rank=0, size=world, store=None, token=0, timeout=None,
+                                               hostname="", bind_addr=""), forced)
+    except (ValueError, TransportError) as e:
+        return str(e)
+    return None
+
+
+def placement_error(world: int) -> str | None:
+    """Why the `world` ranks this command spawns on this host cannot place themselves as the
+    backend does (the modelled instance, NEURON_LOGICAL_NC_CONFIG, NEURON_RT_*), else None: the
+    last one is checked, on one node (bench, bench_train)."""
+    from .topology import placement_from_env
+    try:
+        placement_from_env(os.environ, world - 1, world, world - 1, world)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def check(p: argparse.ArgumentParser, a) -> None:
     """Reject, before any rank starts, what the sweep would spin on (a size that never passes -e),
     fail on late (a --json directory that does not exist, written after the whole sweep) or turn
@@ -511,21 +670,21 @@ def check(p: argparse.ArgumentParser, a) -> None:
     if a.loop and a.added:
         p.error("--loop and --added are two ways of timing: choose one")
     check_json_path(p, a.json)
-    from .topology.select import ENV_ALGO, backend_forced
-    try:  # the backend would raise this at the first collective, in every rank
-        backend_forced(os.environ.get(ENV_ALGO))
-    except ValueError as e:
-        p.error(str(e))
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    from .topology import place, placement_from_env
-    if not launched:  # the ranks this command starts place themselves as the backend does (the
-        try:          # modelled instance, NEURON_LOGICAL_NC_CONFIG): the last one, on one node
-            placement_from_env(os.environ, a.world - 1, a.world, a.world - 1, a.world)
-        except ValueError as e:
-            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {e}")
+    why = settings_error(int(os.environ["WORLD_SIZE"]) if launched else a.world)
+    if why:
+        p.error(why)
+    from .topology import place
+    if not launched:
+        check_port(p, a.port)
+        why = placement_error(a.world)
+        if why:
+            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {why}")
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
-            place(a.instance, 1, int(os.environ["WORLD_SIZE"]) if launched else a.world, lnc=_lnc())
+            n = int(os.environ["WORLD_SIZE"]) if launched else a.world
+            nodes = job_nodes(n) if launched else 1
+            place(a.instance, nodes, n // nodes, lnc=_lnc())
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

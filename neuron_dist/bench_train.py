@@ -77,6 +77,8 @@ def _no_comm(state, bucket):
 
 
 def _worker(rank, a, backend, wrap, port, q) -> None:
+    from .bench import ignore_interrupt
+    ignore_interrupt()  # Ctrl-C: the parent stops the ranks (bench.ranks_follow_signals)
     import torch
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -123,9 +125,8 @@ def same_params(d, ref, world: int) -> bool:
 def run(a, backend: str, wrap: str) -> tuple[float, list, float]:
     """The slowest rank's median step, each rank's parameter digest (rank order not kept), and the
     largest peak resident memory of a rank in MiB."""
-    from .bench import rank_context
-    from .ports import free_port
-    port = free_port()
+    from .bench import rank_context, rendezvous_port
+    port = rendezvous_port(a.port)  # a fresh free port for each row unless one is given
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()
     ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
@@ -158,7 +159,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The arguments, checked before the reference step runs or any rank is spawned: an unknown
     backend used to kill every rank at init and leave the parent waiting, --steps 0 to fail
     only after the whole run, in statistics.median, and a --json FILE in a missing directory
-    only when the results were written, after the whole run (as bench.check does)."""
+    only when the results were written, after the whole run (as bench.check does). So are the
+    environment's settings and the placement the neuron ranks would fail on at init, each rank
+    with a traceback (--world 65 on trn2.48xlarge printed 2,456 lines)."""
     p = argparse.ArgumentParser(prog="python -m neuron_dist.bench_train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)
@@ -175,6 +178,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
     p.add_argument("--thp", choices=("off", "on"), default="off",
                    help="on: torch's huge pages (neuronrun --thp on) for every process of the run (see above)")
+    p.add_argument("--port", type=int, help="rendezvous port of every row's ranks (default $MASTER_PORT, "
+                                            "else a free one per row)")
     p.add_argument("--json", metavar="FILE")
     a = p.parse_args(argv)
     bad = [b for b in a.backends.split(",") if b not in BACKENDS]
@@ -184,8 +189,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
-    from .bench import check_json_path
+    from .bench import check_json_path, check_port, placement_error, settings_error
     check_json_path(p, a.json)
+    check_port(p, a.port)
+    if "neuron" in a.backends.split(","):  # what each neuron rank would raise at init (bench checks the same)
+        why = settings_error(a.world)
+        if why:
+            p.error(why)
+        why = placement_error(a.world)
+        if why:
+            p.error(f"--world {a.world}: the ranks cannot place themselves: {why}")
     return a
 
 
@@ -206,6 +219,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.thp == "on":
         _with_thp(argv)
+    from .bench import ranks_follow_signals
+    with ranks_follow_signals("neuron_dist.bench_train"):  # SIGTERM/Ctrl-C stop the row's ranks too
+        return _main(a)
+
+
+def _main(a) -> int:
     a.thp = "on" if os.environ.get(THP_VAR) == "1" else "off"  # what torch runs with (it takes "1"
     # only): an exported value counts, as it does under neuronrun
     import torch

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time as _time
 
 import pytest
@@ -31,6 +32,110 @@ def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch):
             s.bind(("127.0.0.1", p))
     monkeypatch.setattr(ports, "ephemeral_low", lambda: 0)  # unknown: the kernel's pick
     assert bench.free_port() >= low
+
+
+@pytest.mark.parametrize("tool", [
+    ["neuron_dist.bench", "-g", "1", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", ""],
+    ["neuron_dist.bench_train", "--world", "1", "--layers", "1", "--width", "8", "--steps", "1", "--warmup", "0",
+     "--wrap", "ddp", "--backends", "gloo"]])
+@pytest.mark.parametrize("given", ["MASTER_PORT", "--port"])
+def test_spawned_ranks_meet_on_the_port_given(tool, given):
+    """The ranks bench and bench_train spawn meet on --port, else MASTER_PORT (both ignored it:
+    every run drew a random port). Held by the test, the port makes their rendezvous fail and
+    name it; a port picked at random would not."""
+    import socket
+    port = bench.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    argv = [sys.executable, "-m", *tool]
+    if given == "--port":
+        argv += ["--port", str(port)]
+    else:
+        env["MASTER_PORT"] = str(port)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0 and f"port: {port}" in p.stderr and "EADDRINUSE" in p.stderr, p.stdout + p.stderr
+
+
+def test_bench_records_the_port_and_rejects_a_bad_one(tmp_path, monkeypatch, capsys):
+    """The JSON says which port the ranks met on; a MASTER_PORT or --port that is no port number
+    is a usage error before any rank starts."""
+    out, port = tmp_path / "p.json", bench.free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "1", "-b", "4K", "-e", "4K", "-n", "1",
+                        "-w", "0", "--instance", "", "--json", str(out)], env=dict(env, MASTER_PORT=str(port)),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.load(open(out))["config"]["port"] == port
+    monkeypatch.delenv("RANK", raising=False)
+    for argv, value, said in ((["--port", "70000"], None, "--port '70000'"), ([], "29x", "MASTER_PORT '29x'")):
+        if value is not None:
+            monkeypatch.setenv("MASTER_PORT", value)
+        with pytest.raises(SystemExit) as e:
+            p = bench.parser()
+            bench.check(p, p.parse_args(argv))
+        assert e.value.code == 2 and f"{said} is not a port number" in capsys.readouterr().err
+        from neuron_dist import bench_train
+        with pytest.raises(SystemExit) as e:
+            bench_train.parse_args(argv)
+        assert e.value.code == 2 and f"{said} is not a port number" in capsys.readouterr().err
+
+
+def _live_in_session(sid: int) -> dict[int, int]:
+    """{pid: parent pid} of the processes of session `sid` that have not ended (zombies left out)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out[int(d)] = int(fields[1])
+    return out
+
+
+@pytest.mark.parametrize("tool", [
+    ["neuron_dist.bench", "-b", "1M", "-e", "1M", "-n", "100000", "-w", "0", "--instance", "", "--no-progress"],
+    ["neuron_dist.bench_train", "--layers", "1", "--width", "8", "--steps", "5000", "--warmup", "0",
+     "--wrap", "ddp", "--backends", "neuron"]])
+@pytest.mark.parametrize("how", ["SIGTERM to the parent", "Ctrl-C to the group"])
+def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
+    """SIGTERM to bench's or bench_train's process left its two ranks running the whole sweep
+    (and /dev/shm/sem.mp-* behind when they were killed); Ctrl-C, which signals the whole process
+    group, printed a KeyboardInterrupt traceback from every process. Either must end every process
+    of the run at once, with one line and the shell's exit status for the signal."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    try:
+        deadline = _time.monotonic() + 120
+        while True:  # until both ranks (children of the fork server, the tool's child) run
+            live = _live_in_session(p.pid)
+            if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
+                break
+            assert p.poll() is None and _time.monotonic() < deadline, p.communicate()
+            _time.sleep(0.2)
+        _time.sleep(1)  # in their first calls
+        if how.startswith("SIGTERM"):
+            os.kill(p.pid, signal.SIGTERM)
+        else:
+            os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+        sig = signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGINT
+        assert p.returncode == 128 + sig, (p.returncode, err)
+        assert err.strip().splitlines() == [f"{tool[0]}: stopped by {sig.name}, and so were its 2 rank processes"], err
+        deadline = _time.monotonic() + 10  # the fork server and resource tracker follow their parent
+        while _live_in_session(p.pid) and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+    finally:
+        for pid in _live_in_session(p.pid):
+            os.kill(pid, signal.SIGKILL)
+        p.wait()
 
 
 @pytest.mark.parametrize("instance,n,op,nbytes", [
@@ -112,6 +217,24 @@ def test_collective_bench_timing_modes(tmp_path, mode, header, key):
     assert all(ok(r["neuron"]["time_us"]) and ok(r["gloo"]["time_us"]) for r in data["rows"]), data["rows"]
 
 
+def test_sendrecv_is_left_out_at_world_one(tmp_path):
+    """At world 1 send/recv has no peer: its row copied the tensor locally for "neuron" and
+    "gloo" alike and printed a busbw (38 GB/s) and a ratio that measured no backend. The row is
+    left out, with a line that says so, and a Case for it cannot be built."""
+    import torch
+    out = tmp_path / "w1.json"
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(bench.free_port()), GLOO_SOCKET_IFNAME="lo")
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--ops", "sendrecv,allreduce", "-b", "4K", "-e",
+                        "4K", "-n", "1", "-w", "0", "--vs", "gloo", "--instance", "", "--json", str(out)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert [r["op"] for r in json.load(open(out))["rows"]] == ["allreduce"]
+    assert "# sendrecv: left out at world 1" in p.stdout and "# sendrecv\n" not in p.stdout, p.stdout
+    with pytest.raises(ValueError, match="two ranks"):
+        bench.Case("sendrecv", 4096, torch.float32, 0, 1, None)
+
+
 def test_loop_and_added_are_exclusive():
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--loop", "--added"], capture_output=True, text=True)
     assert p.returncode == 2 and "choose one" in p.stderr
@@ -172,14 +295,60 @@ def test_added_time_below_the_barrier_jitter_is_unresolved():
     assert bench._num(None, 9, 1) == "        -" and bench._num(12.345, 9, 1) == "     12.3"
 
 
-def test_bench_detects_wrong_results(monkeypatch):
-    """#wrong must be able to count: a case whose output is corrupted reports every element."""
+def _collective(op, cases):
+    """What each rank's output holds after `op` over the ranks' `cases`, computed in one process."""
     import torch
-    c = bench.Case.__new__(bench.Case)
-    c.out, c.want = torch.ones(10), torch.ones(10)
-    assert c.wrong() == 0
-    c.out[3:5] = 7
-    assert c.wrong() == 2
+    n, c = len(cases), cases[0].c
+    xs = [case.x for case in cases]
+    if op == "allreduce":
+        return [sum(xs)] * n
+    if op == "allgather":
+        return [torch.cat(xs)] * n
+    if op == "reduce_scatter":
+        return [sum(xs)[r * c:(r + 1) * c] for r in range(n)]
+    if op == "broadcast":
+        return [xs[0]] * n
+    if op == "alltoall":
+        return [torch.cat([x[r * c:(r + 1) * c] for x in xs]) for r in range(n)]
+    return [xs[(r - 1) % n] for r in range(n)]  # sendrecv: from the previous rank
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("op", bench.OPS)
+def test_bench_checks_outputs_chunk_by_chunk(monkeypatch, op, dtype):
+    """Case builds its inputs and checks its output a chunk at a time (CHUNK, 7 elements here, so
+    every block straddles chunks): an output that holds what the collective gives over the ranks'
+    inputs has no wrong element, and each corrupted element counts once."""
+    import torch
+    monkeypatch.setattr(bench, "CHUNK", 7)
+    n = 3
+    cases = [bench.Case(op, 4 * 100, getattr(torch, dtype), r, n, None) for r in range(n)]
+    for case, result in zip(cases, _collective(op, cases)):
+        case.out.copy_(result)
+    for case in cases:
+        assert case.wrong() == 0
+    cases[1].out[8:10] = 7
+    assert cases[1].wrong() == 2
+
+
+def test_bench_case_memory_is_its_buffers(tmp_path):
+    """A rank's peak memory for a case is its two buffers, not 8-9 times the largest: int64
+    index tensors and whole-buffer temporaries for the inputs and expected values, a kept
+    expected output and two float copies in the check made a 128 MiB all-gather peak at 1261
+    MiB per rank. In a fresh process: the peak resident set grows by at most the buffers (a
+    64 MiB all-gather: 32 MiB in, 64 MiB out) and 48 MiB of chunks and allocator slack."""
+    code = textwrap.dedent("""
+        import resource, torch
+        from neuron_dist import bench
+        bench.Case("allgather", 4096, torch.float32, 0, 2, None).wrong()  # whatever a first call sets up
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        c = bench.Case("allgather", 64 << 20, torch.float32, 0, 2, None)
+        assert c.wrong() == c.out.numel()  # nothing written yet: every element is wrong
+        print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert float(p.stdout) <= 96 + 48, p.stdout
 
 
 def test_training_bench_runs(tmp_path):

@@ -108,6 +108,34 @@ def test_bench_places_its_ranks_as_the_backend_does(monkeypatch, capsys):
                                                      / 1e9 * 2 * 7 / 8)
 
 
+def test_bench_model_places_the_launchers_nodes(monkeypatch, capsys):
+    """Under a launcher the model column places the job as it runs, LOCAL_WORLD_SIZE ranks to a
+    node: it placed every job on one node (modelling a placement the job did not have), and
+    128 ranks of 16 nodes were refused ('need 128 cores') unless --instance ''."""
+    from neuron_dist.collectives import select
+    from neuron_dist.topology import place
+    from types import SimpleNamespace
+    for k in ("NEURON_DIST_ALGO", "NEURON_DIST_TUNING", "NEURON_DIST_INSTANCE", "NEURON_LOGICAL_NC_CONFIG",
+              "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "128")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    _check(["--json", ""])  # 16 nodes of 8 ranks: no usage error
+    assert bench.job_nodes(128) == 16
+    for nodes, ppn, nbytes in ((2, 8, 16 << 20), (2, 2, 16 << 20), (4, 1, 64 << 10)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ppn))
+        n = nodes * ppn
+        group = SimpleNamespace(topology=place("trn2.48xlarge", nodes, ppn), size=n, transport=None)
+        algo, _ = bench.model_busbw("allreduce", nbytes, n, "trn2.48xlarge", bench.job_nodes(n))
+        assert algo == select.choose("allreduce", nbytes, group), (nodes, ppn)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "65")  # more ranks on a node than its cores: still refused
+    monkeypatch.setenv("WORLD_SIZE", "130")
+    with pytest.raises(SystemExit) as e:
+        _check([])
+    assert e.value.code == 2 and "need 65 cores" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("size", ["inf", "-inf", "nan", "0.5", "1.3", "1.3K"])
 def test_sizes_are_whole_finite_bytes(size, capsys):
     """'inf' was an OverflowError traceback (argparse turns only ValueError into a usage error),
@@ -177,6 +205,46 @@ def test_bench_train_rejects_bad_arguments(argv, msg, capsys):
     assert bench_train.parse_args(["--backends", "neuron,gloo,none"]).backends == "neuron,gloo,none"
 
 
+@pytest.mark.parametrize("var,value,msg", [
+    ("NEURON_DIST_TUNING", "fast", "NEURON_DIST_TUNING='fast' is not a policy"),
+    ("NEURON_DIST_FRAME_BYTES", "1", "NEURON_DIST_FRAME_BYTES='1' must be at least 64"),
+    ("NEURON_DIST_TRANSPORT", "mpi", "NEURON_DIST_TRANSPORT=mpi, but rank 0 was not started by mpirun"),
+    ("NEURON_DIST_TRANSPORT", "tcp", "NEURON_DIST_TRANSPORT='tcp' is not a transport"),
+    ("NEURON_DIST_SHM_SLOTS", "1", "NEURON_DIST_SHM_SLOTS='1' must be at least 2"),
+    ("NEURON_DIST_ALGO", "allreduce:foo", "NEURON_DIST_ALGO"),
+])
+def test_tools_reject_settings_every_rank_would_fail_on(monkeypatch, capsys, var, value, msg):
+    """A setting the backend refuses when a group is built reached the user as a traceback from
+    every rank; bench checked NEURON_DIST_ALGO alone, bench_train nothing. Both now ask the
+    backend's own validators in the launching process: one usage error. bench_train only when
+    the neuron backend runs (gloo and the floor never read them)."""
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "NEURON_DIST_INSTANCE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as e:
+        _check(["-g", "2"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse_args(["--world", "2", "--backends", "gloo,neuron"])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+    bench_train.parse_args(["--world", "2", "--backends", "gloo,none"])
+
+
+def test_bench_train_places_its_ranks_before_spawning_them(monkeypatch, capsys):
+    """--world 65 on trn2.48xlarge (64 cores at its default LNC) started 65 ranks, each of which
+    printed the placement's ValueError in a traceback (2,456 lines); bench refused it up front.
+    bench_train now does too, when the neuron backend runs."""
+    for k in ("RANK", "WORLD_SIZE", "NEURON_DIST_INSTANCE", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(SystemExit) as e:
+        bench_train.parse_args(["--world", "65", "--wrap", "ddp", "--backends", "neuron"])
+    assert e.value.code == 2 and "--world 65: the ranks cannot place themselves: 65 processes per node" in \
+        capsys.readouterr().err
+    assert bench_train.parse_args(["--world", "65", "--backends", "gloo"]).world == 65
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")  # 128 cores
+    assert bench_train.parse_args(["--world", "65", "--backends", "neuron"]).world == 65
+
+
 def test_bench_train_notices_a_dead_rank():
     """A rank that dies before it reports (here: at init, an unknown backend past the check)
     is noticed by its exit code, not after the parent's 900 s wait. In a child process with a
@@ -185,7 +253,7 @@ def test_bench_train_notices_a_dead_rank():
         import argparse, time
         from neuron_dist import bench_train
         a = argparse.Namespace(world=1, layers=1, width=16, batch=4, steps=1, warmup=0, threads=1,
-                               cpu_bind="none")
+                               cpu_bind="none", port=None)
         t = time.monotonic()
         try:
             bench_train.run(a, "foo", "ddp")
