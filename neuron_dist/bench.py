@@ -15,7 +15,9 @@ same), type, time (median over iterations of the slowest rank's time; each itera
 preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
 collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
 broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call
-(outputs start as NaN, so an element the call never wrote counts). Sizes that round to the
+(outputs start as NaN, so an element the call never wrote counts). `-o` picks all-reduce's and
+reduce-scatter's reduction (sum, prod, min, max, avg), `-r` broadcast's root, as nccl-tests'
+flags do (the header line names both); `-d` takes float and int32/int64 types. Sizes that round to the
 count of an earlier row (a call moves at least one element per rank) are left out, and so is
 send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
@@ -61,6 +63,9 @@ BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / 
        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
        "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
 PER_RANK = ("allgather", "reduce_scatter", "alltoall")  # count is one rank's block (paramcount)
+REDUCING = ("allreduce", "reduce_scatter")  # the collectives -o/--redop applies to
+REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
 # what the backend runs depends on these (None: unset, the default), so the JSON records them
 TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
@@ -162,12 +167,14 @@ class Case:
     copy of the expected output and the check's float copies made a rank's peak memory 8-9
     times its buffer (1261 MiB for a 128 MiB all-gather)."""
 
-    def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group):
+    def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group, redop: str = "sum", root: int = 0):
         import torch
         import torch.distributed as dist
         if op == "sendrecv" and n < 2:  # a local copy measured no backend, yet printed a busbw (worker leaves it out)
             raise ValueError("sendrecv needs two ranks or more")
         self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
+        self.redop, self.root = redop, root  # (-o: all-reduce's and reduce-scatter's; -r: broadcast's)
+        self._op = getattr(dist.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK
         c = paramcount(nbytes, es, n, per)                                # per-rank block / count
@@ -175,13 +182,15 @@ class Case:
         self.c = c
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
+        if redop == "prod" and op in REDUCING:  # one rank holds a 2 at each index, the others 1:
+            pat = lambda r: lambda k: ((k + r) % n == 0) + 1  # a product of 2, exact in every dtype
         if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv"):
             self.out = torch.empty(c if op == "reduce_scatter" else C, dtype=dtype)
         if op == "allgather":
             self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
         elif op == "alltoall":  # block j of rank r's input goes to rank j
             self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
-        elif op == "broadcast" and rank != 0:
+        elif op == "broadcast" and rank != root:
             self.x = torch.full((C,), -1, dtype=dtype)
         else:
             self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
@@ -202,12 +211,13 @@ class Case:
     def want(self, k):
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
         n, r, c = self.n, self.rank, self.c
-        if self.op == "allreduce":
-            v = (k % 5) * n + n * (n + 1) // 2
+        if self.op in REDUCING:  # over the ranks' inputs (k % 5) + rank + 1 at the global index
+            g, op = (k if self.op == "allreduce" else k + r * c), self.redop
+            v = ((g % 5) * n + n * (n + 1) // 2 if op == "sum" else g % 5 + 1 if op == "min" else
+                 g % 5 + n if op == "max" else (g % 5) + (n + 1) / 2 if op == "avg"  # avg: a multiple of
+                 else g * 0 + 2)                                    # 0.5, exact in every float dtype
         elif self.op == "allgather":
             v = (k % 5) + k // c + 1
-        elif self.op == "reduce_scatter":
-            v = ((k + r * c) % 5) * n + n * (n + 1) // 2
         elif self.op == "broadcast":
             v = (k % 5) + 1
         elif self.op == "alltoall":  # block j came from rank j: its block r, offset k % c
@@ -219,13 +229,14 @@ class Case:
     def run(self) -> None:
         d, g = self.dist, self.g
         if self.op == "allreduce":
-            d.all_reduce(self.x, group=g)
+            d.all_reduce(self.x, op=self._op, group=g)
         elif self.op == "allgather":
             (getattr(d, "all_gather_single", None) or d.all_gather_into_tensor)(self.out, self.x, group=g)
         elif self.op == "reduce_scatter":
-            (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(self.out, self.x, group=g)
+            (getattr(d, "reduce_scatter_single", None) or d.reduce_scatter_tensor)(self.out, self.x, op=self._op,
+                                                                                  group=g)
         elif self.op == "broadcast":
-            d.broadcast(self.x, src=0, group=g)
+            d.broadcast(self.x, src=self.root, group=g)
         elif self.op == "alltoall":
             d.all_to_all_single(self.out, self.x, group=g)
         else:
@@ -346,7 +357,7 @@ def worker(a) -> int:
     say = (lambda s: print(s, flush=True)) if rank == 0 else (lambda s: None)
     pg = dist.group.WORLD
     transport = getattr(getattr(pg, "group", None), "transport", None)
-    say(f"# neuron_dist.bench: world {n} dtype {a.dtype} iters {a.iters} warmup {a.warmup} "
+    say(f"# neuron_dist.bench: world {n} dtype {a.dtype} redop {a.redop} root {a.root} iters {a.iters} warmup {a.warmup} "
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
@@ -379,7 +390,7 @@ def worker(a) -> int:
                 if name == "gloo" and g is None:
                     continue
                 case = None  # the previous backend's buffers go before this one's are made
-                case = Case(op, nbytes, dtype, rank, n, g)
+                case = Case(op, nbytes, dtype, rank, n, g, a.redop, a.root)
                 before = last_record(pg)
                 case.run()
                 ran = ran_algorithm(pg, before)  # kept for neuron's row (Gloo's calls leave no record)
@@ -569,7 +580,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-b", "--min-bytes", type=parse_size, default=parse_size("4K"))
     p.add_argument("-e", "--max-bytes", type=parse_size, default=parse_size("64M"))
     p.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)")
-    p.add_argument("-d", "--dtype", choices=("float32", "bfloat16", "float16", "float64"), default="float32")
+    p.add_argument("-d", "--dtype", choices=DTYPES, default="float32")
+    p.add_argument("-o", "--redop", choices=REDOPS, default="sum",
+                   help="all-reduce's and reduce-scatter's reduction (default sum; avg: float types, not --vs gloo)")
+    p.add_argument("-r", "--root", type=int, default=0, help="broadcast's root rank (default 0)")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--loop", action="store_true",
@@ -671,6 +685,13 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error("--loop and --added are two ways of timing: choose one")
     check_json_path(p, a.json)
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    world = int(os.environ["WORLD_SIZE"]) if launched else a.world
+    if not 0 <= a.root < world:
+        p.error(f"-r/--root {a.root}: a rank of the {world}-rank job (0-{world - 1})")
+    if a.redop == "avg" and a.dtype.startswith("int"):
+        p.error(f"-o avg with -d {a.dtype}: an integer average is not exact (take a float type)")
+    if a.redop == "avg" and a.vs == "gloo":
+        p.error("-o avg with --vs gloo: Gloo has no AVG reduction")
     why = settings_error(int(os.environ["WORLD_SIZE"]) if launched else a.world)
     if why:
         p.error(why)

@@ -295,19 +295,26 @@ def test_added_time_below_the_barrier_jitter_is_unresolved():
     assert bench._num(None, 9, 1) == "        -" and bench._num(12.345, 9, 1) == "     12.3"
 
 
-def _collective(op, cases):
+def _reduce(xs, redop):
+    """The ranks' inputs `xs` reduced by `redop`, in float64 (the reference)."""
+    import torch
+    t = torch.stack([x.double() for x in xs])
+    return {"sum": t.sum(0), "prod": t.prod(0), "min": t.amin(0), "max": t.amax(0), "avg": t.mean(0)}[redop]
+
+
+def _collective(op, cases, redop="sum", root=0):
     """What each rank's output holds after `op` over the ranks' `cases`, computed in one process."""
     import torch
     n, c = len(cases), cases[0].c
     xs = [case.x for case in cases]
     if op == "allreduce":
-        return [sum(xs)] * n
+        return [_reduce(xs, redop)] * n
     if op == "allgather":
         return [torch.cat(xs)] * n
     if op == "reduce_scatter":
-        return [sum(xs)[r * c:(r + 1) * c] for r in range(n)]
+        return [_reduce(xs, redop)[r * c:(r + 1) * c] for r in range(n)]
     if op == "broadcast":
-        return [xs[0]] * n
+        return [xs[root]] * n
     if op == "alltoall":
         return [torch.cat([x[r * c:(r + 1) * c] for x in xs]) for r in range(n)]
     return [xs[(r - 1) % n] for r in range(n)]  # sendrecv: from the previous rank
@@ -329,6 +336,42 @@ def test_bench_checks_outputs_chunk_by_chunk(monkeypatch, op, dtype):
         assert case.wrong() == 0
     cases[1].out[8:10] = 7
     assert cases[1].wrong() == 2
+
+
+@pytest.mark.parametrize("redop,dtype", [(o, d) for o in bench.REDOPS for d in ("float32", "bfloat16", "int32")
+                                          if (o, d) != ("avg", "int32")])  # refused: not exact
+@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter"])
+def test_bench_checks_every_reduction(op, redop, dtype):
+    """-o picks the reduction (nccl-tests' flag): each one's expected values are what the ranks'
+    inputs reduce to (float64 reference), at worlds 1-4; a wrong element counts."""
+    import torch
+    for n in (1, 2, 3, 4):
+        cases = [bench.Case(op, 4 * 96, getattr(torch, dtype), r, n, None, redop=redop) for r in range(n)]
+        for case, result in zip(cases, _collective(op, cases, redop)):
+            case.out.copy_(result.to(case.out.dtype))
+        assert [case.wrong() for case in cases] == [0] * n, (n, [case.out[:6] for case in cases])
+        cases[-1].out[3] += 1
+        assert cases[-1].wrong() == 1
+
+
+@pytest.mark.parametrize("root", [0, 2])
+def test_bench_broadcast_takes_its_root(root):
+    """-r: the root's input reaches every rank; the others start at -1."""
+    import torch
+    cases = [bench.Case("broadcast", 4 * 64, torch.float32, r, 3, None, root=root) for r in range(3)]
+    assert all(bool((case.x == -1).all()) == (r != root) for r, case in enumerate(cases))
+    for case, result in zip(cases, _collective("broadcast", cases, root=root)):
+        case.out.copy_(result)
+    assert [case.wrong() for case in cases] == [0, 0, 0]
+
+
+def test_bench_refuses_reductions_and_roots_it_cannot_check():
+    for argv, message in ((["-r", "2"], "-r/--root 2: a rank of the 2-rank job"),
+                          (["-o", "avg", "-d", "int32"], "an integer average is not exact"),
+                          (["-o", "avg", "--vs", "gloo"], "Gloo has no AVG")):
+        p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", *argv], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
 
 
 def test_bench_case_memory_is_its_buffers(tmp_path):
