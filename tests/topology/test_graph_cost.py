@@ -31,7 +31,7 @@ def _hops(topo, order):
 @pytest.mark.parametrize("inst,nodes,ppn,lnc", [
     ("trn2.48xlarge", 1, 64, 2), ("trn2.48xlarge", 1, 128, 1), ("trn1.32xlarge", 1, 32, None),
     ("inf2.48xlarge", 1, 24, None), ("trn2.48xlarge", 1, 16, 2), ("trn2.48xlarge", 1, 32, 2),
-    ("trn2u.48xlarge", 4, 64, 2), ("trn2.48xlarge", 2, 64, 2), ("trn3", 2, 16, 2)])
+    ("trn2u.48xlarge", 4, 64, 2), ("trn2.48xlarge", 2, 64, 2), ("trn3", 2, 64, 2), ("trn3-gen2", 2, 16, 2)])
 def test_ring_every_hop_is_one_link(inst, nodes, ppn, lnc):
     topo = place(inst, nodes, ppn, lnc)
     for order in ring_orders(topo) + [ring_order(topo)]:
@@ -77,7 +77,7 @@ def test_torus_grid_shapes():
 
 # ---- cost model --------------------------------------------------------------------------------
 GROUPS = [("trn2.48xlarge", 1, 64), ("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 1, 32),
-          ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 16),
+          ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 64), ("trn3-gen2", 4, 16),
           ("inf2.48xlarge", 1, 24)]
 SIZES = [0, 1, 8 * KB, 64 * KB, MB, 16 * MB, 64 * MB, 512 * MB]
 
@@ -222,26 +222,29 @@ def test_cli_runs_as_module():
     assert "trn2.48xlarge" in r.stdout
 
 
-def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa():
+@pytest.mark.parametrize("name, chips, servers", [("trn3", 16, 4), ("trn3-gen2", 4, 36)])
+def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa(name, chips, servers):
     """trainium-topology.md: Trn3's NeuronSwitch carries 320 GB/s per chip (bidirectional)
-    between the servers of an UltraServer. The model sent that traffic over EFA (12.8 Tbps per
-    UltraServer over 16 nodes: 25 GB/s per chip), so two nodes of one UltraServer were predicted
-    to all-reduce slower than one (80 against 126 GB/s busbw at 1 GiB). Nodes of one UltraServer
-    (16 of 4 chips) now meet through each chip's port to the other servers, 160 GB/s per
-    direction; UltraServers still meet over EFA."""
-    inst = get_instance("trn3")
+    between the servers of an UltraServer. The model sent that traffic over EFA (25 GB/s per
+    chip: 12.8 Tbps per 64-chip UltraServer), so two nodes of one UltraServer were predicted to
+    all-reduce slower than one (80 against 126 GB/s busbw at 1 GiB). Nodes of one UltraServer
+    (Gen1: 4 servers of 16 chips; Gen2: 36 of 4) meet through each chip's port to the other
+    servers, 160 GB/s per direction; UltraServers still meet over EFA."""
+    inst = get_instance(name)
+    assert (inst.chips, inst.domain_nodes) == (chips, servers)
     links, _ = route(inst, (0, 1), (1, 2))
     assert [l[0] for l in links] == ["xport_out", "xport_in"]
     assert {inst.domain_link_bandwidth} == {160e9}
-    assert [l[0] for l in route(inst, (15, 0), (16, 0))[0]] == ["efa_out", "efa_in"]
-    two = place("trn3", 2, 16)
-    assert link_kind(two, 0, 16) == "domain"
+    assert [l[0] for l in route(inst, (servers - 1, 0), (servers, 0))[0]] == ["efa_out", "efa_in"]
+    ppn = inst.cores()
+    two = place(name, 2, ppn)
+    assert link_kind(two, 0, ppn) == "domain"
     G = 1 << 30
-    one = place("trn3", 1, 16)
-    busbw = lambda topo, n: G / estimate("allreduce", choose("allreduce", G, topo), G, topo) * 2 * (n - 1) / n / 1e9
-    efa_only = 12.8e12 / 8 / 16 / 4 / 1e9  # what one chip's share of EFA carries, GB/s per direction
-    assert busbw(two, 32) > 2 * efa_only * 1.5  # no longer bound by EFA
-    assert busbw(place("trn3", 32, 16), 512) < busbw(two, 32)  # across UltraServers: EFA again
+    busbw = lambda topo: (G / estimate("allreduce", choose("allreduce", G, topo), G, topo)
+                          * 2 * (topo.size - 1) / topo.size / 1e9)
+    efa_only = inst.efa_bandwidth / chips / 1e9  # what one chip's share of EFA carries, GB/s per direction
+    assert busbw(two) > 2 * efa_only * 1.5  # no longer bound by EFA
+    assert busbw(place(name, 2 * servers, ppn)) < busbw(two)  # across UltraServers: EFA again
 
 
 def test_a_registered_algorithm_the_model_cannot_price_runs_when_forced_and_is_not_chosen():
