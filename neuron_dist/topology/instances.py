@@ -15,7 +15,8 @@ Chip graph: `graph` is one of
 domain: on a torus, one larger torus (Trn2 UltraServer: 4 nodes, chips at the same (x, y) form a
 ring across the nodes, each hop a link of `domain_link_bandwidth`); on a switch, one switched
 fabric (Trn3 UltraServer: each chip's port to the other servers carries `domain_link_bandwidth`).
-Nodes outside one domain talk over EFA.
+Nodes outside one domain talk over EFA, each chip through its own share of the node's
+`efa_bandwidth` (efa_bandwidth / chips each way: one NIC per chip, as on trn2).
 
 A user describes an unknown instance in a small JSON or TOML file holding the same field names
 (`load_instance(path)`), or builds an `InstanceModel` directly, and `register_instance`s it.
@@ -95,7 +96,7 @@ class InstanceModel:
     link_latency: float = 0.0          # seconds per hop
     hbm_bandwidth: float = 0.0         # bytes/s per chip
     hbm_bytes: float = 0.0             # HBM capacity per chip
-    efa_bandwidth: float = 0.0         # bytes/s per direction per instance (all NICs)
+    efa_bandwidth: float = 0.0         # bytes/s per direction per instance (all NICs; a chip gets 1/chips)
     efa_latency: float = 0.0           # seconds, HBM to HBM across instances
     multi_node: bool = False
     domain_nodes: int = 1              # nodes joined into one NeuronLink torus (UltraServer)

@@ -163,6 +163,29 @@ def test_crossover_is_where_the_readme_says(name, nodes, low, high):
         assert low <= at <= high, (name, nodes, lnc, at / KB)
 
 
+def test_a_chip_crosses_nodes_through_its_own_nic():
+    """EFA is one NIC per chip (trn2: 16 x 200 Gbps). The model priced one cross-node flow at the
+    whole node's EFA (400 GB/s on trn2, more than a NeuronLink), so 4 ranks on 4 nodes were
+    modelled faster than 4 ranks on one chip (256 MiB all-reduce: 1.44 against 2.51 ms) and a
+    flat ring beat hierarchical across nodes (1 GiB, trn2 4 nodes x 8: 16.2 against 18.7 ms).
+    A chip's flows now share its own part, efa_bandwidth / chips each way."""
+    inst = get_instance("trn2.48xlarge")
+    links, _ = route(inst, (0, 3), (1, 5))
+    assert links == (("efa_out", 0, 3), ("efa_in", 1, 5))
+    _, beta = pattern_cost(inst, [((0, 0), (1, 0))])
+    assert 1 / beta == pytest.approx(200e9 / 8)  # one NIC
+    _, beta = pattern_cost(inst, [((0, c), (1, c)) for c in range(16)])
+    assert 1 / beta == pytest.approx(200e9 / 8)  # 16 chips, 16 NICs: each flow still gets one
+    _, beta = pattern_cost(inst, [((0, 0), (1, c)) for c in range(4)])
+    assert 1 / beta == pytest.approx(200e9 / 8 / 4)  # one chip's NIC shared by its 4 flows
+    M = 256 * MB
+    assert estimate("allreduce", "ring", M, place(inst, 4, 1)) > estimate("allreduce", "ring", M, place(inst, 1, 4))
+    for name, nodes, ppn in (("trn2.48xlarge", 4, 8), ("trn1.32xlarge", 2, 32)):
+        topo = place(name, nodes, ppn)
+        assert choose("allreduce", 1 << 30, topo) in ("hierarchical", "torus"), (name, nodes, ppn)
+        assert estimate("allreduce", "hierarchical", 1 << 30, topo) < estimate("allreduce", "ring", 1 << 30, topo)
+
+
 def test_choose_is_cheapest_and_forced():
     topo = place("trn2", 2, 64)
     for s in SIZES:
