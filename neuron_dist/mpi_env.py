@@ -12,14 +12,24 @@ Slurm's variables count only inside an srun task: a batch script or `salloc` she
 SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation too, and a process started from it
 (`python train.py` on the first node) is no rank of an N-task job; taking it for one made
 `init_process_group` wait its whole time-out for ranks that never come.
+
+Inside an srun task the node's task count and the node number come from Slurm too:
+SLURM_NTASKS_PER_NODE is set only when `--ntasks-per-node` was given, so `srun -N2 -n128` left
+LOCAL_WORLD_SIZE unset, the placement took all 128 ranks for one node and refused the job ("128
+processes per node but trn2.48xlarge ... has only 64"). The step's own per-node counts
+(SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE, compressed as "64(x2),3") at this node's
+index (SLURM_NODEID) give the local size, and SLURM_NODEID the node (as GROUP_RANK, torchrun's
+name for it) unless the environment already names one.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import warnings
 
 from .ports import free_port
+from .topology.placement import NODE_VARS
 
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -44,9 +54,40 @@ def in_srun_task(env=os.environ) -> bool:
     return "SLURM_LAUNCH_NODE_IPADDR" in env or (step != "" and step not in _NON_SRUN_STEPS)
 
 
+_TASK_COUNTS = re.compile(r"(\d+)(?:\(x(\d+)\))?", re.ASCII)  # one entry of "64(x2),3"
+
+
+def slurm_tasks_per_node(spec: str) -> list[int] | None:
+    """Slurm's compressed task counts, one per node of the step: "64(x2),3" -> [64, 64, 3]
+    (None when `spec` is not of that form)."""
+    out: list[int] = []
+    for part in spec.replace(" ", "").split(","):
+        m = _TASK_COUNTS.fullmatch(part)
+        if m is None:
+            return None
+        out.extend([int(m[1])] * int(m[2] or 1))
+    return out
+
+
+def _slurm_node_vars(env) -> dict[str, str]:
+    """This srun task's local size and node number (see the module docstring): LOCAL_WORLD_SIZE
+    from the step's count on node SLURM_NODEID (before SLURM_NTASKS_PER_NODE, which is the
+    request, may be inherited from the batch script and says nothing of an uneven last node),
+    and GROUP_RANK = SLURM_NODEID unless GROUP_RANK, NODE_ID or NODE_RANK is already set."""
+    node = env.get("SLURM_NODEID", "")
+    if not node.isdigit():
+        return {}
+    out = {} if any(env.get(k) for k in NODE_VARS) else {"GROUP_RANK": node}
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
+    counts = slurm_tasks_per_node(spec)
+    if counts and int(node) < len(counts):
+        out["LOCAL_WORLD_SIZE"] = str(counts[int(node)])
+    return out
+
+
 def launcher_vars(env=os.environ) -> dict[str, str]:
     """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
-    only inside an srun task)."""
+    only inside an srun task, where the node number comes too)."""
     for rank, size, lrank, lsize in _SOURCES:
         if rank in env and size in env:
             if rank == "SLURM_PROCID" and not in_srun_task(env):
@@ -56,6 +97,8 @@ def launcher_vars(env=os.environ) -> dict[str, str]:
                 out["LOCAL_RANK"] = env[lrank]
             if lsize in env and env[lsize].isdigit():
                 out["LOCAL_WORLD_SIZE"] = env[lsize]
+            if rank == "SLURM_PROCID":
+                out.update(_slurm_node_vars(env))
             return out
     return {}
 

@@ -125,7 +125,8 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
 # A Slurm allocation's own shells: an sbatch script (its step named "batch" or numbered, or not
 # set at all), salloc's shell and its interactive step, the extern step; and srun's tasks.
 _SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
-              "SLURM_NODEID": "0", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "trn[01-02]"}
+              "SLURM_NODEID": "0", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "trn[01-02]",
+              "SLURM_TASKS_PER_NODE": "1(x2)"}
 _NOT_SRUN = [{}, {"SLURM_STEP_ID": "batch"}, {"SLURM_STEP_ID": "4294967291"}, {"SLURM_STEPID": "extern"},
              {"SLURM_STEP_ID": "interactive"}, {"SLURM_STEP_ID": "4294967290"}]
 _SRUN = [{"SLURM_STEP_ID": "0"}, {"SLURM_STEPID": "3"}, {"SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1"},
@@ -146,8 +147,9 @@ def test_slurm_variables_outside_an_srun_task_are_no_launch(step):
 @pytest.mark.parametrize("step", _SRUN)
 def test_slurm_variables_inside_an_srun_task_are_the_launch(step):
     from neuron_dist import mpi_env
-    env = dict(_SLURM_JOB, SLURM_PROCID="1", SLURM_LOCALID="1", **step)
-    assert mpi_env.launcher_vars(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
+    env = dict(_SLURM_JOB, SLURM_PROCID="1", SLURM_NODEID="1", **step)
+    assert mpi_env.launcher_vars(env) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                          "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1"}
     assert mpi_env.in_srun_task(env)
 
 
@@ -160,6 +162,84 @@ def test_the_backend_and_neuronrun_agree_on_what_an_srun_task_is(step):
     env = dict(_SLURM_JOB, **step)
     assert (scheduler.detect(env) is not None) == mpi_env.in_srun_task(env)
     assert set(mpi_env._NON_SRUN_STEPS) == set(scheduler._NON_SRUN_STEPS)
+
+
+# Task 64 of `srun -N2 -n128 python train.py`: no --ntasks-per-node, so no SLURM_NTASKS_PER_NODE;
+# Slurm gives the step's tasks per node compressed ("64(x2)") and the task's node (SLURM_NODEID).
+_SRUN_128 = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1",
+             "SLURM_PROCID": "64", "SLURM_NTASKS": "128", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+             "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "64(x2)"}
+
+
+@pytest.mark.parametrize("extra, local", [
+    ({}, "64"),
+    ({"SLURM_TASKS_PER_NODE": "3,64(x2)"}, "64"),  # uneven: node 1 is the first of the "64(x2)"
+    ({"SLURM_STEP_TASKS_PER_NODE": "64,36", "SLURM_TASKS_PER_NODE": "128"}, "36"),  # the step's counts win
+    ({"SLURM_TASKS_PER_NODE": "64,36", "SLURM_NTASKS_PER_NODE": "64"}, "36"),  # -n100 --ntasks-per-node=64
+])
+def test_an_srun_task_without_ntasks_per_node_gets_its_nodes_task_count_and_number(extra, local):
+    """`srun -N2 -n128 python train.py` failed at init (Gloo runs): without --ntasks-per-node no
+    LOCAL_WORLD_SIZE came from Slurm, the placement took all 128 ranks for one node ("128 processes
+    per node but trn2.48xlarge at LNC=2 has only 64 logical cores per node"). The node's count comes
+    from the step's tasks per node at SLURM_NODEID, and the node number from SLURM_NODEID."""
+    from neuron_dist import mpi_env
+    from neuron_dist.topology import placement_from_env
+    env = dict(_SRUN_128, **extra)
+    got = mpi_env.launcher_vars(env)
+    assert got == {"RANK": "64", "WORLD_SIZE": "128", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": local,
+                   "GROUP_RANK": "1"}
+    slot = placement_from_env(dict(env, **got), 64, 128, 0, int(local))
+    assert (slot.node, slot.chip, slot.cores) == (1, 0, (0,))
+
+
+def test_a_node_number_the_user_set_wins_over_slurms():
+    """Variables the user set win: with NODE_ID (or GROUP_RANK, NODE_RANK) exported, SLURM_NODEID
+    adds no GROUP_RANK, which placement would read first."""
+    from neuron_dist import mpi_env
+    for var in ("GROUP_RANK", "NODE_ID", "NODE_RANK"):
+        got = mpi_env.launcher_vars(dict(_SRUN_128, **{var: "5"}))
+        assert "GROUP_RANK" not in got and got["LOCAL_WORLD_SIZE"] == "64", (var, got)
+
+
+@pytest.mark.parametrize("spec, counts", [("64(x2)", [64, 64]), ("64(x2),3", [64, 64, 3]), ("5", [5]),
+                                          ("2,1(x3),4", [2, 1, 1, 1, 4]), ("", None), ("64(x)", None),
+                                          ("x2", None), ("64(2)", None)])
+def test_slurm_tasks_per_node_expands_slurms_compressed_counts(spec, counts):
+    from neuron_dist import mpi_env
+    assert mpi_env.slurm_tasks_per_node(spec) == counts
+
+
+def test_two_srun_tasks_on_two_nodes_without_ntasks_per_node_meet(tmp_path):
+    """End to end: two srun tasks, one per node of an instance with one core per node, no
+    --ntasks-per-node and no node number of the user's; init_process_group('neuron') refused
+    both ("2 processes per node but onecore at LNC=1 has only 1 logical cores per node") where
+    Gloo ran."""
+    from pool import free_port
+    (tmp_path / "onecore.json").write_text(
+        '{"name": "onecore", "chips": 1, "physical_cores_per_chip": 1, "default_lnc": 1, "supported_lnc": [1],'
+        ' "graph": "single", "hbm_bandwidth": "800 GB/s", "efa_bandwidth": "100 Gbps", "multi_node": true}')
+    code = ("import datetime, os, torch, torch.distributed as dist, neuron_dist\n"
+            "dist.init_process_group('neuron', timeout=datetime.timedelta(seconds=30))\n"
+            "t = torch.ones(3)\n"
+            "dist.all_reduce(t)\n"
+            "print('rank', dist.get_rank(), 'node', os.environ['GROUP_RANK'], 'local', "
+            "os.environ['LOCAL_WORLD_SIZE'], 'sum', t.tolist(), flush=True)\n"
+            "dist.destroy_process_group()\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_")) and k not in
+            ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK")}
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(base, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID=str(r),
+                                                  SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID=str(r),
+                                                  SLURM_NNODES="2", SLURM_TASKS_PER_NODE="1(x2)",
+                                                  SLURM_LAUNCH_NODE_IPADDR="127.0.0.1", MASTER_ADDR="127.0.0.1",
+                                                  MASTER_PORT=port,
+                                                  NEURON_DIST_INSTANCE=str(tmp_path / "onecore.json")))
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, out[-3000:]
+        assert f"rank {r} node {r} local 1 sum [2.0, 2.0, 2.0]" in out, out[-3000:]
 
 
 def test_debug_with_an_unknown_subsystem_warns_and_lines_carry_the_rank_set_later(tmp_path):

@@ -7,7 +7,9 @@ dimension-order routing on a torus (shortest way round each wrapped dimension, t
   ("z", node_a, node_b, chip)     - one direction of a NeuronLink between nodes of one domain
   ("port_out"/"port_in", node, chip) - a chip's switch port (switched fabric)
   ("xport_out"/"xport_in", node, chip) - a chip's port to the other nodes of its switched domain
-  ("efa_out"/"efa_in", node)      - a node's network bandwidth, all NICs together
+  ("efa_out"/"efa_in", node, chip) - a chip's share of its node's network: EFA is one NIC per
+                                    chip (trn2: 16 x 200 Gbps), so a flow from one chip gets
+                                    efa_bandwidth / chips, not the whole node's
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ def link_bandwidth(inst: InstanceModel, link: tuple) -> float:
     if kind in ("z", "xport_out", "xport_in"):
         return inst.domain_link_bandwidth
     if kind in ("efa_out", "efa_in"):
-        return inst.efa_bandwidth
+        return inst.efa_bandwidth / inst.chips
     raise ValueError(f"unknown link {link}")
 
 
@@ -85,7 +87,7 @@ def route(inst: InstanceModel, a: Place, b: Place) -> tuple[tuple[tuple, ...], f
                 links.append(("z", base + z, base + nz, cb))
                 z = nz
         return tuple(links), max(1, len(links)) * inst.link_latency
-    return (("efa_out", na), ("efa_in", nb)), inst.efa_latency
+    return (("efa_out", na, ca), ("efa_in", nb, cb)), inst.efa_latency
 
 
 def link_kind(topo: GroupTopology, a: int, b: int) -> str | None:

@@ -15,7 +15,8 @@ Chip graph: `graph` is one of
 domain: on a torus, one larger torus (Trn2 UltraServer: 4 nodes, chips at the same (x, y) form a
 ring across the nodes, each hop a link of `domain_link_bandwidth`); on a switch, one switched
 fabric (Trn3 UltraServer: each chip's port to the other servers carries `domain_link_bandwidth`).
-Nodes outside one domain talk over EFA.
+Nodes outside one domain talk over EFA, each chip through its own share of the node's
+`efa_bandwidth` (efa_bandwidth / chips each way: one NIC per chip, as on trn2).
 
 A user describes an unknown instance in a small JSON or TOML file holding the same field names
 (`load_instance(path)`), or builds an `InstanceModel` directly, and `register_instance`s it.
@@ -95,7 +96,7 @@ class InstanceModel:
     link_latency: float = 0.0          # seconds per hop
     hbm_bandwidth: float = 0.0         # bytes/s per chip
     hbm_bytes: float = 0.0             # HBM capacity per chip
-    efa_bandwidth: float = 0.0         # bytes/s per direction per instance (all NICs)
+    efa_bandwidth: float = 0.0         # bytes/s per direction per instance (all NICs; a chip gets 1/chips)
     efa_latency: float = 0.0           # seconds, HBM to HBM across instances
     multi_node: bool = False
     domain_nodes: int = 1              # nodes joined into one NeuronLink torus (UltraServer)
@@ -346,39 +347,64 @@ _add(InstanceModel(
              "domain_link_bandwidth": "derived: 256 GB/s per chip between instances "
                                       "(trn2-arch.rst) / 2 z links = 128 GB/s per link"},
     **_TRN2_COMMON))
+_TRN3_SRC = {
+    "physical_cores_per_chip": _ARCH + "trainium3.rst: 8 NeuronCore-v4 per chip",
+    "default_lnc": _LNC + ": LNC=2 default on trn3",
+    "supported_lnc": _ARCH + "trainium3.rst: LNC 1 or 2",
+    "graph": _ARCH + "trn3-arch.rst: NeuronSwitch-v1 switched all-to-all fabric, no torus",
+    "link_bandwidth": "derived: 256 GB/s per chip bidirectional in a server (trn3-arch.rst, "
+                      "'Intra-server connectivity') / 2 = 128 GB/s per direction per switch port",
+    "link_latency": _HOP_SRC + " (trn2 figure reused; no trn3 figure published)",
+    "hbm_bandwidth": _ARCH + "trainium3.rst: 144 GiB at 4.9 TB/s per chip",
+    "hbm_bytes": _ARCH + "trainium3.rst",
+    "domain_link_bandwidth": "derived: 320 GB/s per chip bidirectional between servers "
+                             "(trn3-arch.rst, 'Inter-server connectivity') / 2 = 160 GB/s per direction",
+    "efa_latency": _EFA_LAT_SRC + " (trn2 figure reused)",
+}
+_TRN3_COMMON = dict(
+    physical_cores_per_chip=8, default_lnc=2, supported_lnc=(1, 2), graph="switch",
+    link_bandwidth=128 * GB, link_latency=_HOP, domain_link_bandwidth=160 * GB,
+    hbm_bandwidth=4.9e12, hbm_bytes=144 * GiB, efa_latency=_EFA_LAT, multi_node=True,
+)
 _add(InstanceModel(
-    name="trn3", chips=4, physical_cores_per_chip=8, default_lnc=2, supported_lnc=(1, 2),
-    graph="switch", link_bandwidth=128 * GB, link_latency=_HOP,
-    domain_nodes=16, domain_link_bandwidth=160 * GB,
-    hbm_bandwidth=4.9e12, hbm_bytes=144 * GiB,
-    efa_bandwidth=12.8e12 / 8 / 16, efa_latency=_EFA_LAT, multi_node=True,
-    notes="Trn3 UltraServer: NeuronSwitch-v1 all-to-all fabric, not a torus. AWS gives per-chip "
-          "and per-UltraServer figures, not a per-node chip count; the model takes a node of 4 "
-          "chips (Gen1: 16 nodes = 64 chips, one UltraServer: nodes 16k..16k+15 of a job), "
-          "each chip with a switch port in its server and one to the other servers of its "
-          "UltraServer (320 GB/s per chip bidirectional); UltraServers talk over EFA.",
-    sources={
-        "chips": "assumption: 4 chips per node (not published per node; 64 chips per Gen1 "
-                 "UltraServer, trn3-arch.rst)",
-        "physical_cores_per_chip": _ARCH + "trainium3.rst: 8 NeuronCore-v4 per chip",
-        "default_lnc": _LNC + ": LNC=2 default on trn3",
-        "supported_lnc": _ARCH + "trainium3.rst: LNC 1 or 2",
-        "graph": _ARCH + "trn3-arch.rst: NeuronSwitch-v1 switched all-to-all fabric, no torus",
-        "link_bandwidth": "derived: 256 GB/s per chip bidirectional in a server (trn3-arch.rst) "
-                          "/ 2 = 128 GB/s per direction per switch port",
-        "link_latency": _HOP_SRC + " (trn2 figure reused; no trn3 figure published)",
-        "hbm_bandwidth": _ARCH + "trainium3.rst: 144 GiB at 4.9 TB/s per chip",
-        "hbm_bytes": _ARCH + "trainium3.rst",
-        "domain_nodes": "assumption: a Gen1 UltraServer's 64 chips (trn3-arch.rst) as 16 nodes of 4",
-        "domain_link_bandwidth": "derived: 320 GB/s per chip bidirectional between servers "
-                                 "(trn3-arch.rst) / 2 = 160 GB/s per direction",
-        "efa_bandwidth": "derived: 12.8 Tbps per Gen1 UltraServer (trn3-arch.rst) / 16 nodes",
-        "efa_latency": _EFA_LAT_SRC + " (trn2 figure reused)",
-    }))
+    name="trn3", chips=16, domain_nodes=4, efa_bandwidth=12.8e12 / 8 / 4,
+    notes="Trn3 Gen1 UltraServer: 4 servers of 16 Trainium3 chips (nodes 4k..4k+3 of a job are one "
+          "UltraServer), NeuronSwitch-v1 all-to-all fabric, not a torus. Each chip has a switch "
+          "port in its server and one to the other servers of its UltraServer (320 GB/s per chip "
+          "bidirectional); UltraServers talk over EFA. trn3-arch.rst's connectivity section draws "
+          "a server (sled) of 4 chips on one switch, the Gen2 layout: how a Gen1 server's 16 chips "
+          "share switches is not published, so the model puts them on one switch at the sled's "
+          "per-chip figure.",
+    sources={**_TRN3_SRC,
+             "chips": _ARCH + "trn3-arch.rst: 'Each UltraServer consists of four servers with 16 "
+                              "Trainium3 devices per server' (Gen1; 768 host vCPUs per UltraServer "
+                              "= 192 per server, a trn2.48xlarge's)",
+             "domain_nodes": _ARCH + "trn3-arch.rst: a Gen1 UltraServer is four servers, 64 chips "
+                                     "in one scale-up domain",
+             "efa_bandwidth": "derived: EFA 12,800 Gbps per Gen1 UltraServer (trn3-arch.rst) / 4 "
+                              "servers = 3200 Gbps per node"},
+    **_TRN3_COMMON))
+_add(InstanceModel(
+    name="trn3-gen2", chips=4, domain_nodes=36, efa_bandwidth=28.8e12 / 8 / 36,
+    notes="Trn3 Gen2 UltraServer: 36 servers of 4 Trainium3 chips (nodes 36k..36k+35 of a job are "
+          "one UltraServer); a first-level NeuronSwitch-v1 in each server, two second-level "
+          "switches across the servers, modelled as each chip's port to the other servers of its "
+          "UltraServer; UltraServers talk over EFA. The 128 GB/s per chip between racks is not "
+          "modelled (no rack in the model).",
+    sources={**_TRN3_SRC,
+             "chips": _ARCH + "trn3-arch.rst: 'Each UltraServer consists of 36 servers with 4 "
+                              "Trainium3 devices per server' (Gen2; 2304 host vCPUs = 64 per server)",
+             "graph": _TRN3_SRC["graph"] + "; first-level switch in a server, two second-level "
+                                           "switches across servers",
+             "domain_nodes": _ARCH + "trn3-arch.rst: a Gen2 UltraServer is 36 servers, 144 chips "
+                                     "in one scale-up domain",
+             "efa_bandwidth": "derived: EFA 28,800 Gbps per Gen2 UltraServer (trn3-arch.rst) / 36 "
+                              "servers = 800 Gbps per node"},
+    **_TRN3_COMMON))
 
 ALIASES = {"trn2": "trn2.48xlarge", "trn1": "trn1.32xlarge", "trn1n": "trn1n.32xlarge",
            "trn2-ultraserver": "trn2u.48xlarge", "trn2u": "trn2u.48xlarge",
-           "trn3-ultraserver": "trn3", "inf2": "inf2.48xlarge"}
+           "trn3-ultraserver": "trn3", "trn3-gen1": "trn3", "inf2": "inf2.48xlarge"}
 
 _REGISTRY: dict[str, InstanceModel] = dict(BUILTIN)
 

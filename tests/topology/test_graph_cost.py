@@ -8,6 +8,7 @@ from neuron_dist.topology import (AVAILABLE, choose, estimate, get_instance, ham
                                   link_kind, parse_forced, place, ring_order, ring_orders,
                                   torus_grid)
 from neuron_dist.topology.graph import _edges, pattern_cost, route
+from neuron_dist.topology.select import backend_choose
 
 KB, MB = 1 << 10, 1 << 20
 
@@ -31,7 +32,7 @@ def _hops(topo, order):
 @pytest.mark.parametrize("inst,nodes,ppn,lnc", [
     ("trn2.48xlarge", 1, 64, 2), ("trn2.48xlarge", 1, 128, 1), ("trn1.32xlarge", 1, 32, None),
     ("inf2.48xlarge", 1, 24, None), ("trn2.48xlarge", 1, 16, 2), ("trn2.48xlarge", 1, 32, 2),
-    ("trn2u.48xlarge", 4, 64, 2), ("trn2.48xlarge", 2, 64, 2), ("trn3", 2, 16, 2)])
+    ("trn2u.48xlarge", 4, 64, 2), ("trn2.48xlarge", 2, 64, 2), ("trn3", 2, 64, 2), ("trn3-gen2", 2, 16, 2)])
 def test_ring_every_hop_is_one_link(inst, nodes, ppn, lnc):
     topo = place(inst, nodes, ppn, lnc)
     for order in ring_orders(topo) + [ring_order(topo)]:
@@ -77,7 +78,7 @@ def test_torus_grid_shapes():
 
 # ---- cost model --------------------------------------------------------------------------------
 GROUPS = [("trn2.48xlarge", 1, 64), ("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 1, 32),
-          ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 16),
+          ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 64), ("trn3-gen2", 4, 16),
           ("inf2.48xlarge", 1, 24)]
 SIZES = [0, 1, 8 * KB, 64 * KB, MB, 16 * MB, 64 * MB, 512 * MB]
 
@@ -135,6 +136,54 @@ def test_crossover_small_latency_bound_large_bandwidth(g):
         assert choose("allreduce", s, topo) in ("ring", "torus", "hierarchical")
         assert choose("allgather", s, topo) in ("ring", "torus", "hierarchical")
         assert choose("reduce_scatter", s, topo) in ("ring", "torus", "hierarchical")
+
+
+def _bandwidth_from(topo):
+    """The smallest all-reduce size (in steps of 5%) at which the backend runs ring, torus or
+    hierarchical rather than direct or rdh."""
+    s = 1
+    while backend_choose("allreduce", s, topo) not in ("ring", "torus", "hierarchical"):
+        s = max(s + 1, int(s * 1.05))
+    return s
+
+
+@pytest.mark.parametrize("name, nodes, low, high", [
+    *((n, 1, 32 * KB, 96 * KB) for n in ("trn1.32xlarge", "trn1n.32xlarge", "inf2.24xlarge",
+                                         "inf2.48xlarge", "trn2.48xlarge", "trn2u.48xlarge")),
+    ("trn3", 1, 128 * KB, 1 * MB), ("trn3-gen2", 1, 128 * KB, 1 * MB), ("trn1.2xlarge", 1, 1 * MB, 2 * MB),
+    ("trn1.32xlarge", 32, 256 * KB, 2 * MB), ("trn3-gen2", 32, 256 * KB, 2 * MB)])  # (2048 ranks and more: 5-12 s each)
+def test_crossover_is_where_the_readme_says(name, nodes, low, high):
+    """README (Cost model): over whole nodes the model moves to ring/torus at 36-82 KiB on one
+    trn1/trn1n/inf2/trn2(u) node, 190-630 KiB on one trn3 node, 1.3 MiB on trn1.2xlarge, up to
+    1.4 MiB at 32 nodes; it said "64-512 KiB on the built-in models", which inf2.48xlarge and
+    trn1.32xlarge (36 and 39 KiB), trn1.2xlarge and 32 nodes of trn3 (0.7-1.4 MiB) contradict."""
+    inst = get_instance(name)
+    for lnc in inst.supported_lnc:
+        at = _bandwidth_from(place(inst, nodes, inst.cores(lnc), lnc))
+        assert low <= at <= high, (name, nodes, lnc, at / KB)
+
+
+def test_a_chip_crosses_nodes_through_its_own_nic():
+    """EFA is one NIC per chip (trn2: 16 x 200 Gbps). The model priced one cross-node flow at the
+    whole node's EFA (400 GB/s on trn2, more than a NeuronLink), so 4 ranks on 4 nodes were
+    modelled faster than 4 ranks on one chip (256 MiB all-reduce: 1.44 against 2.51 ms) and a
+    flat ring beat hierarchical across nodes (1 GiB, trn2 4 nodes x 8: 16.2 against 18.7 ms).
+    A chip's flows now share its own part, efa_bandwidth / chips each way."""
+    inst = get_instance("trn2.48xlarge")
+    links, _ = route(inst, (0, 3), (1, 5))
+    assert links == (("efa_out", 0, 3), ("efa_in", 1, 5))
+    _, beta = pattern_cost(inst, [((0, 0), (1, 0))])
+    assert 1 / beta == pytest.approx(200e9 / 8)  # one NIC
+    _, beta = pattern_cost(inst, [((0, c), (1, c)) for c in range(16)])
+    assert 1 / beta == pytest.approx(200e9 / 8)  # 16 chips, 16 NICs: each flow still gets one
+    _, beta = pattern_cost(inst, [((0, 0), (1, c)) for c in range(4)])
+    assert 1 / beta == pytest.approx(200e9 / 8 / 4)  # one chip's NIC shared by its 4 flows
+    M = 256 * MB
+    assert estimate("allreduce", "ring", M, place(inst, 4, 1)) > estimate("allreduce", "ring", M, place(inst, 1, 4))
+    for name, nodes, ppn in (("trn2.48xlarge", 4, 8), ("trn1.32xlarge", 2, 32)):
+        topo = place(name, nodes, ppn)
+        assert choose("allreduce", 1 << 30, topo) in ("hierarchical", "torus"), (name, nodes, ppn)
+        assert estimate("allreduce", "hierarchical", 1 << 30, topo) < estimate("allreduce", "ring", 1 << 30, topo)
 
 
 def test_choose_is_cheapest_and_forced():
@@ -222,26 +271,29 @@ def test_cli_runs_as_module():
     assert "trn2.48xlarge" in r.stdout
 
 
-def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa():
+@pytest.mark.parametrize("name, chips, servers", [("trn3", 16, 4), ("trn3-gen2", 4, 36)])
+def test_trn3_servers_of_one_ultraserver_talk_over_the_switch_not_efa(name, chips, servers):
     """trainium-topology.md: Trn3's NeuronSwitch carries 320 GB/s per chip (bidirectional)
-    between the servers of an UltraServer. The model sent that traffic over EFA (12.8 Tbps per
-    UltraServer over 16 nodes: 25 GB/s per chip), so two nodes of one UltraServer were predicted
-    to all-reduce slower than one (80 against 126 GB/s busbw at 1 GiB). Nodes of one UltraServer
-    (16 of 4 chips) now meet through each chip's port to the other servers, 160 GB/s per
-    direction; UltraServers still meet over EFA."""
-    inst = get_instance("trn3")
+    between the servers of an UltraServer. The model sent that traffic over EFA (25 GB/s per
+    chip: 12.8 Tbps per 64-chip UltraServer), so two nodes of one UltraServer were predicted to
+    all-reduce slower than one (80 against 126 GB/s busbw at 1 GiB). Nodes of one UltraServer
+    (Gen1: 4 servers of 16 chips; Gen2: 36 of 4) meet through each chip's port to the other
+    servers, 160 GB/s per direction; UltraServers still meet over EFA."""
+    inst = get_instance(name)
+    assert (inst.chips, inst.domain_nodes) == (chips, servers)
     links, _ = route(inst, (0, 1), (1, 2))
     assert [l[0] for l in links] == ["xport_out", "xport_in"]
     assert {inst.domain_link_bandwidth} == {160e9}
-    assert [l[0] for l in route(inst, (15, 0), (16, 0))[0]] == ["efa_out", "efa_in"]
-    two = place("trn3", 2, 16)
-    assert link_kind(two, 0, 16) == "domain"
+    assert [l[0] for l in route(inst, (servers - 1, 0), (servers, 0))[0]] == ["efa_out", "efa_in"]
+    ppn = inst.cores()
+    two = place(name, 2, ppn)
+    assert link_kind(two, 0, ppn) == "domain"
     G = 1 << 30
-    one = place("trn3", 1, 16)
-    busbw = lambda topo, n: G / estimate("allreduce", choose("allreduce", G, topo), G, topo) * 2 * (n - 1) / n / 1e9
-    efa_only = 12.8e12 / 8 / 16 / 4 / 1e9  # what one chip's share of EFA carries, GB/s per direction
-    assert busbw(two, 32) > 2 * efa_only * 1.5  # no longer bound by EFA
-    assert busbw(place("trn3", 32, 16), 512) < busbw(two, 32)  # across UltraServers: EFA again
+    busbw = lambda topo: (G / estimate("allreduce", choose("allreduce", G, topo), G, topo)
+                          * 2 * (topo.size - 1) / topo.size / 1e9)
+    efa_only = inst.efa_bandwidth / chips / 1e9  # what one chip's share of EFA carries, GB/s per direction
+    assert busbw(two) > 2 * efa_only * 1.5  # no longer bound by EFA
+    assert busbw(place(name, 2 * servers, ppn)) < busbw(two)  # across UltraServers: EFA again
 
 
 def test_a_registered_algorithm_the_model_cannot_price_runs_when_forced_and_is_not_chosen():

@@ -13,13 +13,13 @@ FIGURES = ("link_bandwidth", "link_latency", "hbm_bandwidth", "efa_bandwidth", "
 def test_builtins_present():
     names = set(list_instances())
     for n in ("trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge", "inf2.24xlarge", "inf2.48xlarge",
-              "trn2.48xlarge", "trn2u.48xlarge", "trn3"):
+              "trn2.48xlarge", "trn2u.48xlarge", "trn3", "trn3-gen2"):
         assert n in names
 
 
 @pytest.mark.parametrize("name", ["trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge",
                                   "inf2.24xlarge", "inf2.48xlarge", "trn2.48xlarge",
-                                  "trn2u.48xlarge", "trn3"])
+                                  "trn2u.48xlarge", "trn3", "trn3-gen2"])
 def test_every_figure_has_a_source(name):
     m = get_instance(name)
     for f in FIGURES + ("chips", "physical_cores_per_chip", "graph"):
@@ -51,6 +51,27 @@ def test_graphs():
     assert get_instance("trn2u.48xlarge").domain_nodes == 4
     assert not get_instance("inf2.48xlarge").multi_node
     assert get_instance("trn1n.32xlarge").efa_bandwidth == 2 * get_instance("trn1.32xlarge").efa_bandwidth
+
+
+@pytest.mark.parametrize("name, chips, servers, efa_gbps, words", [
+    ("trn3", 16, 4, 12800, "four servers with 16 Trainium3 devices per server"),
+    ("trn3-gen2", 4, 36, 28800, "36 servers with 4 Trainium3 devices per server")])
+def test_trn3_nodes_are_the_published_servers(name, chips, servers, efa_gbps, words):
+    """trn3 took 4 chips per node and 16 nodes per UltraServer, "not published per node"; AWS's
+    trn3-arch.rst says a Gen1 UltraServer "consists of four servers with 16 Trainium3 devices per
+    server" (Gen2: 36 servers of 4). A Gen1 server's 64 ranks at LNC 2 were refused ("64
+    processes per node but trn3 at LNC=2 has only 16 logical cores per node")."""
+    from neuron_dist.topology import placement_from_env
+    m = get_instance(name)
+    assert (m.chips, m.domain_nodes, m.chips * m.domain_nodes) == (chips, servers, 64 if name == "trn3" else 144)
+    assert words in m.sources["chips"]
+    assert m.efa_bandwidth * servers == efa_gbps * 1e9 / 8  # the UltraServer's EFA, split over its servers
+    assert m.cores(2) == 4 * chips and m.cores(1) == 8 * chips
+    last = m.cores() - 1  # a full server's last rank, on its last chip
+    slot = placement_from_env({"NEURON_DIST_INSTANCE": name, "GROUP_RANK": "1"}, m.cores() + last,
+                              2 * m.cores(), last, m.cores())
+    assert (slot.node, slot.chip, slot.cores) == (1, chips - 1, (last,))
+    assert get_instance("trn3-ultraserver") is get_instance("trn3-gen1") is get_instance("trn3")
 
 
 def test_unknown_instance_is_clear():
@@ -172,7 +193,7 @@ def test_builtins_pass_their_own_checks():
     """Each built-in, written out as a description and read back, passes the validation and
     comes out the same (to_dict raised TypeError: asdict cannot copy `sources`)."""
     for name in ("trn1.32xlarge", "trn1n.32xlarge", "trn1.2xlarge", "inf2.24xlarge", "inf2.48xlarge",
-                 "trn2.48xlarge", "trn2u.48xlarge", "trn3"):
+                 "trn2.48xlarge", "trn2u.48xlarge", "trn3", "trn3-gen2"):
         m = get_instance(name)
         assert InstanceModel.from_dict(json.loads(json.dumps(m.to_dict()))) == m
 
