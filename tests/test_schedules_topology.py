@@ -115,7 +115,7 @@ def test_schedules_match_reference_all_sizes(name, lnc, P):
 
 FULL = [("trn2.48xlarge", 1, 64, 2), ("trn2.48xlarge", 1, 128, 1), ("trn1.32xlarge", 1, 32, None),
         ("inf2.48xlarge", 1, 24, None), ("trn2u.48xlarge", 4, 16, 1), ("trn2.48xlarge", 2, 64, 2),
-        ("trn3", 4, 16, 2), ("trn2.48xlarge", 1, 16, 2), ("trn2.48xlarge", 2, 32, 2)]
+        ("trn3", 4, 64, 2), ("trn3-gen2", 4, 16, 2), ("trn2.48xlarge", 1, 16, 2), ("trn2.48xlarge", 2, 32, 2)]
 
 
 @pytest.mark.parametrize("name,nodes,ppn,lnc", FULL)
