@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -274,11 +275,12 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
 
     tail_log.tail_logfile = tail_whole_lines  # the agent's per-rank output copier; see tail.py
     entrypoint, args = worker_command(cfg)
-    if cfg.max_nodes > 1:
+    if cfg.max_nodes > 1 and threading.current_thread() is threading.main_thread():
         # the rendezvous waits for the other nodes in torch's C++ store, where Python's Ctrl-C
         # handler never runs: Ctrl-C was lost (the node kept waiting and ran the job when the
         # others came). The default action ends neuronrun at once, as SIGTERM's does; torch
-        # installs its own handlers as the ranks start
+        # installs its own handlers as the ranks start. (Only the main thread may set handlers:
+        # a program that runs launch() on another thread keeps its own.)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         elastic_launch(config, entrypoint)(*args)
