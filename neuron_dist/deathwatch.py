@@ -72,6 +72,8 @@ class DeathWatch:
     def check(self, g: "Group", op: "Op") -> None:
         """Raise if a peer `op` of group `g` needs has died."""
         self._poll(g)
+        if self.remote:
+            g.transport.take_in()  # their ABORTs queued behind frames not read yet (zmq): one drain for all
         for r in self.remote:
             reason = g.transport.check_peer(r)
             if reason:

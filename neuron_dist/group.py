@@ -921,6 +921,7 @@ class Group(HangDiagnosis):
             # breaks every collective of the group, not only one waiting on it: a rank that had
             # that member's data and waited on a late third rank waited out its own time-out
             self._next_sweep = now + SWEEP_INTERVAL_S
+            self.transport.take_in()  # a member's ABORT behind frames nothing reads yet (zmq)
             for q in range(self.size):
                 if q == self.rank:
                     continue

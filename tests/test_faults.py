@@ -62,7 +62,7 @@ def test_failure_names_the_member_that_went_first():
     gone, finished = {}, set()
     g = Group.__new__(Group)  # only the failure path: a fake transport, no frames at all
     g.rank, g.size, g.global_ranks, g.timeout = 0, 4, [0, 1, 2, 3], timedelta(seconds=60)
-    g.transport = SimpleNamespace(check_peer=gone.get, peer_finished=lambda p: p in finished)
+    g.transport = SimpleNamespace(check_peer=gone.get, peer_finished=lambda p: p in finished, take_in=lambda: None)
     g.mailbox = SimpleNamespace(take=lambda p, key: None)
     errors = []
     g._fail = lambda op, e, active, waiting: errors.append(str(e))
@@ -135,6 +135,9 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
 
         def check_peer(self, peer):
             return "rank 3 closed its shared-memory transport" if peer == 3 else None
+
+        def take_in(self):
+            pass
 
         def peer_finished(self, peer):
             return peer == 3
@@ -316,7 +319,7 @@ def test_a_peer_seen_gone_is_blamed_only_once_its_abort_had_its_grace():
     assert time.monotonic() - t0 >= PEER_GRACE_S - 0.05  # (its ABORT had the grace)
     # no ABORT, nobody seen to go first, but the rank that died is gone by now: named too
     g = group(float("inf"))
-    g.transport = SimpleNamespace(wait=time.sleep, peer_finished=lambda q: False,
+    g.transport = SimpleNamespace(wait=time.sleep, peer_finished=lambda q: False, take_in=lambda: None,
                                   check_peer=lambda q: "its process exited" if q == 1 else None)
     both = Group._gone_cause(g, 2, "rank 2's copy of the group failed")
     assert both == "rank 2 is gone: rank 2's copy of the group failed; rank 1 is gone too: its process exited", both

@@ -180,6 +180,10 @@ class Composite(Transport):
     def peer_finished(self, peer):
         return self.route[peer].peer_finished(peer)
 
+    def take_in(self):
+        for t in self.parts.values():
+            t.take_in()
+
     def close(self, abort: bool = False):
         for t in self.parts.values():
             try:

@@ -403,14 +403,15 @@ class ZmqTransport(Transport):
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")
-        if peer not in self.gone and peer not in self.aborted:
-            self._drain()  # an ABORT frame queued behind what no one reads yet (a bad frame raises here)
         if peer in self.aborted:
             return f"rank {peer} aborted the group: {self.aborted[peer]}"
         return self.gone.get(peer)
 
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._drain)
+
+    def take_in(self):
+        self._drain()  # every peer shares the one pull socket: one drain serves them all
 
     def close(self, abort: bool = False):
         if getattr(self, "_released", False):
