@@ -311,10 +311,15 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
               f"store (--rdzv-endpoint) may be gone; every rank on this node is stopped", file=sys.stderr,
               flush=True)
         return 1
-    except (DistNetworkError, DistStoreError) as err:  # a static rendezvous's store (node 0's agent) gone
-        print(f"neuronrun: the rendezvous store failed ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-              f"the node that holds it (node 0, --master-addr) may be gone; every rank on this node is stopped",
-              file=sys.stderr, flush=True)
+    except (DistNetworkError, DistStoreError) as err:  # a static rendezvous's store (node 0's agent)
+        text = str(err).splitlines()[0] if str(err) else ""
+        if isinstance(err, DistStoreError) and "waiting for clients" in text:  # node 0 holds it: the others never came
+            print(f"neuronrun: the rendezvous timed out ({type(err).__name__}: {text}): fewer than {cfg.min_nodes} "
+                  f"nodes (--nnodes) joined it within its time-out (--rdzv-conf timeout=SECONDS); every rank on "
+                  f"this node is stopped", file=sys.stderr, flush=True)
+            return 1
+        print(f"neuronrun: the rendezvous store failed ({type(err).__name__}: {text}); the node that holds it "
+              f"(node 0, --master-addr) may be gone; every rank on this node is stopped", file=sys.stderr, flush=True)
         return 1
     except SignalException as sig:
         kept = ""

@@ -213,6 +213,30 @@ def test_a_lost_static_rendezvous_store_is_a_report_not_a_traceback(monkeypatch,
     assert "neuronrun: the rendezvous store failed (DistNetworkError: Broken pipe); the node that holds it" in err, err
 
 
+def test_node_0_alone_in_a_static_rendezvous_says_the_others_never_came(monkeypatch, scrubbed_environ, capsys):
+    """Node 0 holds the static rendezvous's store: its time-out waiting for the other nodes
+    (torch's DistStoreError "waiting for clients") is too few nodes, not a store gone away (a
+    re-read's finding: the line above named the store's node, itself, as maybe gone)."""
+    from torch.distributed import DistStoreError
+    import torch.distributed.launcher.api as launcher_api
+
+    def alone(config, entrypoint):
+        def run(*args):
+            raise DistStoreError("Timed out after 6 seconds waiting for clients. 1/2 clients joined.")
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", alone)
+    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    argv = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--nproc-per-node", "1", "train.py"]
+    code = launch.launch(config_from_argv(argv, dict(os.environ)))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "neuronrun: the rendezvous timed out (DistStoreError: Timed out after 6 seconds waiting for clients. " \
+           "1/2 clients joined.): fewer than 2 nodes (--nnodes) joined it" in err and "may be gone" not in err, err
+
+
 def _trampoline_check(agent: str | None) -> int:
     """Exit status of a process that runs the rank trampoline's parent check with
     NEURONRUN_AGENT_PID set to `agent` (None: unset)."""
