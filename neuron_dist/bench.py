@@ -267,16 +267,16 @@ def _lnc() -> int | None:
     return int(v) if v.isdigit() else None
 
 
-def job_nodes(n: int) -> int:
+def job_nodes(n: int) -> int | None:
     """How many nodes the `n` ranks of this job span, as the model column places them: a
     launcher's LOCAL_WORLD_SIZE (or Open MPI's local size) ranks per node, else one node (the
     ranks bench spawns). The column placed every job on one node: under a multi-node launcher it
     modelled a placement the job did not have, and more ranks than one node's cores were
-    refused. A launcher whose nodes hold unequal numbers of ranks: one node (ValueError in place,
-    no column, where they do not fit)."""
+    refused. None where the nodes hold unequal numbers of ranks (srun -n100 with 64 a node):
+    the model places equal nodes, so the column is left out rather than the job refused."""
     local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE") or ""
     ppn = int(local) if local.isdigit() and int(local) > 0 else n
-    return n // ppn if n % ppn == 0 else 1
+    return n // ppn if n % ppn == 0 else None
 
 
 def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1) -> tuple[str, float] | None:
@@ -285,7 +285,7 @@ def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1) -> 
     is the one the backend runs under its model policy: among those it has builders for, or the
     one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call). The `n` ranks
     sit `n // nodes` to a node, one per core (job_nodes: the launcher's layout)."""
-    if op == "sendrecv":
+    if op == "sendrecv" or nodes is None:
         return None
     try:
         from .topology import estimate, place
@@ -361,7 +361,8 @@ def worker(a) -> int:
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
-        + (f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core" if a.instance else ""))
+        + ("" if not a.instance else f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core"
+           if nodes else f" | model: left out (the launcher's nodes hold unequal numbers of ranks)"))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
     es = torch.empty(0, dtype=dtype).element_size()
     ops = expand_ops(a.ops)
@@ -705,7 +706,8 @@ def check(p: argparse.ArgumentParser, a) -> None:
         try:
             n = int(os.environ["WORLD_SIZE"]) if launched else a.world
             nodes = job_nodes(n) if launched else 1
-            place(a.instance, nodes, n // nodes, lnc=_lnc())
+            if nodes:  # (unequal nodes: no column, nothing to refuse)
+                place(a.instance, nodes, n // nodes, lnc=_lnc())
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

@@ -134,6 +134,12 @@ def test_bench_model_places_the_launchers_nodes(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         _check([])
     assert e.value.code == 2 and "need 65 cores" in capsys.readouterr().err
+    # nodes of unequal size (srun -n100, 64 a node: this node 64, the other 36): the model places
+    # equal nodes, so the column is left out; the job was refused ("100 ranks ... need 100 cores")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "64")
+    monkeypatch.setenv("WORLD_SIZE", "100")
+    _check(["--json", ""])
+    assert bench.job_nodes(100) is None and bench.model_busbw("allreduce", 1 << 20, 100, "trn2.48xlarge", None) is None
 
 
 @pytest.mark.parametrize("size", ["inf", "-inf", "nan", "0.5", "1.3", "1.3K"])
