@@ -362,7 +362,7 @@ def worker(a) -> int:
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + ("" if not a.instance else f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core"
-           if nodes else f" | model: left out (the launcher's nodes hold unequal numbers of ranks)"))
+           if nodes else " | model: left out (the launcher's nodes hold unequal numbers of ranks)"))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
     es = torch.empty(0, dtype=dtype).element_size()
     ops = expand_ops(a.ops)
