@@ -627,6 +627,18 @@ def destroy_beside_a_running_call(rank, world):
     return outcome[0]
 
 
+def _outcome(call) -> dict:
+    """How `call()` ended ("ok", or the exception's type and message) and how long it took."""
+    t0 = time.monotonic()
+    try:
+        call()
+        out = dict(outcome="ok")
+    except Exception as e:  # noqa: BLE001
+        out = dict(outcome=type(e).__name__, msg=str(e))
+    out["elapsed"] = time.monotonic() - t0
+    return out
+
+
 def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
     """The last rank enters a large all-reduce after the others timed out on it. Their ABORT
     frames did not fit the full rings to it (it was not reading), so it waited out its own whole
@@ -639,14 +651,7 @@ def late_rank_learns_failure(rank, world, size=4 << 20, timeout_s=4.0):
         dist.all_reduce(torch.ones(2), group=sub)
         if rank == late:
             time.sleep(timeout_s + 1.5)
-        t0 = time.monotonic()
-        try:
-            dist.all_reduce(torch.ones(size // 4), group=sub)
-            out = dict(outcome="ok")
-        except Exception as e:  # noqa: BLE001
-            out = dict(outcome=type(e).__name__, msg=str(e))
-        out["elapsed"] = time.monotonic() - t0
-        return out
+        return _outcome(lambda: dist.all_reduce(torch.ones(size // 4), group=sub))
     finally:
         dist.barrier(group=dist.new_group(backend="gloo"))  # nobody closes before the late rank is done
         dist.destroy_process_group(sub)
@@ -663,16 +668,9 @@ def failure_reaches_a_rank_waiting_on_another(rank, world, timeout_s=1.5, patien
     meta = dist.new_group(backend="gloo")
     try:
         dist.all_reduce(torch.ones(2), group=sub)
-        t0 = time.monotonic()
         if rank == 2:
             return dict(outcome="skipped")
-        try:
-            dist.all_reduce(torch.ones(16), group=sub)
-            out = dict(outcome="ok")
-        except Exception as e:  # noqa: BLE001
-            out = dict(outcome=type(e).__name__, msg=str(e))
-        out["elapsed"] = time.monotonic() - t0
-        return out
+        return _outcome(lambda: dist.all_reduce(torch.ones(16), group=sub))
     finally:
         dist.barrier(group=meta)  # nobody closes before the others are done
         dist.destroy_process_group(sub)

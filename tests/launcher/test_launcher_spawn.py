@@ -169,23 +169,28 @@ def test_module_and_no_python_argv(recorder):
     assert recorder.ranks()[0][0] == ["/bin/echo", "hi"]
 
 
+def _launch_failing_with(monkeypatch, exc, argv=("--nproc-per-node", "2", "train.py")) -> int:
+    """neuronrun's exit status when torch's elastic launch raises `exc`."""
+    import torch.distributed.launcher.api as launcher_api
+
+    def failing(config, entrypoint):
+        def run(*args):
+            raise exc
+        return run
+
+    monkeypatch.setattr(launcher_api, "elastic_launch", failing)
+    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
+        monkeypatch.setenv(var, "")
+        monkeypatch.delenv(var)
+    return launch.launch(config_from_argv(list(argv), dict(os.environ)))
+
+
 def test_a_lost_rendezvous_is_a_report_not_a_traceback(monkeypatch, scrubbed_environ, capsys):
     """When the node that holds the c10d rendezvous store dies, torch's agent on the other node
     raises RendezvousConnectionError; neuronrun printed torch's traceback. It now says what
     failed and exits 1."""
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
-    import torch.distributed.launcher.api as launcher_api
-
-    def lost(config, entrypoint):
-        def run(*args):
-            raise RendezvousConnectionError("The connection to the C10d store has failed.")
-        return run
-
-    monkeypatch.setattr(launcher_api, "elastic_launch", lost)
-    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
-        monkeypatch.setenv(var, "")
-        monkeypatch.delenv(var)
-    code = launch.launch(config_from_argv(["--nproc-per-node", "2", "train.py"], dict(os.environ)))
+    code = _launch_failing_with(monkeypatch, RendezvousConnectionError("The connection to the C10d store has failed."))
     err = capsys.readouterr().err
     assert code == 1, err
     assert "neuronrun: the rendezvous failed (RendezvousConnectionError: The connection to the C10d store" in err, err
@@ -196,18 +201,7 @@ def test_a_lost_static_rendezvous_store_is_a_report_not_a_traceback(monkeypatch,
     node 1's agent raised DistNetworkError ("Broken pipe") and neuronrun printed torch's
     traceback. It now says what failed and exits 1."""
     from torch.distributed import DistNetworkError
-    import torch.distributed.launcher.api as launcher_api
-
-    def lost(config, entrypoint):
-        def run(*args):
-            raise DistNetworkError("Broken pipe\nException raised from sendBytes ...")
-        return run
-
-    monkeypatch.setattr(launcher_api, "elastic_launch", lost)
-    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
-        monkeypatch.setenv(var, "")
-        monkeypatch.delenv(var)
-    code = launch.launch(config_from_argv(["--nproc-per-node", "2", "train.py"], dict(os.environ)))
+    code = _launch_failing_with(monkeypatch, DistNetworkError("Broken pipe\nException raised from sendBytes ..."))
     err = capsys.readouterr().err
     assert code == 1, err
     assert "neuronrun: the rendezvous store failed (DistNetworkError: Broken pipe); the node that holds it" in err, err
@@ -218,19 +212,9 @@ def test_node_0_alone_in_a_static_rendezvous_says_the_others_never_came(monkeypa
     (torch's DistStoreError "waiting for clients") is too few nodes, not a store gone away (a
     re-read's finding: the line above named the store's node, itself, as maybe gone)."""
     from torch.distributed import DistStoreError
-    import torch.distributed.launcher.api as launcher_api
-
-    def alone(config, entrypoint):
-        def run(*args):
-            raise DistStoreError("Timed out after 6 seconds waiting for clients. 1/2 clients joined.")
-        return run
-
-    monkeypatch.setattr(launcher_api, "elastic_launch", alone)
-    for var in ("OMP_NUM_THREADS", "NEURONRUN_PLAN", "NEURONRUN_GROUPS_DIR"):
-        monkeypatch.setenv(var, "")
-        monkeypatch.delenv(var)
-    argv = ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--nproc-per-node", "1", "train.py"]
-    code = launch.launch(config_from_argv(argv, dict(os.environ)))
+    code = _launch_failing_with(
+        monkeypatch, DistStoreError("Timed out after 6 seconds waiting for clients. 1/2 clients joined."),
+        ["--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--nproc-per-node", "1", "train.py"])
     err = capsys.readouterr().err
     assert code == 1, err
     assert "neuronrun: the rendezvous timed out (DistStoreError: Timed out after 6 seconds waiting for clients. " \
