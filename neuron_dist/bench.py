@@ -693,7 +693,7 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error(f"-o avg with -d {a.dtype}: an integer average is not exact (take a float type)")
     if a.redop == "avg" and a.vs == "gloo":
         p.error("-o avg with --vs gloo: Gloo has no AVG reduction")
-    why = settings_error(int(os.environ["WORLD_SIZE"]) if launched else a.world)
+    why = settings_error(world)
     if why:
         p.error(why)
     from .topology import place
@@ -704,10 +704,9 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {why}")
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
-            n = int(os.environ["WORLD_SIZE"]) if launched else a.world
-            nodes = job_nodes(n) if launched else 1
+            nodes = job_nodes(world) if launched else 1
             if nodes:  # (unequal nodes: no column, nothing to refuse)
-                place(a.instance, nodes, n // nodes, lnc=_lnc())
+                place(a.instance, nodes, world // nodes, lnc=_lnc())
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

@@ -81,11 +81,9 @@ def rank_table(cfg: RunConfig) -> list[tuple[dict[str, str], dict[str, str]]]:
         }
         if plan.host_cpus:  # --cpu-bind core (CPUs of the node neuronrun runs on; each node plans its own)
             fields["cpus"] = format_cpus(plan.cpus(slot.local_rank))
-        if "OMP_NUM_THREADS" not in os.environ:  # as launch() and the rank trampoline set it
-            if plan.host_cpus:
-                env["OMP_NUM_THREADS"] = str(len(plan.cpus(slot.local_rank)))
-            elif plan.nproc_per_node > 1:
-                env["OMP_NUM_THREADS"] = "1"
+        threads = plan.omp_threads(slot.local_rank)  # as launch() and the rank trampoline set it
+        if threads and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = threads
         rows.append((fields, env))
     return rows
 

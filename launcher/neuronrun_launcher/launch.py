@@ -226,9 +226,9 @@ def _copy_error_file(failure) -> None:
 def launch(cfg: RunConfig) -> int:
     """Run the job on this node; returns neuronrun's exit code."""
     os.environ[PLAN_VAR] = cfg.plan.to_json()  # the agent copies os.environ into every rank
-    if "OMP_NUM_THREADS" not in os.environ and cfg.nproc_per_node > 1 and not cfg.plan.host_cpus:
-        os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: avoid oversubscribing the host's CPUs
-    # (bound ranks get their share's size instead, from the worker trampoline)
+    threads = None if cfg.plan.host_cpus else cfg.plan.omp_threads(0)  # (bound ranks get their share's
+    if threads and "OMP_NUM_THREADS" not in os.environ:                 # size from the worker trampoline)
+        os.environ["OMP_NUM_THREADS"] = threads
     # torch's elastic modules before the directories: importing them takes about a second, and a
     # SIGTERM then ends neuronrun at once (torch installs its handlers as the first ranks start),
     # which left both directories behind. What remains is the agent's start, a tenth of a second

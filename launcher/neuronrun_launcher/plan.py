@@ -47,6 +47,15 @@ class NeuronPlan:
         """The CPUs local rank `local_rank` is bound to (empty: not bound)."""
         return rank_cpus(self.host_cpus, local_rank, self.nproc_per_node)
 
+    def omp_threads(self, local_rank: int) -> str | None:
+        """The OMP_NUM_THREADS local rank `local_rank` gets where none is set: bound (--cpu-bind
+        core), one intra-op thread per CPU of its share; unbound, 1 when ranks share the node (as
+        torchrun, against oversubscribing its CPUs); else None (torch's own default). One rule for
+        launch() (unbound), the rank trampoline (bound) and --dry-run (both)."""
+        if self.host_cpus:
+            return str(len(self.cpus(local_rank)))
+        return "1" if self.nproc_per_node > 1 else None
+
     def slot(self, local_rank: int, node_rank: int = 0, nnodes: int = 1) -> Slot:
         return local_slot(
             local_rank,

@@ -71,9 +71,8 @@ def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[st
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
     env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR, AGENT_VAR) and not k.startswith(MPI_PREFIXES)}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
-    cpus = plan.cpus(local_rank)
-    if cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share
-        env["OMP_NUM_THREADS"] = str(len(cpus))
+    if plan.host_cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share
+        env["OMP_NUM_THREADS"] = plan.omp_threads(local_rank)
     return env
 
 
