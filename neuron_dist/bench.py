@@ -455,7 +455,8 @@ def count_wrong(rows: list[dict]) -> tuple[int, int]:
             sum(r.get("gloo", {}).get("wrong", 0) for r in rows))
 
 
-def _spawned(rank: int, a, port: int, q) -> None:
+def _spawned(rank: int, a, port: int, q, launcher: int) -> None:
+    die_with_launcher(launcher)
     ignore_interrupt()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -555,11 +556,52 @@ def ignore_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid` (/proc/PID/stat's fourth field), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def die_with_launcher(launcher: int) -> None:
+    """In a rank that bench or bench_train spawned: die when the tool that spawned it (pid
+    `launcher`) dies, even by SIGKILL, which no handler sees (ranks_follow_signals): such ranks
+    ran the rest of the sweep on, unseen. As neuronrun's ranks do (launcher/neuronrun_launcher/
+    worker.py), the rank asks Linux for SIGKILL when its parent exits (PR_SET_PDEATHSIG). Its
+    parent is the fork server (rank_context), which ends when its last client has; every rank
+    held a copy of the fork server's "alive" pipe, keeping it up, so the rank closes its copy:
+    the tool is then the last client, the fork server ends with it, and the ranks with the fork
+    server. The race: a parent, or the tool above the fork server, that died before prctl took
+    effect leaves this rank with another parent or grandparent, and it exits at once. Linux
+    only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    from multiprocessing import forkserver
+    server = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)  # set in a fork server's child only
+    if alive is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+    parent = os.getppid()
+    if launcher not in (parent, _parent_of(parent)):  # (a spawned rank: its parent; a fork server's: above it)
+        os._exit(1)
+
+
 def launch(a) -> int:
     port = a.port = rendezvous_port(a.port)
     ctx = rank_context()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
+    procs = [ctx.Process(target=_spawned, args=(r, a, port, q, os.getpid())) for r in range(a.world)]
     with ranks_follow_signals("neuron_dist.bench"):
         for p in procs:
             p.start()

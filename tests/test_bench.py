@@ -96,10 +96,35 @@ def _live_in_session(sid: int) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("tool", [
+def _start_with_ranks(tool: list[str]) -> subprocess.Popen:
+    """`python -m tool...` in a session of its own, as a shell starts it, once its two ranks
+    (children of the fork server, the tool's child) are in their first calls."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = _time.monotonic() + 120
+    while True:
+        live = _live_in_session(p.pid)
+        if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
+            break
+        if p.poll() is not None or _time.monotonic() > deadline:
+            for pid in live:
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(p.communicate())
+        _time.sleep(0.2)
+    _time.sleep(1)  # in their first calls
+    return p
+
+
+SIGNALLED_TOOLS = [
     ["neuron_dist.bench", "-b", "1M", "-e", "1M", "-n", "100000", "-w", "0", "--instance", "", "--no-progress"],
     ["neuron_dist.bench_train", "--layers", "1", "--width", "8", "--steps", "5000", "--warmup", "0",
-     "--wrap", "ddp", "--backends", "neuron"]])
+     "--wrap", "ddp", "--backends", "neuron"]]
+
+
+@pytest.mark.parametrize("tool", SIGNALLED_TOOLS)
 @pytest.mark.parametrize("how", ["SIGTERM to the parent", "Ctrl-C to the group"])
 def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
     """SIGTERM to bench's or bench_train's process left its two ranks running the whole sweep
@@ -107,19 +132,8 @@ def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
     group, printed a KeyboardInterrupt traceback from every process. Either must end every process
     of the run at once, with one line and the shell's exit status for the signal."""
     import signal
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    p = _start_with_ranks(tool)
     try:
-        deadline = _time.monotonic() + 120
-        while True:  # until both ranks (children of the fork server, the tool's child) run
-            live = _live_in_session(p.pid)
-            if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
-                break
-            assert p.poll() is None and _time.monotonic() < deadline, p.communicate()
-            _time.sleep(0.2)
-        _time.sleep(1)  # in their first calls
         if how.startswith("SIGTERM"):
             os.kill(p.pid, signal.SIGTERM)
         else:
@@ -136,6 +150,38 @@ def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
         for pid in _live_in_session(p.pid):
             os.kill(pid, signal.SIGKILL)
         p.wait()
+
+
+@pytest.mark.parametrize("tool", SIGNALLED_TOOLS)
+def test_a_sigkilled_tool_leaves_no_rank_running(tool):
+    """SIGKILL reaches no handler: bench's and bench_train's ranks, which had no parent-death
+    signal, ran the whole sweep on (100000 iterations here) after their tool was killed. They
+    now ask for SIGKILL when their parent, the fork server, exits, which it does when the tool
+    dies; so within seconds no process of the run is left."""
+    import signal
+    p = _start_with_ranks(tool)
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = _time.monotonic() + 10
+        while _live_in_session(p.pid) and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+    finally:
+        for pid in _live_in_session(p.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_rank_whose_tool_died_before_it_asked_exits():
+    """The race: a tool that died before its rank's prctl took effect sends no parent-death
+    signal; the rank finds another process where its tool should be (its parent, or its
+    parent's parent under the fork server) and exits at once. Here the "tool" named is pid 1,
+    neither: the process ends with status 1 before it prints; named as its parent, it goes on."""
+    code = "import sys; from neuron_dist import bench; bench.die_with_launcher(int(sys.argv[1])); print('on')"
+    gone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, timeout=120)
+    assert (gone.returncode, gone.stdout) == (1, ""), gone
+    here = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=120)
+    assert (here.returncode, here.stdout) == (0, "on\n"), here
 
 
 @pytest.mark.parametrize("instance,n,op,nbytes", [
