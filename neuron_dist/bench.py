@@ -7,17 +7,21 @@
 
 Spawns `-g` CPU ranks on this host, which meet on `--port` (default $MASTER_PORT, else a free
 port), or joins a launcher's RANK/WORLD_SIZE job. Sizes run from
-`-b` to `-e`, times `-f` each row (one row when -b equals -e). Columns follow nccl-tests: size
-(bytes of the largest buffer: all-gather's output, reduce-scatter's input), count (elements of
-one rank's call, nccl-tests' paramcount: all-gather's input, reduce-scatter's output,
-all-to-all's block for each peer; the whole buffer for the others; the JSON's `count` is the
-same), type, time (median over iterations of the slowest rank's time; each iteration
-preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
-collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
-broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call
-(outputs start as NaN, so an element the call never wrote counts). `-o` picks all-reduce's and
-reduce-scatter's reduction (sum, prod, min, max, avg), `-r` broadcast's root, as nccl-tests'
-flags do (the header line names both); `-d` takes float and int32/int64 types. Sizes that round to the
+`-b` to `-e`, times `-f` each row (one row when -b equals -e). `--ops` takes allreduce,
+allgather, reduce_scatter, broadcast, reduce, gather, scatter, alltoall, sendrecv (nccl-tests'
+*_perf programs), or all. Columns follow nccl-tests: size (bytes of the largest buffer:
+all-gather's and gather's output, reduce-scatter's and scatter's input), count (elements of one
+rank's call, nccl-tests' paramcount: all-gather's and gather's input, reduce-scatter's and
+scatter's output, all-to-all's block for each peer; the whole buffer for the others; the JSON's
+`count` is the same), type, time (median over iterations of the slowest rank's time; each
+iteration preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x
+the collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, gather, scatter,
+all-to-all (n-1)/n; broadcast, reduce, send/recv 1), #wrong = mismatching elements over all
+ranks after one checked call (outputs start as NaN, so an element the call never wrote counts;
+reduce's and gather's output is the root's alone). `-o` picks the reduction of all-reduce,
+reduce-scatter and reduce (sum, prod, min, max, avg), `-r` the root of broadcast, reduce, gather
+and scatter, as nccl-tests' flags do (the header line names both); `-d` takes float and
+int32/int64 types. Sizes that round to the
 count of an earlier row (a call moves at least one element per rank) are left out, and so is
 send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
@@ -58,12 +62,16 @@ import time
 from .ports import free_port  # the benchmarks' rendezvous port
 from .topology.placement import DEFAULT_INSTANCE
 
-OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "alltoall",
+       "sendrecv")
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-       "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
-PER_RANK = ("allgather", "reduce_scatter", "alltoall")  # count is one rank's block (paramcount)
-REDUCING = ("allreduce", "reduce_scatter")  # the collectives -o/--redop applies to
+       "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
+       "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+# count is one rank's block (paramcount): all-gather's, gather's input, reduce-scatter's, scatter's output
+PER_RANK = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives -o/--redop applies to
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives -r/--root applies to
 REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
 # what the backend runs depends on these (None: unset, the default), so the JSON records them
@@ -173,7 +181,7 @@ class Case:
         if op == "sendrecv" and n < 2:  # a local copy measured no backend, yet printed a busbw (worker leaves it out)
             raise ValueError("sendrecv needs two ranks or more")
         self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
-        self.redop, self.root = redop, root  # (-o: all-reduce's and reduce-scatter's; -r: broadcast's)
+        self.redop, self.root = redop, root  # (-o: REDUCING's; -r: ROOTED's)
         self._op = getattr(dist.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK
@@ -184,20 +192,28 @@ class Case:
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
         if redop == "prod" and op in REDUCING:  # one rank holds a 2 at each index, the others 1:
             pat = lambda r: lambda k: ((k + r) % n == 0) + 1  # a product of 2, exact in every dtype
-        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv"):
-            self.out = torch.empty(c if op == "reduce_scatter" else C, dtype=dtype)
-        if op == "allgather":
+        root_of = rank == root
+        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"):
+            # (gather's output is the root's alone; the other ranks check nothing)
+            self.out = torch.empty(c if op in ("reduce_scatter", "scatter") else 0 if op == "gather" and not root_of
+                                   else C, dtype=dtype)
+        if op in ("allgather", "gather"):  # rank r's block of the output
             self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
         elif op == "alltoall":  # block j of rank r's input goes to rank j
             self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
-        elif op == "broadcast" and rank != root:
+        elif op == "broadcast" and not root_of:
             self.x = torch.full((C,), -1, dtype=dtype)
+        elif op == "scatter":  # the root's block r, for rank r (the others send nothing)
+            self.x = self._filled(C, lambda k: (k % 5) + k // c + 1) if root_of else torch.empty(0, dtype=dtype)
         else:
             self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
-        if op in ("allreduce", "broadcast"):
-            self.out = self.x
+        if op in ("allreduce", "broadcast", "reduce"):
+            # reduce: only the root's buffer is the output (Gloo writes the others' too: no check there)
+            self.out = self.x if op != "reduce" or root_of else self.x[:0]
         else:  # (outside the timed loops: only the checked call needs it)
             self.out.fill_(unwritten(dtype))
+        self.blocks = list(self.out.chunk(n)) if op == "gather" and root_of else \
+            list(self.x.chunk(n)) if op == "scatter" and root_of else None  # the root's list of blocks
 
     def _filled(self, count: int, values):
         """A tensor of `count` elements of this case's dtype holding values(k) at index k,
@@ -212,12 +228,14 @@ class Case:
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
         n, r, c = self.n, self.rank, self.c
         if self.op in REDUCING:  # over the ranks' inputs (k % 5) + rank + 1 at the global index
-            g, op = (k if self.op == "allreduce" else k + r * c), self.redop
+            g, op = (k + r * c if self.op == "reduce_scatter" else k), self.redop
             v = ((g % 5) * n + n * (n + 1) // 2 if op == "sum" else g % 5 + 1 if op == "min" else
                  g % 5 + n if op == "max" else (g % 5) + (n + 1) / 2 if op == "avg"  # avg: a multiple of
                  else g * 0 + 2)                                    # 0.5, exact in every float dtype
-        elif self.op == "allgather":
+        elif self.op in ("allgather", "gather"):
             v = (k % 5) + k // c + 1
+        elif self.op == "scatter":  # the root's block r
+            v = ((k + r * c) % 5) + r + 1
         elif self.op == "broadcast":
             v = (k % 5) + 1
         elif self.op == "alltoall":  # block j came from rank j: its block r, offset k % c
@@ -237,6 +255,12 @@ class Case:
                                                                                   group=g)
         elif self.op == "broadcast":
             d.broadcast(self.x, src=self.root, group=g)
+        elif self.op == "reduce":
+            d.reduce(self.x, dst=self.root, op=self._op, group=g)
+        elif self.op == "gather":
+            d.gather(self.x, self.blocks, dst=self.root, group=g)
+        elif self.op == "scatter":
+            d.scatter(self.out, self.blocks, src=self.root, group=g)
         elif self.op == "alltoall":
             d.all_to_all_single(self.out, self.x, group=g)
         else:
@@ -255,8 +279,8 @@ class Case:
         return bad
 
     def reset(self) -> None:
-        """Keep all-reduce's in-place values bounded while timing."""
-        if self.op == "allreduce":
+        """Keep all-reduce's and reduce's in-place values bounded while timing."""
+        if self.op in ("allreduce", "reduce"):
             self.x.zero_()
 
 
@@ -625,8 +649,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)")
     p.add_argument("-d", "--dtype", choices=DTYPES, default="float32")
     p.add_argument("-o", "--redop", choices=REDOPS, default="sum",
-                   help="all-reduce's and reduce-scatter's reduction (default sum; avg: float types, not --vs gloo)")
-    p.add_argument("-r", "--root", type=int, default=0, help="broadcast's root rank (default 0)")
+                   help="reduction of all-reduce, reduce-scatter and reduce (default sum; avg: float types, "
+                        "not --vs gloo)")
+    p.add_argument("-r", "--root", type=int, default=0,
+                   help="root rank of broadcast, reduce, gather and scatter (default 0)")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
     p.add_argument("--loop", action="store_true",

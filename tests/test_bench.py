@@ -228,6 +228,23 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert r["neuron"]["algorithm"] == (None if r["op"] == "sendrecv" else r["model"]["algorithm"]), r
 
 
+def test_rooted_rows_at_another_root(tmp_path):
+    """reduce, gather and scatter rows run at the root -r names, checked, with nccl-tests' bus
+    factors (reduce 1, gather and scatter (n-1)/n) and the cost model's price."""
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "reduce,gather,scatter",
+                        "-r", "1", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.load(open(out))["rows"]
+    assert [(r["op"], r["size"], r["count"]) for r in rows] == [("reduce", 65536, 16384), ("gather", 65536, 8192),
+                                                               ("scatter", 65536, 8192)]
+    for r in rows:
+        n = r["neuron"]
+        assert n["wrong"] == 0 and n["busbw"] == pytest.approx(n["algbw"] * (1 if r["op"] == "reduce" else 0.5)), r
+        assert r["model"]["busbw"] > 0 and n["algorithm"] == r["model"]["algorithm"], r
+
+
 def test_ran_column_is_what_the_backend_ran(tmp_path):
     """Under NEURON_DIST_TUNING=host the backend runs the ring for a two-rank 1 MiB all-reduce
     (more than one frame) where the model policy, which the `algo` column follows, picks direct:
@@ -363,6 +380,11 @@ def _collective(op, cases, redop="sum", root=0):
         return [xs[root]] * n
     if op == "alltoall":
         return [torch.cat([x[r * c:(r + 1) * c] for x in xs]) for r in range(n)]
+    if op in ("reduce", "gather"):  # the root's alone (the others check nothing)
+        return [(_reduce(xs, redop) if op == "reduce" else torch.cat(xs)) if r == root else xs[r][:0]
+                for r in range(n)]
+    if op == "scatter":
+        return [xs[root][r * c:(r + 1) * c] for r in range(n)]
     return [xs[(r - 1) % n] for r in range(n)]  # sendrecv: from the previous rank
 
 
@@ -380,13 +402,14 @@ def test_bench_checks_outputs_chunk_by_chunk(monkeypatch, op, dtype):
         case.out.copy_(result)
     for case in cases:
         assert case.wrong() == 0
-    cases[1].out[8:10] = 7
-    assert cases[1].wrong() == 2
+    bad = cases[1] if cases[1].out.numel() else cases[0]  # (reduce, gather: the root's output)
+    bad.out[8:10] = 7
+    assert bad.wrong() == 2
 
 
 @pytest.mark.parametrize("redop,dtype", [(o, d) for o in bench.REDOPS for d in ("float32", "bfloat16", "int32")
                                           if (o, d) != ("avg", "int32")])  # refused: not exact
-@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter"])
+@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter", "reduce"])
 def test_bench_checks_every_reduction(op, redop, dtype):
     """-o picks the reduction (nccl-tests' flag): each one's expected values are what the ranks'
     inputs reduce to (float64 reference), at worlds 1-4; a wrong element counts."""
@@ -396,8 +419,9 @@ def test_bench_checks_every_reduction(op, redop, dtype):
         for case, result in zip(cases, _collective(op, cases, redop)):
             case.out.copy_(result.to(case.out.dtype))
         assert [case.wrong() for case in cases] == [0] * n, (n, [case.out[:6] for case in cases])
-        cases[-1].out[3] += 1
-        assert cases[-1].wrong() == 1
+        bad = cases[0] if op == "reduce" else cases[-1]  # (reduce: the root's output)
+        bad.out[3] += 1
+        assert bad.wrong() == 1
 
 
 @pytest.mark.parametrize("root", [0, 2])

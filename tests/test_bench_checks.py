@@ -37,7 +37,7 @@ if os.environ.get("CORRUPT_OPS"):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
-@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "alltoall", "sendrecv"])
+@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"])
 def test_an_output_the_call_never_writes_counts_as_wrong(op, dtype):
     """Outputs start as a value no collective gives (NaN, or the most negative integer), so a
     receive that never wrote its buffer counts every element: torch.empty's memory could hold the
@@ -49,6 +49,32 @@ def test_an_output_the_call_never_writes_counts_as_wrong(op, dtype):
         assert (c.out == torch.iinfo(torch.int32).min).all()
     else:
         assert c.out.isnan().all()
+
+
+@pytest.mark.parametrize("root", [0, 1])
+@pytest.mark.parametrize("op", ["reduce", "gather", "scatter"])
+def test_rooted_rows_check_what_the_call_leaves(op, root):
+    """reduce, gather and scatter rows (nccl-tests' reduce_perf, gather_perf, scatter_perf) are
+    checked like the others, at the root -r names: the two ranks' cases of a world-2 call, given
+    the output the call should leave (computed here from their inputs), count no wrong element,
+    and one changed element counts one. Reduce's and gather's output is the root's alone (Gloo
+    writes over a reduce's other inputs); sizes and counts are nccl-tests' (the largest buffer;
+    one rank's block for gather and scatter)."""
+    import torch
+    cases = [bench.Case(op, 4096, torch.float32, r, 2, None, "sum", root) for r in range(2)]
+    if op == "reduce":
+        cases[root].out.copy_(cases[0].x + cases[1].x)
+    elif op == "gather":
+        cases[root].out.copy_(torch.cat([c.x for c in cases]))
+    else:
+        for r, c in enumerate(cases):
+            c.out.copy_(cases[root].x.chunk(2)[r])
+    checked = [c for c in cases if c.out.numel()]
+    assert checked == (cases if op == "scatter" else [cases[root]])
+    assert [c.wrong() for c in cases] == [0, 0]
+    checked[-1].out[-1] += 1
+    assert sum(c.wrong() for c in cases) == 1
+    assert {(c.size, c.count) for c in cases} == {(4096, 1024 if op == "reduce" else 512)}
 
 
 def test_sizes_that_round_to_one_count_run_once():
