@@ -113,7 +113,8 @@ def world4_slower(d: str, name: str) -> list[float]:
     if not run:
         return []
     rows = [r for r in run["rows"] if r.get("ratio") is not None and r["op"] in WORLD4_OPS
-            and clean(d, f"{name} {r['op']} {r['size']} B", r["neuron"], r.get("gloo"))]
+            and clean(d, f"{name} {r['op']} {r['size']} B", r["neuron"], r.get("gloo"),
+                      (r.get("in_place") or {}).get("neuron"))]
     return [sum(r["ratio"] < 1 for r in rows)] if rows else []
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from neuron_dist import bench
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_parse_size():
     assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
@@ -243,6 +245,37 @@ def test_rooted_rows_at_another_root(tmp_path):
         n = r["neuron"]
         assert n["wrong"] == 0 and n["busbw"] == pytest.approx(n["algbw"] * (1 if r["op"] == "reduce" else 0.5)), r
         assert r["model"]["busbw"] > 0 and n["algorithm"] == r["model"]["algorithm"], r
+
+
+def test_out_of_place_and_in_place_groups(tmp_path):
+    """nccl-tests prints an out-of-place and an in-place group of columns (time, algbw, busbw,
+    #wrong): all-gather runs both; all-reduce, whose torch call takes one buffer, only in place;
+    all-to-all only out of place ('-' in the other group). The JSON keeps its old fields for
+    the main form (`place` names it; Gloo and the ratio compare it) and adds `in_place`;
+    benchmarks/tables.py reads it. --place in leaves all-to-all out."""
+    out = tmp_path / "bench_w2.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,allgather,alltoall",
+                        "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--vs", "gloo", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "out-of-place" in p.stdout and "in-place" in p.stdout and "gloo: out, else in place" in p.stdout
+    rows = {r["op"]: r for r in json.load(open(out))["rows"]}
+    assert {op: (r["place"], "in_place" in r) for op, r in rows.items()} == {
+        "allreduce": ("in", False), "allgather": ("out", True), "alltoall": ("out", False)}
+    for r in rows.values():
+        forms = [r["neuron"]] + ([r["in_place"]["neuron"]] if "in_place" in r else [])
+        assert all(f["wrong"] == 0 and f["busbw"] > 0 for f in forms) and r["gloo"]["wrong"] == 0, r
+    table = [l.split() for l in p.stdout.splitlines() if l.strip().startswith("65536")]
+    assert [t[3:11].count("-") for t in table] == [4, 0, 4], p.stdout  # allreduce, allgather, alltoall
+    assert table[0][3] == "-" and table[2][7] == "-", p.stdout  # out of place, in place: none
+    tp = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(tmp_path)],
+                        capture_output=True, text=True, timeout=60)
+    assert tp.returncode == 0 and "| allgather | 64 KiB |" in tp.stdout, tp.stdout + tp.stderr
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allgather,alltoall", "--place",
+                        "in", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "# alltoall: left out under --place in" in p.stdout, p.stdout + p.stderr
+    assert [(r["op"], r["place"]) for r in json.load(open(out))["rows"]] == [("allgather", "in")]
 
 
 def test_ran_column_is_what_the_backend_ran(tmp_path):
