@@ -94,8 +94,10 @@ def bench(d: str, name: str, title: str) -> None:
         m = r.get("model") or {}
         if g and (r.get("ratio") or 1) < 1:
             slower.append(f"{r['op']} {human(r['size'])}")
-        if n["wrong"] or g.get("wrong"):  # (the table's #wrong is neuron's only)
-            wrong.append(f"{r['op']} {human(r['size'])} (neuron {n['wrong']}, gloo {g.get('wrong', '-')})")
+        ip = (r.get("in_place") or {}).get("neuron") or {}  # bench's in-place form beside the main one
+        if n["wrong"] or g.get("wrong") or ip.get("wrong"):  # (the table's #wrong is neuron's main form's)
+            wrong.append(f"{r['op']} {human(r['size'])} (neuron {n['wrong']}, gloo {g.get('wrong', '-')}"
+                         + (f", neuron in place {ip['wrong']}" if ip else "") + ")")
         print(f"| {r['op']} | {human(r['size'])} | {r['count']} | {r['type']} | {cell(n['time_us'], 1)} | "
               f"{cell(n['algbw'], 3)} | {cell(n['busbw'], 3)} | {n['wrong']} | {cell(g.get('time_us'), 1)} | "
               f"{cell(g.get('busbw'), 3)} | {cell(r.get('ratio'), 2)} | "

@@ -7,21 +7,35 @@
 
 Spawns `-g` CPU ranks on this host, which meet on `--port` (default $MASTER_PORT, else a free
 port), or joins a launcher's RANK/WORLD_SIZE job. Sizes run from
-`-b` to `-e`, times `-f` each row (one row when -b equals -e). Columns follow nccl-tests: size
-(bytes of the largest buffer: all-gather's output, reduce-scatter's input), count (elements of
-one rank's call, nccl-tests' paramcount: all-gather's input, reduce-scatter's output,
-all-to-all's block for each peer; the whole buffer for the others; the JSON's `count` is the
-same), type, time (median over iterations of the slowest rank's time; each iteration
-preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x the
-collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
-broadcast, send/recv 1), #wrong = mismatching elements over all ranks after one checked call
-(outputs start as NaN, so an element the call never wrote counts). `-o` picks all-reduce's and
-reduce-scatter's reduction (sum, prod, min, max, avg), `-r` broadcast's root, as nccl-tests'
-flags do (the header line names both); `-d` takes float and int32/int64 types. Sizes that round to the
+`-b` to `-e`, times `-f` each row (one row when -b equals -e). `--ops` takes allreduce,
+allgather, reduce_scatter, broadcast, reduce, gather, scatter, alltoall, sendrecv (nccl-tests'
+*_perf programs), or all. Columns follow nccl-tests: size (bytes of the largest buffer:
+all-gather's and gather's output, reduce-scatter's and scatter's input), count (elements of one
+rank's call, nccl-tests' paramcount: all-gather's and gather's input, reduce-scatter's and
+scatter's output, all-to-all's block for each peer; the whole buffer for the others; the JSON's
+`count` is the same), type, time (median over iterations of the slowest rank's time; each
+iteration preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x
+the collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, gather, scatter,
+all-to-all (n-1)/n; broadcast, reduce, send/recv 1), #wrong = mismatching elements over all
+ranks after one checked call (outputs start as NaN, so an element the call never wrote counts;
+reduce's and gather's output is the root's alone). As in nccl-tests, time, algbw, busbw and
+#wrong come in two groups, out-of-place and in-place, each form timed and checked on its own:
+in place, all-gather's and gather's input is the rank's block of the output, reduce-scatter's
+and scatter's output the rank's block of the input (at the root for the rooted ones); all-reduce,
+broadcast and reduce, whose torch.distributed calls take one buffer, run in place only, and
+all-to-all and send/recv out of place only (`-` in the other group). `--place out` or `in` times
+one form (the default, both, doubles only all-gather's, reduce-scatter's, gather's and scatter's
+timed calls); `--place in` leaves all-to-all and send/recv out. The JSON row's `neuron`, `gloo`
+and `ratio` hold the row's main form, which `place` names ("out" where the call has that form,
+else "in"), and `in_place` the in-place form beside it where both ran. `-o` picks the reduction of all-reduce,
+reduce-scatter and reduce (sum, prod, min, max, avg), `-r` the root of broadcast, reduce, gather
+and scatter, as nccl-tests' flags do (the header line names both); `-d` takes float and
+int32/int64 types. Sizes that round to the
 count of an earlier row (a call moves at least one element per rank) are left out, and so is
 send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
-see the same machine, and `ratio` is neuron's busbw over Gloo's. `ran` is the algorithm the
+see the same machine, and `ratio` is neuron's busbw over Gloo's, of the row's main form (out of
+place where the call has that form, else in place: the header's "gloo: out, else in place"). `ran` is the algorithm the
 backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
@@ -58,12 +72,32 @@ import time
 from .ports import free_port  # the benchmarks' rendezvous port
 from .topology.placement import DEFAULT_INSTANCE
 
-OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "sendrecv")
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "alltoall",
+       "sendrecv")
 BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
        "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n,
-       "broadcast": lambda n: 1.0, "sendrecv": lambda n: 1.0}
-PER_RANK = ("allgather", "reduce_scatter", "alltoall")  # count is one rank's block (paramcount)
-REDUCING = ("allreduce", "reduce_scatter")  # the collectives -o/--redop applies to
+       "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
+       "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "sendrecv": lambda n: 1.0}
+# count is one rank's block (paramcount): all-gather's, gather's input, reduce-scatter's, scatter's output
+PER_RANK = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives -o/--redop applies to
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives -r/--root applies to
+IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")  # torch.distributed's call takes one buffer
+OUT_OF_PLACE_ONLY = ("alltoall", "sendrecv")  # no in-place form (torch stages one, NCCL has none for all-to-all)
+PLACES = ("both", "out", "in")  # --place
+
+
+def forms(op: str, place: str) -> list[bool]:
+    """The forms `op` is timed in under --place `place`, as in_place flags, the row's main form
+    first (the one the JSON's neuron/gloo/ratio hold and Gloo runs): out of place where the call
+    has that form, as nccl-tests' first column group, else in place. "out" keeps only the main
+    form (bench's behaviour before the in-place group), "in" only in-place forms (none for
+    all-to-all and send/recv, whose rows are then left out)."""
+    if op in IN_PLACE_ONLY:
+        return [True]
+    if op in OUT_OF_PLACE_ONLY:
+        return [] if place == "in" else [False]
+    return {"both": [False, True], "out": [False], "in": [True]}[place]
 REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
 DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
 # what the backend runs depends on these (None: unset, the default), so the JSON records them
@@ -167,13 +201,18 @@ class Case:
     copy of the expected output and the check's float copies made a rank's peak memory 8-9
     times its buffer (1261 MiB for a 128 MiB all-gather)."""
 
-    def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group, redop: str = "sum", root: int = 0):
+    def __init__(self, op: str, nbytes: int, dtype, rank: int, n: int, group, redop: str = "sum", root: int = 0,
+                 in_place: bool | None = None):
         import torch
         import torch.distributed as dist
         if op == "sendrecv" and n < 2:  # a local copy measured no backend, yet printed a busbw (worker leaves it out)
             raise ValueError("sendrecv needs two ranks or more")
+        in_place = op in IN_PLACE_ONLY if in_place is None else in_place  # (None: the op's main form)
+        if in_place != (op in IN_PLACE_ONLY) and op in IN_PLACE_ONLY + OUT_OF_PLACE_ONLY:
+            raise ValueError(f"{op} has no {'in-place' if in_place else 'out-of-place'} form")
+        self.in_place = in_place
         self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
-        self.redop, self.root = redop, root  # (-o: all-reduce's and reduce-scatter's; -r: broadcast's)
+        self.redop, self.root = redop, root  # (-o: REDUCING's; -r: ROOTED's)
         self._op = getattr(dist.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK
@@ -184,20 +223,32 @@ class Case:
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
         if redop == "prod" and op in REDUCING:  # one rank holds a 2 at each index, the others 1:
             pat = lambda r: lambda k: ((k + r) % n == 0) + 1  # a product of 2, exact in every dtype
-        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv"):
-            self.out = torch.empty(c if op == "reduce_scatter" else C, dtype=dtype)
-        if op == "allgather":
+        root_of = rank == root
+        if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"):
+            # (gather's output is the root's alone; the other ranks check nothing)
+            self.out = torch.empty(c if op in ("reduce_scatter", "scatter") else 0 if op == "gather" and not root_of
+                                   else C, dtype=dtype)
+        if op in ("allgather", "gather"):  # rank r's block of the output
             self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
         elif op == "alltoall":  # block j of rank r's input goes to rank j
             self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
-        elif op == "broadcast" and rank != root:
+        elif op == "broadcast" and not root_of:
             self.x = torch.full((C,), -1, dtype=dtype)
+        elif op == "scatter":  # the root's block r, for rank r (the others send nothing)
+            self.x = self._filled(C, lambda k: (k % 5) + k // c + 1) if root_of else torch.empty(0, dtype=dtype)
         else:
             self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
-        if op in ("allreduce", "broadcast"):
-            self.out = self.x
+        if op in ("allreduce", "broadcast", "reduce"):
+            # reduce: only the root's buffer is the output (Gloo writes the others' too: no check there)
+            self.out = self.x if op != "reduce" or root_of else self.x[:0]
         else:  # (outside the timed loops: only the checked call needs it)
             self.out.fill_(unwritten(dtype))
+        if in_place and op in ("allgather", "gather") and self.out.numel():  # the input is this rank's block
+            self.x = self.out[rank * c:(rank + 1) * c].copy_(self.x)           # of the output
+        elif in_place and (op == "reduce_scatter" or op == "scatter" and root_of):  # the output is this
+            self.out = self.x[rank * c:(rank + 1) * c]                              # rank's block of the input
+        self.blocks = list(self.out.chunk(n)) if op == "gather" and root_of else \
+            list(self.x.chunk(n)) if op == "scatter" and root_of else None  # the root's list of blocks
 
     def _filled(self, count: int, values):
         """A tensor of `count` elements of this case's dtype holding values(k) at index k,
@@ -212,12 +263,14 @@ class Case:
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
         n, r, c = self.n, self.rank, self.c
         if self.op in REDUCING:  # over the ranks' inputs (k % 5) + rank + 1 at the global index
-            g, op = (k if self.op == "allreduce" else k + r * c), self.redop
+            g, op = (k + r * c if self.op == "reduce_scatter" else k), self.redop
             v = ((g % 5) * n + n * (n + 1) // 2 if op == "sum" else g % 5 + 1 if op == "min" else
                  g % 5 + n if op == "max" else (g % 5) + (n + 1) / 2 if op == "avg"  # avg: a multiple of
                  else g * 0 + 2)                                    # 0.5, exact in every float dtype
-        elif self.op == "allgather":
+        elif self.op in ("allgather", "gather"):
             v = (k % 5) + k // c + 1
+        elif self.op == "scatter":  # the root's block r
+            v = ((k + r * c) % 5) + r + 1
         elif self.op == "broadcast":
             v = (k % 5) + 1
         elif self.op == "alltoall":  # block j came from rank j: its block r, offset k % c
@@ -237,6 +290,12 @@ class Case:
                                                                                   group=g)
         elif self.op == "broadcast":
             d.broadcast(self.x, src=self.root, group=g)
+        elif self.op == "reduce":
+            d.reduce(self.x, dst=self.root, op=self._op, group=g)
+        elif self.op == "gather":
+            d.gather(self.x, self.blocks, dst=self.root, group=g)
+        elif self.op == "scatter":
+            d.scatter(self.out, self.blocks, src=self.root, group=g)
         elif self.op == "alltoall":
             d.all_to_all_single(self.out, self.x, group=g)
         else:
@@ -255,8 +314,8 @@ class Case:
         return bad
 
     def reset(self) -> None:
-        """Keep all-reduce's in-place values bounded while timing."""
-        if self.op == "allreduce":
+        """Keep the values of calls that reduce into their input bounded while timing."""
+        if self.op in ("allreduce", "reduce") or self.op == "reduce_scatter" and self.in_place:
             self.x.zero_()
 
 
@@ -343,6 +402,27 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
     return statistics.median(t.tolist())
 
 
+def _measure(case: Case, a, meta, pg, dist, torch) -> dict:
+    """One form of one row on one backend: the checked call (#wrong, summed over the ranks; the
+    algorithm its flight record names, None for Gloo's calls and send/recv), then the timed
+    ones. time_us, algbw and busbw are None where --added resolved no time ("-" in the table)."""
+    before = last_record(pg)
+    case.run()
+    ran = ran_algorithm(pg, before) if case.g is None else None
+    bad = torch.tensor([case.wrong()], dtype=torch.int64)
+    dist.all_reduce(bad, group=meta)
+    case.reset()
+    t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
+    if math.isnan(t):
+        out = dict(time_us=None, algbw=None, busbw=None, wrong=int(bad))
+    else:
+        algbw = case.size / t / 1e9
+        out = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[case.op](case.n), wrong=int(bad))
+    if case.g is None:
+        out["algorithm"] = ran
+    return out
+
+
 def worker(a) -> int:
     import torch
     import torch.distributed as dist
@@ -369,12 +449,19 @@ def worker(a) -> int:
     if n == 1 and "sendrecv" in ops:  # no peer: its row timed a local copy, for both backends alike
         ops.remove("sendrecv")
         say("# sendrecv: left out at world 1 (no peer to send to: no backend would be measured)")
+    for op in [o for o in ops if not forms(o, a.place)]:
+        ops.remove(op)
+        say(f"# {op}: left out under --place in (no in-place form)")
     plan = [(op, distinct_sizes(op, sizes, es, n)) for op in ops]
     total, done, t_start, t_said = sum(len(s) for _, s in plan), 0, time.time(), time.time()
+    group = f" {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+    units = f" {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
     for op, op_sizes in plan:
-        head = f"#{'size':>11} {'count':>11} {'type':>8} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-        unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}"
-        if gloo is not None:
+        label = f"#{'':>11} {'':>11} {'':>8} {'out-of-place':^33} {'in-place':^33}"
+        head = f"#{'size':>11} {'count':>11} {'type':>8}" + group * 2
+        unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8}" + units * 2
+        if gloo is not None:  # Gloo runs the row's main form: out of place where the call has one
+            label += f" {'gloo: out, else in place':^25}"
             head += f" {'gloo us':>9} {'gloo bw':>7} {'ratio':>6}"
             unit += f" {'':>9} {'(GB/s)':>7} {'':>6}"
         head += f" {'ran':>6}"
@@ -383,33 +470,29 @@ def worker(a) -> int:
             head += f" {'model':>7} {'algo':>6}"
             unit += f" {'(GB/s)':>7} {'':>6}"
         say(f"# {op}")
+        say(label)
         say(head)
         say(unit)
         for nbytes in op_sizes:
-            row = {"op": op, "world": n, "type": a.dtype}
-            for name, g in (("neuron", None), ("gloo", gloo)):
+            main, *more = forms(op, a.place)
+            row = {"op": op, "world": n, "type": a.dtype, "place": "in" if main else "out"}
+            runs = [(row, "neuron", None, main), (row, "gloo", gloo, main)]
+            if more:  # the in-place form beside the main one: neuron's alone (the ratio compares the main form)
+                row["in_place"] = {}
+                runs.append((row["in_place"], "neuron", None, True))
+            for into, name, g, in_place in runs:
                 if name == "gloo" and g is None:
                     continue
-                case = None  # the previous backend's buffers go before this one's are made
-                case = Case(op, nbytes, dtype, rank, n, g, a.redop, a.root)
-                before = last_record(pg)
-                case.run()
-                ran = ran_algorithm(pg, before)  # kept for neuron's row (Gloo's calls leave no record)
-                bad = torch.tensor([case.wrong()], dtype=torch.int64)
-                dist.all_reduce(bad, group=meta)
-                case.reset()
-                t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
+                case = None  # the previous call's buffers go before this one's are made
+                case = Case(op, nbytes, dtype, rank, n, g, a.redop, a.root, in_place)
                 row.update(size=case.size, count=case.count)
-                if math.isnan(t):  # unresolved (--added): null in JSON, "-" in the table
-                    row[name] = dict(time_us=None, algbw=None, busbw=None, wrong=int(bad))
-                else:
-                    algbw = case.size / t / 1e9
-                    row[name] = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[op](n), wrong=int(bad))
-                if g is None:
-                    row[name]["algorithm"] = ran
+                into[name] = _measure(case, a, meta, pg, dist, torch)
             r = row["neuron"]
-            line = (f"{row['size']:>12} {row['count']:>11} {a.dtype:>8} {_num(r['time_us'], 9, 1)} "
-                    f"{_num(r['algbw'], 7, 3)} {_num(r['busbw'], 7, 3)} {r['wrong']:>6}")
+            out_of_place, in_place = (None, r) if main else (r, row.get("in_place", {}).get("neuron"))
+            line = f"{row['size']:>12} {row['count']:>11} {a.dtype:>8}"
+            for f in (out_of_place, in_place):
+                line += (f" {_num(f['time_us'], 9, 1)} {_num(f['algbw'], 7, 3)} {_num(f['busbw'], 7, 3)} "
+                         f"{f['wrong']:>6}") if f else f" {'-':>9} {'-':>7} {'-':>7} {'-':>6}"
             if gloo is not None:
                 gr = row["gloo"]
                 row["ratio"] = r["busbw"] / gr["busbw"] if r["busbw"] and gr["busbw"] else None
@@ -430,10 +513,11 @@ def worker(a) -> int:
     say(f"# Out of bounds values : {nwrong} {'OK' if nwrong == 0 else 'FAILED'}")
     if gwrong:  # the table's #wrong is neuron's, so the reference's gets a line of its own
         say(f"# Gloo reference values wrong : {gwrong} FAILED (the --vs gloo rows; not counted above)")
-    timed = [r["neuron"]["busbw"] for r in rows if r["neuron"]["busbw"] is not None]
+    measured = [r["neuron"] for r in rows] + [r["in_place"]["neuron"] for r in rows if r.get("in_place")]
+    timed = [m["busbw"] for m in measured if m["busbw"] is not None]  # both forms, as nccl-tests averages
     if timed:
         say(f"# Avg bus bandwidth    : {statistics.mean(timed):.4f}")
-    if len(timed) < len(rows) or any(r.get("gloo", {}).get("busbw", 0) is None for r in rows):
+    if len(timed) < len(measured) or any(r.get("gloo", {}).get("busbw", 0) is None for r in rows):
         say("# -: the call cost less than the barrier's jitter (median difference <= 0); use more iterations")
     if rank == 0 and a.json:
         # world: the ranks that ran (under a launcher -g is ignored, and vars(a) holds its default)
@@ -449,13 +533,14 @@ def worker(a) -> int:
 
 
 def count_wrong(rows: list[dict]) -> tuple[int, int]:
-    """Wrong elements of the backend under test (the table's #wrong column, summed) and of the
-    Gloo reference (`--vs gloo`), apart: the summary line counts what the table shows."""
-    return (sum(r["neuron"]["wrong"] for r in rows),
+    """Wrong elements of the backend under test (the table's #wrong columns, both forms, summed)
+    and of the Gloo reference (`--vs gloo`), apart: the summary line counts what the table shows."""
+    return (sum(r["neuron"]["wrong"] + ((r.get("in_place") or {}).get("neuron") or {}).get("wrong", 0) for r in rows),
             sum(r.get("gloo", {}).get("wrong", 0) for r in rows))
 
 
-def _spawned(rank: int, a, port: int, q) -> None:
+def _spawned(rank: int, a, port: int, q, launcher: int) -> None:
+    die_with_launcher(launcher)
     ignore_interrupt()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(a.world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(a.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -555,11 +640,52 @@ def ignore_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid` (/proc/PID/stat's fourth field), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def die_with_launcher(launcher: int) -> None:
+    """In a rank that bench or bench_train spawned: die when the tool that spawned it (pid
+    `launcher`) dies, even by SIGKILL, which no handler sees (ranks_follow_signals): such ranks
+    ran the rest of the sweep on, unseen. As neuronrun's ranks do (launcher/neuronrun_launcher/
+    worker.py), the rank asks Linux for SIGKILL when its parent exits (PR_SET_PDEATHSIG). Its
+    parent is the fork server (rank_context), which ends when its last client has; every rank
+    held a copy of the fork server's "alive" pipe, keeping it up, so the rank closes its copy:
+    the tool is then the last client, the fork server ends with it, and the ranks with the fork
+    server. The race: a parent, or the tool above the fork server, that died before prctl took
+    effect leaves this rank with another parent or grandparent, and it exits at once. Linux
+    only; elsewhere nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    from multiprocessing import forkserver
+    server = getattr(forkserver, "_forkserver", None)
+    alive = getattr(server, "_forkserver_alive_fd", None)  # set in a fork server's child only
+    if alive is not None:
+        os.close(alive)
+        server._forkserver_alive_fd = None
+    parent = os.getppid()
+    if launcher not in (parent, _parent_of(parent)):  # (a spawned rank: its parent; a fork server's: above it)
+        os._exit(1)
+
+
 def launch(a) -> int:
     port = a.port = rendezvous_port(a.port)
     ctx = rank_context()
     q = ctx.Queue()
-    procs = [ctx.Process(target=_spawned, args=(r, a, port, q)) for r in range(a.world)]
+    procs = [ctx.Process(target=_spawned, args=(r, a, port, q, os.getpid())) for r in range(a.world)]
     with ranks_follow_signals("neuron_dist.bench"):
         for p in procs:
             p.start()
@@ -583,10 +709,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--factor", type=int, default=4, help="size multiplier between rows (default 4)")
     p.add_argument("-d", "--dtype", choices=DTYPES, default="float32")
     p.add_argument("-o", "--redop", choices=REDOPS, default="sum",
-                   help="all-reduce's and reduce-scatter's reduction (default sum; avg: float types, not --vs gloo)")
-    p.add_argument("-r", "--root", type=int, default=0, help="broadcast's root rank (default 0)")
+                   help="reduction of all-reduce, reduce-scatter and reduce (default sum; avg: float types, "
+                        "not --vs gloo)")
+    p.add_argument("-r", "--root", type=int, default=0,
+                   help="root rank of broadcast, reduce, gather and scatter (default 0)")
     p.add_argument("-n", "--iters", type=int, default=20)
     p.add_argument("-w", "--warmup", type=int, default=5)
+    p.add_argument("--place", choices=PLACES, default="both",
+                   help="the forms timed, nccl-tests' two column groups: both (default; it doubles the timed "
+                        "calls of all-gather, reduce-scatter, gather and scatter only), out (out of place only, "
+                        "where the call has that form), in (in place only; all-to-all and send/recv are left out)")
     p.add_argument("--loop", action="store_true",
                    help="one barrier, then back-to-back iterations averaged (nccl-tests style)")
     p.add_argument("--added", action="store_true",

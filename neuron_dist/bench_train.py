@@ -76,8 +76,9 @@ def _no_comm(state, bucket):
     return fut
 
 
-def _worker(rank, a, backend, wrap, port, q) -> None:
-    from .bench import ignore_interrupt
+def _worker(rank, a, backend, wrap, port, q, launcher) -> None:
+    from .bench import die_with_launcher, ignore_interrupt
+    die_with_launcher(launcher)  # even a SIGKILLed bench_train leaves no rank running
     ignore_interrupt()  # Ctrl-C: the parent stops the ranks (bench.ranks_follow_signals)
     import torch
     import torch.distributed as dist
@@ -129,7 +130,7 @@ def run(a, backend: str, wrap: str) -> tuple[float, list, float]:
     port = rendezvous_port(a.port)  # a fresh free port for each row unless one is given
     ctx = rank_context(("torch._dynamo",))  # DDP's and fully_shard's first call imports it: 2 s
     q = ctx.Queue()
-    ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q)) for r in range(a.world)]
+    ps = [ctx.Process(target=_worker, args=(r, a, backend, wrap, port, q, os.getpid())) for r in range(a.world)]
     for p in ps:
         p.start()
     # a rank that dies (a failed init, an exception in a step) never puts its result and leaves

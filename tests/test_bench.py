@@ -10,6 +10,8 @@ import pytest
 
 from neuron_dist import bench
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_parse_size():
     assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
@@ -96,10 +98,35 @@ def _live_in_session(sid: int) -> dict[int, int]:
     return out
 
 
-@pytest.mark.parametrize("tool", [
+def _start_with_ranks(tool: list[str]) -> subprocess.Popen:
+    """`python -m tool...` in a session of its own, as a shell starts it, once its two ranks
+    (children of the fork server, the tool's child) are in their first calls."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = _time.monotonic() + 120
+    while True:
+        live = _live_in_session(p.pid)
+        if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
+            break
+        if p.poll() is not None or _time.monotonic() > deadline:
+            for pid in live:
+                os.kill(pid, signal.SIGKILL)
+            raise AssertionError(p.communicate())
+        _time.sleep(0.2)
+    _time.sleep(1)  # in their first calls
+    return p
+
+
+SIGNALLED_TOOLS = [
     ["neuron_dist.bench", "-b", "1M", "-e", "1M", "-n", "100000", "-w", "0", "--instance", "", "--no-progress"],
     ["neuron_dist.bench_train", "--layers", "1", "--width", "8", "--steps", "5000", "--warmup", "0",
-     "--wrap", "ddp", "--backends", "neuron"]])
+     "--wrap", "ddp", "--backends", "neuron"]]
+
+
+@pytest.mark.parametrize("tool", SIGNALLED_TOOLS)
 @pytest.mark.parametrize("how", ["SIGTERM to the parent", "Ctrl-C to the group"])
 def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
     """SIGTERM to bench's or bench_train's process left its two ranks running the whole sweep
@@ -107,19 +134,8 @@ def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
     group, printed a KeyboardInterrupt traceback from every process. Either must end every process
     of the run at once, with one line and the shell's exit status for the signal."""
     import signal
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    p = subprocess.Popen([sys.executable, "-m", *tool], env=env, start_new_session=True, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell starts it
+    p = _start_with_ranks(tool)
     try:
-        deadline = _time.monotonic() + 120
-        while True:  # until both ranks (children of the fork server, the tool's child) run
-            live = _live_in_session(p.pid)
-            if sum(1 for ppid in live.values() if ppid in live and ppid != p.pid and live[ppid] == p.pid) >= 2:
-                break
-            assert p.poll() is None and _time.monotonic() < deadline, p.communicate()
-            _time.sleep(0.2)
-        _time.sleep(1)  # in their first calls
         if how.startswith("SIGTERM"):
             os.kill(p.pid, signal.SIGTERM)
         else:
@@ -136,6 +152,38 @@ def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
         for pid in _live_in_session(p.pid):
             os.kill(pid, signal.SIGKILL)
         p.wait()
+
+
+@pytest.mark.parametrize("tool", SIGNALLED_TOOLS)
+def test_a_sigkilled_tool_leaves_no_rank_running(tool):
+    """SIGKILL reaches no handler: bench's and bench_train's ranks, which had no parent-death
+    signal, ran the whole sweep on (100000 iterations here) after their tool was killed. They
+    now ask for SIGKILL when their parent, the fork server, exits, which it does when the tool
+    dies; so within seconds no process of the run is left."""
+    import signal
+    p = _start_with_ranks(tool)
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        deadline = _time.monotonic() + 10
+        while _live_in_session(p.pid) and _time.monotonic() < deadline:
+            _time.sleep(0.2)
+        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+    finally:
+        for pid in _live_in_session(p.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_rank_whose_tool_died_before_it_asked_exits():
+    """The race: a tool that died before its rank's prctl took effect sends no parent-death
+    signal; the rank finds another process where its tool should be (its parent, or its
+    parent's parent under the fork server) and exits at once. Here the "tool" named is pid 1,
+    neither: the process ends with status 1 before it prints; named as its parent, it goes on."""
+    code = "import sys; from neuron_dist import bench; bench.die_with_launcher(int(sys.argv[1])); print('on')"
+    gone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, timeout=120)
+    assert (gone.returncode, gone.stdout) == (1, ""), gone
+    here = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=120)
+    assert (here.returncode, here.stdout) == (0, "on\n"), here
 
 
 @pytest.mark.parametrize("instance,n,op,nbytes", [
@@ -180,6 +228,54 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert (r["model"] is None) == (r["op"] == "sendrecv"), r
         # the default (model) policy runs what the model column names; send/recv has no algorithm
         assert r["neuron"]["algorithm"] == (None if r["op"] == "sendrecv" else r["model"]["algorithm"]), r
+
+
+def test_rooted_rows_at_another_root(tmp_path):
+    """reduce, gather and scatter rows run at the root -r names, checked, with nccl-tests' bus
+    factors (reduce 1, gather and scatter (n-1)/n) and the cost model's price."""
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "reduce,gather,scatter",
+                        "-r", "1", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = json.load(open(out))["rows"]
+    assert [(r["op"], r["size"], r["count"]) for r in rows] == [("reduce", 65536, 16384), ("gather", 65536, 8192),
+                                                               ("scatter", 65536, 8192)]
+    for r in rows:
+        n = r["neuron"]
+        assert n["wrong"] == 0 and n["busbw"] == pytest.approx(n["algbw"] * (1 if r["op"] == "reduce" else 0.5)), r
+        assert r["model"]["busbw"] > 0 and n["algorithm"] == r["model"]["algorithm"], r
+
+
+def test_out_of_place_and_in_place_groups(tmp_path):
+    """nccl-tests prints an out-of-place and an in-place group of columns (time, algbw, busbw,
+    #wrong): all-gather runs both; all-reduce, whose torch call takes one buffer, only in place;
+    all-to-all only out of place ('-' in the other group). The JSON keeps its old fields for
+    the main form (`place` names it; Gloo and the ratio compare it) and adds `in_place`;
+    benchmarks/tables.py reads it. --place in leaves all-to-all out."""
+    out = tmp_path / "bench_w2.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,allgather,alltoall",
+                        "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--vs", "gloo", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "out-of-place" in p.stdout and "in-place" in p.stdout and "gloo: out, else in place" in p.stdout
+    rows = {r["op"]: r for r in json.load(open(out))["rows"]}
+    assert {op: (r["place"], "in_place" in r) for op, r in rows.items()} == {
+        "allreduce": ("in", False), "allgather": ("out", True), "alltoall": ("out", False)}
+    for r in rows.values():
+        forms = [r["neuron"]] + ([r["in_place"]["neuron"]] if "in_place" in r else [])
+        assert all(f["wrong"] == 0 and f["busbw"] > 0 for f in forms) and r["gloo"]["wrong"] == 0, r
+    table = [l.split() for l in p.stdout.splitlines() if l.strip().startswith("65536")]
+    assert [t[3:11].count("-") for t in table] == [4, 0, 4], p.stdout  # allreduce, allgather, alltoall
+    assert table[0][3] == "-" and table[2][7] == "-", p.stdout  # out of place, in place: none
+    tp = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(tmp_path)],
+                        capture_output=True, text=True, timeout=60)
+    assert tp.returncode == 0 and "| allgather | 64 KiB |" in tp.stdout, tp.stdout + tp.stderr
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allgather,alltoall", "--place",
+                        "in", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "# alltoall: left out under --place in" in p.stdout, p.stdout + p.stderr
+    assert [(r["op"], r["place"]) for r in json.load(open(out))["rows"]] == [("allgather", "in")]
 
 
 def test_ran_column_is_what_the_backend_ran(tmp_path):
@@ -317,6 +413,11 @@ def _collective(op, cases, redop="sum", root=0):
         return [xs[root]] * n
     if op == "alltoall":
         return [torch.cat([x[r * c:(r + 1) * c] for x in xs]) for r in range(n)]
+    if op in ("reduce", "gather"):  # the root's alone (the others check nothing)
+        return [(_reduce(xs, redop) if op == "reduce" else torch.cat(xs)) if r == root else xs[r][:0]
+                for r in range(n)]
+    if op == "scatter":
+        return [xs[root][r * c:(r + 1) * c] for r in range(n)]
     return [xs[(r - 1) % n] for r in range(n)]  # sendrecv: from the previous rank
 
 
@@ -334,13 +435,14 @@ def test_bench_checks_outputs_chunk_by_chunk(monkeypatch, op, dtype):
         case.out.copy_(result)
     for case in cases:
         assert case.wrong() == 0
-    cases[1].out[8:10] = 7
-    assert cases[1].wrong() == 2
+    bad = cases[1] if cases[1].out.numel() else cases[0]  # (reduce, gather: the root's output)
+    bad.out[8:10] = 7
+    assert bad.wrong() == 2
 
 
 @pytest.mark.parametrize("redop,dtype", [(o, d) for o in bench.REDOPS for d in ("float32", "bfloat16", "int32")
                                           if (o, d) != ("avg", "int32")])  # refused: not exact
-@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter"])
+@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter", "reduce"])
 def test_bench_checks_every_reduction(op, redop, dtype):
     """-o picks the reduction (nccl-tests' flag): each one's expected values are what the ranks'
     inputs reduce to (float64 reference), at worlds 1-4; a wrong element counts."""
@@ -350,8 +452,9 @@ def test_bench_checks_every_reduction(op, redop, dtype):
         for case, result in zip(cases, _collective(op, cases, redop)):
             case.out.copy_(result.to(case.out.dtype))
         assert [case.wrong() for case in cases] == [0] * n, (n, [case.out[:6] for case in cases])
-        cases[-1].out[3] += 1
-        assert cases[-1].wrong() == 1
+        bad = cases[0] if op == "reduce" else cases[-1]  # (reduce: the root's output)
+        bad.out[3] += 1
+        assert bad.wrong() == 1
 
 
 @pytest.mark.parametrize("root", [0, 2])

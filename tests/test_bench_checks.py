@@ -37,7 +37,7 @@ if os.environ.get("CORRUPT_OPS"):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
-@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "alltoall", "sendrecv"])
+@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"])
 def test_an_output_the_call_never_writes_counts_as_wrong(op, dtype):
     """Outputs start as a value no collective gives (NaN, or the most negative integer), so a
     receive that never wrote its buffer counts every element: torch.empty's memory could hold the
@@ -49,6 +49,65 @@ def test_an_output_the_call_never_writes_counts_as_wrong(op, dtype):
         assert (c.out == torch.iinfo(torch.int32).min).all()
     else:
         assert c.out.isnan().all()
+
+
+@pytest.mark.parametrize("root", [0, 1])
+@pytest.mark.parametrize("op", ["reduce", "gather", "scatter"])
+def test_rooted_rows_check_what_the_call_leaves(op, root):
+    """reduce, gather and scatter rows (nccl-tests' reduce_perf, gather_perf, scatter_perf) are
+    checked like the others, at the root -r names: the two ranks' cases of a world-2 call, given
+    the output the call should leave (computed here from their inputs), count no wrong element,
+    and one changed element counts one. Reduce's and gather's output is the root's alone (Gloo
+    writes over a reduce's other inputs); sizes and counts are nccl-tests' (the largest buffer;
+    one rank's block for gather and scatter)."""
+    import torch
+    cases = [bench.Case(op, 4096, torch.float32, r, 2, None, "sum", root) for r in range(2)]
+    if op == "reduce":
+        cases[root].out.copy_(cases[0].x + cases[1].x)
+    elif op == "gather":
+        cases[root].out.copy_(torch.cat([c.x for c in cases]))
+    else:
+        for r, c in enumerate(cases):
+            c.out.copy_(cases[root].x.chunk(2)[r])
+    checked = [c for c in cases if c.out.numel()]
+    assert checked == (cases if op == "scatter" else [cases[root]])
+    assert [c.wrong() for c in cases] == [0, 0]
+    checked[-1].out[-1] += 1
+    assert sum(c.wrong() for c in cases) == 1
+    assert {(c.size, c.count) for c in cases} == {(4096, 1024 if op == "reduce" else 512)}
+
+
+@pytest.mark.parametrize("op", ["allgather", "reduce_scatter", "gather", "scatter"])
+def test_in_place_forms_share_one_buffer_and_are_checked(op):
+    """nccl-tests' in-place group: all-gather's and gather's input is the rank's block of the
+    output, reduce-scatter's and scatter's output the rank's block of the input (at the root for
+    the rooted ones). Each form is checked on its own: given what the call should leave, no wrong
+    element; a block the call did not write (an in-place reduce-scatter left as its input, the
+    other rank's block of an all-gather) counts."""
+    import torch
+    cases = [bench.Case(op, 64, torch.float32, r, 2, None, "sum", 0, True) for r in range(2)]
+    c = cases[0].c
+    for r, case in enumerate(cases):
+        if case.out.numel() and case.x.numel():
+            whole, part = (case.out, case.x) if op in ("allgather", "gather") else (case.x, case.out)
+            assert part.data_ptr() == whole.data_ptr() + r * c * 4, op  # its block of the one buffer
+    unwritten = sum(case.wrong() for case in cases)
+    assert unwritten == {"allgather": 2 * c, "gather": c, "reduce_scatter": 2 * c, "scatter": c}[op]
+    if op == "reduce_scatter":
+        total = cases[0].x + cases[1].x
+        for r, case in enumerate(cases):
+            case.out.copy_(total[r * c:(r + 1) * c])
+    elif op == "scatter":
+        cases[1].out.copy_(cases[0].x[c:])
+    else:
+        full = torch.cat([case.x for case in cases])
+        for case in cases[:2 if op == "allgather" else 1]:
+            case.out.copy_(full)
+    assert [case.wrong() for case in cases] == [0, 0]
+    with pytest.raises(ValueError, match="allreduce has no out-of-place form"):
+        bench.Case("allreduce", 64, torch.float32, 0, 2, None, in_place=False)
+    assert bench.forms("allgather", "both") == [False, True] and bench.forms("alltoall", "in") == []
+    assert bench.forms("allreduce", "out") == [True]
 
 
 def test_sizes_that_round_to_one_count_run_once():

@@ -91,3 +91,15 @@ def test_readme_table_is_the_summary_of_the_kept_runs():
     runs = sum(int(n) for n in re.findall(r"\((\d+) runs?\)", table[0]))
     said = re.findall(r"\((\d+) runs, 2026", text)
     assert said == [str(runs)], f"README's text counts {said} runs, its table {runs}"
+
+
+def test_world4_rows_count_the_six_collectives_of_48(tmp_path):
+    """bench now also has reduce, gather and scatter rows: the world-4 row ("of 48") counts the six
+    collectives it always counted, so that old and new runs compare; a slower reduce is not one."""
+    _write_run(tmp_path / "a", "AMD EPYC", "32 MiB", {MiB: (6.0, 1.0, 1.0)})
+    rows = [{"op": op, "size": 4096, "ratio": ratio, "neuron": {"wrong": 0}, "gloo": {"wrong": 0}}
+            for op, ratio in (("allreduce", 0.5), ("reduce", 0.5), ("gather", 2.0))]
+    json.dump({"config": {}, "rows": rows}, open(tmp_path / "a" / "bench_w4.json", "w"))
+    rows, _ = _table(tmp_path)
+    assert rows["world 4 on 2 cores: rows slower than Gloo (of 48), one call at a time"][
+        "AMD EPYC, L3 32 MiB (1 run)"] == "1 (0/1)"
