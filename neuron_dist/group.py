@@ -1142,7 +1142,7 @@ class Group(HangDiagnosis):
             at_shutdown(self)
         # a broken group's peers may be gone: do not linger on frames nobody will read
         hard = abort or self.broken is not None
-        self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()
+        self.transport.close(abort=hard)
 
 
 def _drop_locals(e: BaseException) -> None:
@@ -1170,8 +1170,3 @@ def _drop_locals(e: BaseException) -> None:
 
 
 _PACKAGE = __name__.partition(".")[0] + "."
-
-
-def _accepts_abort(t) -> bool:
-    import inspect
-    return "abort" in inspect.signature(t.close).parameters

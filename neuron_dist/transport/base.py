@@ -128,8 +128,10 @@ class Transport(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Release every socket, segment and thread. Idempotent."""
+    def close(self, abort: bool = False) -> None:
+        """Release every socket, segment and thread. Idempotent. `abort` (the group failed or was
+        aborted; its peers may be gone): send no orderly goodbye and do not linger on frames
+        nobody may read."""
 
     def mark_failed(self) -> None:
         """Tell every peer, through whatever side channel the transport has, that this rank's
