@@ -349,7 +349,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
                  global_ranks: list[int] | None = None):
         super().__init__(rank, size)
-        self._store, self._timeout = store, timeout
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
@@ -434,7 +433,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         before the schedule starts (premultiply; it may return a new IN to use), `after` once it
         has finished (AVG, copy-back). `name` replaces the collective's in the description;
         `detail` is added to its arguments (see _plan)."""
-        algo = algorithm or _choose_algorithm(collective, nbytes, self.group)  # (Group.choose, one call fewer)
+        algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
 
@@ -1160,13 +1159,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.report()
 
 
-def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:
-    """c10d's creator hook (registered by `neuron_dist/__init__.py`)."""
-    return NeuronProcessGroup(store, rank, size, timeout)
-
-
 def create_extended(opts, backend_opts=None) -> NeuronProcessGroup:
-    """Extended-API creator: also knows the group's global ranks (for error messages)."""
+    """c10d's creator hook (`register`, run by `neuron_dist/__init__.py`), through its extended
+    API: the options also carry the group's global ranks (for error messages)."""
     timeout = getattr(opts, "timeout", None) or timedelta(minutes=30)
     ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
     return NeuronProcessGroup(opts.store, opts.group_rank, opts.group_size, timeout,

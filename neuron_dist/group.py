@@ -77,13 +77,6 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _select_choose(collective: str, nbytes: int, group) -> str:
-    from .collectives.select import choose  # imported on first use, then called directly
-    global _select_choose
-    _select_choose = choose
-    return choose(collective, nbytes, group)
-
-
 def _cpus() -> list[list[int]]:
     """The CPUs this process may run on (all of them where the OS cannot say), as inclusive
     [first, last] runs: every rank reads every rank's record, so it stays a few bytes."""
@@ -503,9 +496,6 @@ class Group(HangDiagnosis):
         topo_log.debug("rank %d group %s: instance %s, placement %s, ring %s", self.rank, self.name,
                        topo.instance.name, [s.to_dict() for s in slots], order)
         return topo, order
-
-    def choose(self, collective: str, nbytes: int) -> str:
-        return _select_choose(collective, nbytes, self)
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, op: Op) -> Op:
