@@ -893,7 +893,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             after = lambda: t.copy_(out.view_as(t))
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
         return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
-                                op_name if is_root else ("sum" if op_name == "avg" else op_name),
+                                op_name,
                                 after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
