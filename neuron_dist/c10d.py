@@ -264,6 +264,24 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1)
 
 
+def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
+    """Whether a call may write its result straight into `output`: contiguous, and sharing no
+    memory with `inp`. Schedules read their input until their last round, so an output that
+    overlaps it (an in-place form, as NCCL allows) gets the result in a staging buffer first
+    (common paths leave such calls to the general path, which stages)."""
+    return output.is_contiguous() and not _overlap(output, inp)
+
+
+def _gather_source(out: torch.Tensor, inp: torch.Tensor, rank: int) -> torch.Tensor:
+    """All-gather's flat input as the schedule may read it: the input itself where it lies apart
+    from the flat output, or is exactly this rank's block of it (FSDP2's in-place call: nothing
+    to move); a copy where it lies elsewhere inside the output, which the gather overwrites
+    before the input is sent."""
+    if _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + rank * inp.nbytes:
+        return inp.clone()
+    return inp
+
+
 def _check_op(op_name: str, dtype: torch.dtype, what: str, rank: int) -> None:
     """reduce_ops.check, its error naming the rank and the call as every argument error does."""
     if (op_name, dtype) in reduce_ops.CHECKED:  # every call after the first of its kind
@@ -660,8 +678,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inp = _flat(inputs[0]) if len(inputs) == 1 else torch.cat([i.reshape(-1) for i in inputs])
         single = len(inputs) == 1 and isinstance(output_lists[0], torch.Tensor) and output_lists[0].is_contiguous()
         out = output_lists[0].view(-1) if single else torch.empty(c * n, dtype=dtype)
-        if single and _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + self._r * c * dtype.itemsize:
-            inp = inp.clone()  # the input inside the output but not as this rank's block: keep a copy
+        if single:
+            inp = _gather_source(out, inp, self._r)
 
         def after():
             if single or c == 0:
@@ -706,9 +724,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                  dict(counts=(c,) * g.size), dtype, "sum", nbytes)
         if plan is None:
             return None
-        out, src = _flat(output), _flat(inp)
-        if c and _overlap(out, src) and src.data_ptr() != out.data_ptr() + g.rank * c * dtype.itemsize:
-            src = src.clone()
+        out = _flat(output)
+        src = _gather_source(out, _flat(inp), g.rank)
         return self._run_plan(plan, Kind.ALLGATHER, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
 
     def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
@@ -798,7 +815,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (an output inside the input is staged there)."""
         g = self.group
         if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                inp.numel() != output.numel() * g.size or _overlap(output, inp):
+                inp.numel() != output.numel() * g.size or not _outputs_apart(output, inp):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -857,7 +874,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
         # in place (the output a piece of the input, as NCCL allows): schedules read the input
         # until the end, so the result goes to a staging buffer first
-        single = len(outputs) == 1 and outputs[0].is_contiguous() and not _overlap(outputs[0], inp)
+        single = len(outputs) == 1 and _outputs_apart(outputs[0], inp)
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None
@@ -978,7 +995,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         send = self._splits(input, input_split_sizes, n, "input")
         recv = self._splits(output, output_split_sizes, n, "output")
         inp = _flat(input)
-        direct = output.is_contiguous() and not _overlap(output, inp)  # in place: stage, as above
+        direct = _outputs_apart(output, inp)
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
         after = None if direct else (lambda: output.copy_(out.view(output.shape)))
         return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
@@ -992,7 +1009,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         g = self.group
         n = g.size
         if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or _overlap(output, inp):
+                not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or \
+                not _outputs_apart(output, inp):
             return None
         dtype, ci, co = inp.dtype, inp.numel() // n, output.numel() // n
         nbytes = ci * n * dtype.itemsize
