@@ -3,7 +3,8 @@
 `NeuronProcessGroup` turns each of c10d's collective calls (options objects, lists of tensors,
 Work handles) into one `Op` on the `Group`: arguments are checked here, before any byte moves;
 inputs and outputs are flattened (non-contiguous tensors go through staging copies); the
-schedule is built when the engine starts the op. Every private torch name used by the package
+schedule is built when the op starts (on the engine thread, or on the caller's where the group
+runs the op at once: Group._run_inline), so a set-up error surfaces from wait(). Every private torch name used by the package
 is imported in this module alone (the launcher, a package of its own, keeps its one in its
 launch.py).
 """
@@ -447,10 +448,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
                     opts=None, name: str | None = None, detail: str = ""):
-        """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
-        before the schedule starts (premultiply; it may return a new IN to use), `after` once it
-        has finished (AVG, copy-back). `name` replaces the collective's in the description;
-        `detail` is added to its arguments (see _plan)."""
+        """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
+        before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
+        use), `after` once it has finished (AVG, copy-back). `name` replaces the collective's in
+        the description; `detail` is added to its arguments (see _plan)."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
