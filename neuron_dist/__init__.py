@@ -6,8 +6,6 @@
 Importing the package registers the backend once; DDP, FSDP, DTensor and plain
 torch.distributed code then run unchanged.
 """
-import sys as _sys
-
 from . import config as _config
 from . import mpi_env as _mpi_env
 from .c10d import NeuronProcessGroup, NeuronWork, register as _register
@@ -16,7 +14,6 @@ from .report import report
 __all__ = ["NeuronProcessGroup", "NeuronWork", "report"]
 __version__ = "0.1.0"
 
-if "neuronrun_launcher" not in _sys.modules:  # the launcher reads topology models here; it is no rank
-    _mpi_env.adopt()  # under mpirun/srun without torchrun: RANK, WORLD_SIZE, MASTER_* from MPI
+_mpi_env.adopt()  # under mpirun/srun without torchrun: RANK, WORLD_SIZE, MASTER_* from MPI
 _config.setup_logging()  # after adopt: its lines carry the rank
 _register()

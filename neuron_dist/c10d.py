@@ -3,7 +3,8 @@
 `NeuronProcessGroup` turns each of c10d's collective calls (options objects, lists of tensors,
 Work handles) into one `Op` on the `Group`: arguments are checked here, before any byte moves;
 inputs and outputs are flattened (non-contiguous tensors go through staging copies); the
-schedule is built when the engine starts the op. Every private torch name used by the package
+schedule is built when the op starts (on the engine thread, or on the caller's where the group
+runs the op at once: Group._run_inline), so a set-up error surfaces from wait(). Every private torch name used by the package
 is imported in this module alone (the launcher, a package of its own, keeps its one in its
 launch.py).
 """
@@ -264,6 +265,24 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1)
 
 
+def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
+    """Whether a call may write its result straight into `output`: contiguous, and sharing no
+    memory with `inp`. Schedules read their input until their last round, so an output that
+    overlaps it (an in-place form, as NCCL allows) gets the result in a staging buffer first
+    (common paths leave such calls to the general path, which stages)."""
+    return output.is_contiguous() and not _overlap(output, inp)
+
+
+def _gather_source(out: torch.Tensor, inp: torch.Tensor, rank: int) -> torch.Tensor:
+    """All-gather's flat input as the schedule may read it: the input itself where it lies apart
+    from the flat output, or is exactly this rank's block of it (FSDP2's in-place call: nothing
+    to move); a copy where it lies elsewhere inside the output, which the gather overwrites
+    before the input is sent."""
+    if _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + rank * inp.nbytes:
+        return inp.clone()
+    return inp
+
+
 def _check_op(op_name: str, dtype: torch.dtype, what: str, rank: int) -> None:
     """reduce_ops.check, its error naming the rank and the call as every argument error does."""
     if (op_name, dtype) in reduce_ops.CHECKED:  # every call after the first of its kind
@@ -349,7 +368,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "",
                  global_ranks: list[int] | None = None):
         super().__init__(rank, size)
-        self._store, self._timeout = store, timeout
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
@@ -430,11 +448,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
                     opts=None, name: str | None = None, detail: str = ""):
-        """Submit one collective on flat buffers IN/OUT. `before` runs on the engine thread just
-        before the schedule starts (premultiply; it may return a new IN to use), `after` once it
-        has finished (AVG, copy-back). `name` replaces the collective's in the description;
-        `detail` is added to its arguments (see _plan)."""
-        algo = algorithm or _choose_algorithm(collective, nbytes, self.group)  # (Group.choose, one call fewer)
+        """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
+        before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
+        use), `after` once it has finished (AVG, copy-back). `name` replaces the collective's in
+        the description; `detail` is added to its arguments (see _plan)."""
+        algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
 
@@ -661,8 +679,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         inp = _flat(inputs[0]) if len(inputs) == 1 else torch.cat([i.reshape(-1) for i in inputs])
         single = len(inputs) == 1 and isinstance(output_lists[0], torch.Tensor) and output_lists[0].is_contiguous()
         out = output_lists[0].view(-1) if single else torch.empty(c * n, dtype=dtype)
-        if single and _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + self._r * c * dtype.itemsize:
-            inp = inp.clone()  # the input inside the output but not as this rank's block: keep a copy
+        if single:
+            inp = _gather_source(out, inp, self._r)
 
         def after():
             if single or c == 0:
@@ -707,9 +725,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                                  dict(counts=(c,) * g.size), dtype, "sum", nbytes)
         if plan is None:
             return None
-        out, src = _flat(output), _flat(inp)
-        if c and _overlap(out, src) and src.data_ptr() != out.data_ptr() + g.rank * c * dtype.itemsize:
-            src = src.clone()
+        out = _flat(output)
+        src = _gather_source(out, _flat(inp), g.rank)
         return self._run_plan(plan, Kind.ALLGATHER, algo, src, out, dtype, "sum", None, None, [output], nbytes, opts)
 
     def _check_whole_part(self, whole, part, what, whole_is: str, part_is: str) -> None:
@@ -799,7 +816,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (an output inside the input is staged there)."""
         g = self.group
         if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                inp.numel() != output.numel() * g.size or _overlap(output, inp):
+                inp.numel() != output.numel() * g.size or not _outputs_apart(output, inp):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -858,7 +875,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
         # in place (the output a piece of the input, as NCCL allows): schedules read the input
         # until the end, so the result goes to a staging buffer first
-        single = len(outputs) == 1 and outputs[0].is_contiguous() and not _overlap(outputs[0], inp)
+        single = len(outputs) == 1 and _outputs_apart(outputs[0], inp)
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None
@@ -894,7 +911,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             after = lambda: t.copy_(out.view_as(t))
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
         return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
-                                op_name if is_root else ("sum" if op_name == "avg" else op_name),
+                                op_name,
                                 after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
 
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
@@ -979,7 +996,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         send = self._splits(input, input_split_sizes, n, "input")
         recv = self._splits(output, output_split_sizes, n, "output")
         inp = _flat(input)
-        direct = output.is_contiguous() and not _overlap(output, inp)  # in place: stage, as above
+        direct = _outputs_apart(output, inp)
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
         after = None if direct else (lambda: output.copy_(out.view(output.shape)))
         return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
@@ -993,7 +1010,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         g = self.group
         n = g.size
         if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or _overlap(output, inp):
+                not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or \
+                not _outputs_apart(output, inp):
             return None
         dtype, ci, co = inp.dtype, inp.numel() // n, output.numel() // n
         nbytes = ci * n * dtype.itemsize
@@ -1160,13 +1178,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.report()
 
 
-def create(store, rank: int, size: int, timeout: timedelta) -> NeuronProcessGroup:
-    """c10d's creator hook (registered by `neuron_dist/__init__.py`)."""
-    return NeuronProcessGroup(store, rank, size, timeout)
-
-
 def create_extended(opts, backend_opts=None) -> NeuronProcessGroup:
-    """Extended-API creator: also knows the group's global ranks (for error messages)."""
+    """c10d's creator hook (`register`, run by `neuron_dist/__init__.py`), through its extended
+    API: the options also carry the group's global ranks (for error messages)."""
     timeout = getattr(opts, "timeout", None) or timedelta(minutes=30)
     ranks = list(getattr(opts, "global_ranks_in_group", []) or [])
     return NeuronProcessGroup(opts.store, opts.group_rank, opts.group_size, timeout,

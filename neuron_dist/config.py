@@ -14,6 +14,8 @@ NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface tha
                        MASTER_ADDR, loopback for a single-host job)
 NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288, 64 to 2**30); with shared memory
                        also the size of one ring slot
+NEURON_DIST_SCRATCH_BYTES  the most scratch memory a group keeps between collectives (default
+                       64 MiB, 0: none; collectives/scratch.py): a call needing more gets its own
 NEURON_DIST_SHM_SLOTS  slots per shared-memory ring, one ring per peer pair and direction
                        (default 4, at least 2): memory per pair = slots x FRAME_BYTES each way
 NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory doorbell (default 50;
@@ -21,8 +23,9 @@ NEURON_DIST_SHM_SPIN_US  how long a waiting rank spins on its shared-memory door
 NEURON_DIST_SHM_YIELD_US  how much longer it then spins yielding its core at each turn, before it
                        sleeps on a futex (default 1000; 0 when local ranks outnumber cores);
                        both are spent once per episode of waiting, not per call
-NEURON_DIST_SHM_LEND   0 (or false/off/no) turns single-copy lending off (default on where every
-                       local pair can read the other's memory: transport/cma.py)
+NEURON_DIST_SHM_LEND   0 (or false/off/no) turns single-copy lending off (default on in a group on
+                       one host whose every pair can read the other's memory: transport/cma.py;
+                       a group spanning hosts never lends)
 NEURON_DIST_INSTANCE   the modelled instance (set by neuronrun; default trn2.48xlarge)
 NEURON_DIST_CHECK      1 (or true/on/yes; 0/false/off/no: off): check a fingerprint of every collective across ranks before running it
                        (also on with TORCH_DISTRIBUTED_DEBUG=DETAIL)

@@ -48,8 +48,6 @@ def _normalised(kind: Kind, desc: str) -> str:
     body = desc[desc.find("("):] if "(" in desc else desc
     if kind == Kind.ALLTOALL:      # uneven splits: byte counts legitimately differ per rank
         body = re.sub(r"\d+ bytes, ", "", body)
-    if kind == Kind.REDUCE:        # non-roots reduce AVG as SUM (only the root divides)
-        body = body.replace(", avg", ", sum")
     return f"{kind.name.lower()}{body}"
 
 

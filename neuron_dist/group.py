@@ -77,13 +77,6 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _select_choose(collective: str, nbytes: int, group) -> str:
-    from .collectives.select import choose  # imported on first use, then called directly
-    global _select_choose
-    _select_choose = choose
-    return choose(collective, nbytes, group)
-
-
 def _cpus() -> list[list[int]]:
     """The CPUs this process may run on (all of them where the OS cannot say), as inclusive
     [first, last] runs: every rank reads every rank's record, so it stays a few bytes."""
@@ -503,9 +496,6 @@ class Group(HangDiagnosis):
         topo_log.debug("rank %d group %s: instance %s, placement %s, ring %s", self.rank, self.name,
                        topo.instance.name, [s.to_dict() for s in slots], order)
         return topo, order
-
-    def choose(self, collective: str, nbytes: int) -> str:
-        return _select_choose(collective, nbytes, self)
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, op: Op) -> Op:
@@ -1142,7 +1132,7 @@ class Group(HangDiagnosis):
             at_shutdown(self)
         # a broken group's peers may be gone: do not linger on frames nobody will read
         hard = abort or self.broken is not None
-        self.transport.close(abort=hard) if _accepts_abort(self.transport) else self.transport.close()
+        self.transport.close(abort=hard)
 
 
 def _drop_locals(e: BaseException) -> None:
@@ -1170,8 +1160,3 @@ def _drop_locals(e: BaseException) -> None:
 
 
 _PACKAGE = __name__.partition(".")[0] + "."
-
-
-def _accepts_abort(t) -> bool:
-    import inspect
-    return "abort" in inspect.signature(t.close).parameters

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from rankctx import env, reference, same, values
 from neuron_dist.collectives.algorithms import algorithms_for
+from neuron_dist.collectives.select import choose
 
 
 def _run_all(rank, world, group, tag):
@@ -135,7 +136,7 @@ def model_policy(rank, world):
         for coll in ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall", "barrier"):
             for nbytes in (4 << 10, 1 << 20, 64 << 20):
                 want = topology.choose(coll, nbytes, g.topology, None, available=algorithms_for(coll))
-                assert g.choose(coll, nbytes) == want, (coll, nbytes, g.choose(coll, nbytes), want)
+                assert choose(coll, nbytes, g) == want, (coll, nbytes, choose(coll, nbytes, g), want)
                 checks += 1
         x = torch.ones(1 << 16)
         dist.all_reduce(x)
@@ -159,17 +160,17 @@ def host_policy(rank, world):
         direct_up_to = g.frame_bytes if world == 2 else HOST_RING_BYTES
         for nbytes in (4 << 10, HOST_RING_BYTES, HOST_RING_BYTES + 4, g.frame_bytes, g.frame_bytes + 4, 64 << 20):
             want = "direct" if nbytes <= direct_up_to else "ring"
-            assert g.choose("allreduce", nbytes) == want, (world, nbytes, g.choose("allreduce", nbytes), want)
+            assert choose("allreduce", nbytes, g) == want, (world, nbytes, choose("allreduce", nbytes, g), want)
             if world == 2:
                 for coll in ("allgather", "reduce_scatter"):
                     model = topology.choose(coll, nbytes, g.topology, None, available=algorithms_for(coll))
-                    assert g.choose(coll, nbytes) == model, (coll, nbytes)
+                    assert choose(coll, nbytes, g) == model, (coll, nbytes)
             checks += 1
         for nbytes in (4 << 10, HOST_FLAT_BROADCAST_BYTES, HOST_FLAT_BROADCAST_BYTES + 4, 64 << 20):
             # more local ranks than cores: the root's own sends at every size
             flat = nbytes <= HOST_FLAT_BROADCAST_BYTES or g.transport.oversubscribed
             want = "direct" if flat else "tree"
-            assert g.choose("broadcast", nbytes) == want, (world, nbytes, g.choose("broadcast", nbytes), want)
+            assert choose("broadcast", nbytes, g) == want, (world, nbytes, choose("broadcast", nbytes, g), want)
             checks += 1
         for count in (g.frame_bytes // 4, g.frame_bytes // 4 + 1):  # the last one-frame size, the first two-frame
             ins = [values(r, count, torch.float32, "sum", 31) for r in range(world)]

@@ -645,6 +645,21 @@ def reduce(rank, world):
                     if rank == root:
                         same(x, reference(ins, op, dtype), f"reduce root {root} {dtype} {op} n={count}")
                         checks += 1
+    # AVG under the cross-rank argument check: every rank describes the call the same way (only
+    # the root divides, but the non-roots call it AVG too, not SUM)
+    from neuron_dist import debug
+    debug.set_enabled(True)
+    try:
+        for root in range(world):
+            for dtype in (torch.float32, torch.int32):
+                ins = [values(r, 7, dtype, "avg", 8) for r in range(world)]
+                x = ins[rank].clone()
+                dist.reduce(x, dst=root, op=dist.ReduceOp.AVG)
+                if rank == root:
+                    same(x, reference(ins, "avg", dtype), f"reduce root {root} {dtype} avg, debug check on")
+                    checks += 1
+    finally:
+        debug.set_enabled(None)
     return checks
 
 

@@ -122,6 +122,45 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
         os.environ.update(saved)
 
 
+
+def test_a_program_that_imported_neuronrun_first_still_takes_its_mpi_rank():
+    """neuron_dist skipped taking RANK/WORLD_SIZE from MPI or PMI in any process that had imported
+    neuronrun_launcher first, for when the launcher read topology models through neuron_dist (a
+    launcher is no rank). It no longer imports neuron_dist (instances.py loads the models' file on
+    its own), so the guard only broke such programs: under mpirun they found no RANK."""
+    code = ("import os, sys\n"
+            "from neuronrun_launcher import instances\n"
+            "instances.get_instance('trn2.48xlarge')\n"
+            "assert 'neuron_dist' not in sys.modules, 'the launcher imported neuron_dist'\n"
+            "import neuron_dist\n"
+            "print(os.environ.get('RANK'), os.environ.get('WORLD_SIZE'))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+           and not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))}
+    env.update(PMI_RANK="0", PMI_SIZE="1")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["0", "1"], (p.stdout, p.stderr[-2000:])
+
+
+def test_config_lists_every_variable_the_backend_reads():
+    """config.py's docstring is the list of every NEURON_DIST_* variable, and README's table the
+    user's: NEURON_DIST_SCRATCH_BYTES (collectives/scratch.py) was missing from the first."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(config.__file__)))
+    used = set()
+    for d, _, files in os.walk(os.path.join(root, "neuron_dist")):
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(d, f)) as fh:
+                    used.update(re.findall(r"NEURON_DIST_[A-Z_]*[A-Z]", fh.read()))
+    listed = set(re.findall(r"^(NEURON_DIST_[A-Z_]*[A-Z]) ", config.__doc__, re.M))
+    with open(os.path.join(root, "README.md")) as fh:
+        readme = set(re.findall(r"`(NEURON_DIST_[A-Z_]*[A-Z])`", fh.read()))
+    assert len(used) > 10, used
+    assert used - listed == set(), f"read in neuron_dist/ but not listed in config.py: {sorted(used - listed)}"
+    assert used - readme == set(), f"read in neuron_dist/ but not in README: {sorted(used - readme)}"
+
 # A Slurm allocation's own shells: an sbatch script (its step named "batch" or numbered, or not
 # set at all), salloc's shell and its interactive step, the extern step; and srun's tasks.
 _SLURM_JOB = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",

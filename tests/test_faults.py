@@ -145,7 +145,7 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
     def stall(root_sends):
         transport = Transport(root_sends)
         out = torch.zeros(8)
-        exe = Execution(direct.broadcast(1, 4, 3, 8), [None, out, None], None, stamp, 1, Mailbox(transport, 1))
+        exe = Execution(direct.tree_broadcast(1, 4, 3, 8), [None, out, None], None, stamp, 1, Mailbox(transport, 1))
         for _ in range(3):
             exe.progress()
         g = Group.__new__(Group)

@@ -266,8 +266,8 @@ def test_broadcast_forms(n, algo):
     """Broadcast from every root: every rank ends with the root's data; the direct form reaches
     every rank in one hop from the root, the tree in ceil(log2 n) rounds; in both every other
     rank confirms to the root with an empty frame (so ranks disagreeing on the root fail)."""
-    from neuron_dist.collectives.direct import broadcast, broadcast_flat
-    build = broadcast if algo == "tree" else broadcast_flat
+    from neuron_dist.collectives.direct import broadcast, tree_broadcast
+    build = tree_broadcast if algo == "tree" else broadcast
     for root in range(n):
         for count in (0, 1, 7):
             X = [np.full(count, float(r)) for r in range(n)]

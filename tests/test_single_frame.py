@@ -337,7 +337,7 @@ def _two_rank_cases(per):
         ("reduce_scatter", Kind.REDUCE_SCATTER, [ring.reduce_scatter([0, 1], r, [c, c]) for r in (0, 1)], (2 * c, c),
          (0, 1)),
         ("alltoall", Kind.ALLTOALL, [direct.alltoall(r, 2, [c, c], [c, c]) for r in (0, 1)], (2 * c, 2 * c), (0, 1)),
-        ("broadcast", Kind.BROADCAST, [direct.broadcast_flat(r, 2, 1, per) for r in (0, 1)], (0, per), (0, 1)),
+        ("broadcast", Kind.BROADCAST, [direct.broadcast(r, 2, 1, per) for r in (0, 1)], (0, per), (0, 1)),
         ("barrier", Kind.BARRIER, [direct.barrier(r, 2) for r in (0, 1)], (0, 0), (0, 1)),
         ("scatter", Kind.SCATTER, [direct.scatter(r, 2, 0, [c, c]) for r in (0, 1)], (2 * c, c), (1,)),
         ("reduce", Kind.REDUCE, [direct.reduce(r, 2, 0, per) for r in (0, 1)], (per, per), ()),  # scratch
@@ -399,8 +399,8 @@ def test_the_pair_shape_is_recognised_exactly():
     assert shape(direct.allreduce(0, 3, 8, FRAME // 4)) is None  # two peers
     assert shape(ring.allgather([0, 1, 2, 3], 1, [4] * 4), Kind.ALLGATHER) is None  # three rounds
     assert shape(direct.barrier(0, 4), Kind.BARRIER) is None  # a peer per round
-    assert shape(direct.broadcast_flat(0, 4, 0, 8), Kind.BROADCAST) is None  # the root of four
-    assert shape(direct.broadcast_flat(2, 4, 0, 8), Kind.BROADCAST) is not None  # a non-root of four
+    assert shape(direct.broadcast(0, 4, 0, 8), Kind.BROADCAST) is None  # the root of four
+    assert shape(direct.broadcast(2, 4, 0, 8), Kind.BROADCAST) is not None  # a non-root of four
     # a step the transport lends (all-gather's from its lending size; all-reduce's where marked)
     lender = Recorder(lend_bytes=FRAME, eager_bytes=FRAME)
     lender.lend_from = lender.lend_min = lender.lend_reduce_from = 64
@@ -523,7 +523,7 @@ def test_a_lent_pair_lends_reads_into_place_and_waits_for_the_release():
     assert t.lent_payloads[0].data_ptr() != buf.data_ptr() and t.lent_payloads[0].tolist() == list(range(c))
     assert torch.equal(buf, peer_block)
     # a split pair (the broadcast's root): its receive round waits for the lent frame's release
-    sched = direct.broadcast_flat(0, 2, 0, c)
+    sched = direct.broadcast(0, 2, 0, c)
     t = Lender([(1, Stamp(Kind.BROADCAST, torch.float32, TOKEN, GROUP_ID, 11, TAG).header(1, 0, 0, 0),
                  torch.empty(0))], hold=1)
     bstamp = Stamp(Kind.BROADCAST, torch.float32, TOKEN, GROUP_ID, 11, TAG)

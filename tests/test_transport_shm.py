@@ -838,3 +838,27 @@ def test_a_wait_over_several_transports_slices_a_long_stall_coarsely():
     t0 = time.perf_counter()
     both.wait(0.1)
     assert a.waits[-1] == 0.01 and len(b.waits) == 2 and time.perf_counter() - t0 < 0.005, b.waits
+
+
+def test_a_close_over_several_transports_passes_abort_and_lets_their_errors_through():
+    """Every transport's `close` takes `abort` (transport/base.py declares it), so the one over
+    several transports passes it on as is. It once called each part's `close(abort=...)` inside
+    `except TypeError` and, on any TypeError, closed that part a second time without `abort`:
+    a fault inside a part's close was swallowed and the part given an orderly close after an
+    abort."""
+    from neuron_dist.transport.select import Composite
+
+    class Part:
+        def __init__(self, fail):
+            self.fail, self.calls = fail, []
+
+        def close(self, abort=False):
+            self.calls.append(abort)
+            if self.fail:
+                raise TypeError("a fault inside close")
+
+    ok, bad = Part(False), Part(True)
+    both = Composite({"shm": ok, "mpi": bad}, {1: ok, 2: bad})
+    with pytest.raises(TypeError, match="a fault inside close"):
+        both.close(abort=True)
+    assert ok.calls == [True] and bad.calls == [True], (ok.calls, bad.calls)

@@ -36,7 +36,7 @@ def _binomial(rank: int, root: int, n: int) -> tuple[int | None, list[int]]:
     return parent, children
 
 
-def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
+def tree_broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
     """OUT is the tensor on every rank (the root's holds the data), sent down a binomial tree.
     Every other rank confirms to the root with an empty frame as it enters the call: a rank that
     wrongly believes it is the root (ranks disagreeing on `root`) would otherwise return its own
@@ -55,10 +55,10 @@ def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
     return s.add(*[Send(c, whole) for c in children])
 
 
-def broadcast_flat(rank: int, n: int, root: int, count: int) -> Schedule:
+def broadcast(rank: int, n: int, root: int, count: int) -> Schedule:
     """The root sends the whole tensor to every other rank itself: one hop where the tree takes
     ceil(log2 n), at the price of n-1 sends from the root, so for small tensors. Receivers
-    confirm to the root as in `broadcast`, for the same reason."""
+    confirm to the root as in `tree_broadcast`, for the same reason."""
     s = Schedule("direct")
     whole, empty = Chunk(OUT, 0, count), Chunk(OUT, 0, 0)
     if rank != root:

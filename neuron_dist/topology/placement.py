@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from .instances import InstanceModel, get_instance
 
@@ -42,10 +42,6 @@ class Slot:
         object.__setattr__(self, "cores", tuple(int(c) for c in self.cores))
         if self.node < 0 or self.chip < 0 or not self.cores or min(self.cores) < 0:
             raise ValueError(f"bad slot {self}")
-
-    @property
-    def core(self) -> int:
-        return self.cores[0]
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "chip": self.chip, "cores": list(self.cores),
@@ -200,10 +196,7 @@ class GroupTopology:
         layouts = {tuple(sorted(v)) for v in per.values()}
         return len(layouts) <= 1
 
-    def subgroup(self, ranks: Iterable[int]) -> "GroupTopology":
-        return GroupTopology(self.instance, tuple(self.slots[r] for r in ranks))
-
-    def validate(self, require_symmetric: bool = False) -> "GroupTopology":
+    def validate(self) -> "GroupTopology":
         """Raise ValueError naming the ranks if the placement is impossible."""
         inst = self.instance
         if not self.slots:
@@ -234,10 +227,6 @@ class GroupTopology:
             if s.node > 0 and not inst.multi_node:
                 raise ValueError(f"{inst.name} is single-instance only; rank {r} is on node "
                                  f"{s.node}")
-        if require_symmetric and not self.is_symmetric():
-            counts = {n: len(self.ranks_on_node(n)) for n in self.nodes}
-            raise ValueError(f"this multi-node group must be symmetric (same ranks per node at "
-                             f"the same local cores); ranks per node: {counts}")
         return self
 
 

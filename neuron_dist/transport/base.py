@@ -14,10 +14,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 
 from .frame import FrameError, Header
+
+if TYPE_CHECKING:
+    from .cma import Lent  # (cma imports this module)
 
 
 @dataclass
@@ -83,14 +87,17 @@ class Transport(abc.ABC):
         returned the transport may keep reading `payload` until `flush` returns."""
 
     @abc.abstractmethod
-    def recv(self, peer: int) -> tuple[Header, torch.Tensor] | None:
+    def recv(self, peer: int) -> tuple[Header, torch.Tensor | Lent] | None:
         """The next frame from `peer`, or None if none is complete yet.
 
         The header has passed `frame.unpack` (well-formed) and the payload's `nbytes` equals
         header.nbytes; whether it is the expected frame is the caller's check. The payload is a
         1-D tensor over those bytes: uint8, or already viewed as the header's dtype where the
-        transport keeps such views (shared memory); readers view it as they need. The payload view
-        stays valid until `release(peer)`; call it before the next `recv(peer)`."""
+        transport keeps such views (shared memory); readers view it as they need. A transport that
+        lends (`lend_bytes` set: shared memory) returns a lent frame as a `cma.Lent` instead, whose
+        bytes are still in the sender's memory: the caller reads them with its `read_into`,
+        `read_part` or `clone`, never as a tensor. The payload stays valid until
+        `release(peer)`; call it before the next `recv(peer)`."""
 
     def lend(self, peer: int, header: Header, payload: torch.Tensor) -> bool:
         """`send`, except that the peer reads `payload` from this process's memory itself.
@@ -128,8 +135,10 @@ class Transport(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Release every socket, segment and thread. Idempotent."""
+    def close(self, abort: bool = False) -> None:
+        """Release every socket, segment and thread. Idempotent. `abort` (the group failed or was
+        aborted; its peers may be gone): send no orderly goodbye and do not linger on frames
+        nobody may read."""
 
     def mark_failed(self) -> None:
         """Tell every peer, through whatever side channel the transport has, that this rank's

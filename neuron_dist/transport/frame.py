@@ -42,7 +42,7 @@ class Kind(enum.IntEnum):
     SCATTER = 7
     ALLTOALL = 8
     BARRIER = 9
-    P2P = 10       # send/recv: seq is the pair's message number, tag the user's tag
+    P2P = 10       # send/recv: seq is the message's size in bytes (messages have no sequence), tag the user's tag
     # 11: unassigned (a frame of this kind is refused like any unknown kind)
     ABORT = 12     # this rank's group failed or was aborted: payload is the cause (UTF-8); peers fail fast
     BYE = 13       # orderly close (destroy/shutdown): everything this rank had to send was sent

@@ -186,7 +186,4 @@ class Composite(Transport):
 
     def close(self, abort: bool = False):
         for t in self.parts.values():
-            try:
-                t.close(abort=abort)
-            except TypeError:
-                t.close()
+            t.close(abort=abort)
