@@ -12,7 +12,7 @@ import zmq
 
 from zmqpair import TOKEN, assert_delivers, assert_wake_ends_waits, ipv6_loopback, make_pair, p2p_header, recv_within
 from neuron_dist.transport.base import PeerGone, TransportError
-from neuron_dist.transport.zmq_transport import ABORT_LINGER_S, ZERO_COPY_BYTES
+from neuron_dist.transport.zmq_transport import ABORT_LINGER_S, BYE_WAIT_S, ZERO_COPY_BYTES
 
 FRAMES = 64
 BYTES = ZERO_COPY_BYTES // 2  # copied into zmq: the caller's buffer is free once send returns
@@ -83,6 +83,47 @@ def test_a_context_that_will_not_end_does_not_hang_the_last_close(monkeypatch, c
     finally:
         a.close()
         b.close()
+
+
+def test_ranks_that_close_together_each_hear_the_others_bye():
+    """A rank's orderly close listens (up to BYE_WAIT_S) for its peers' BYEs: two ranks closing
+    together used to close their listeners at once, and a BYE queued to a listener closed under
+    it held the sender's context for the whole 5 s close linger at `destroy_process_group`
+    (1 in 20-100 whole-world destroys with subgroups alive)."""
+    a, b = make_pair("bye-wait")
+    took = {}
+
+    def close(t, name, after):
+        time.sleep(after)
+        t0 = time.monotonic()
+        t.close()
+        took[name] = time.monotonic() - t0
+
+    try:
+        ts = [threading.Thread(target=close, args=(a, "a", 0.0)), threading.Thread(target=close, args=(b, "b", 0.1))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(30)
+        assert 1 in a.finished and 0 in b.finished, f"a heard {a.finished}, b heard {b.finished}"
+        assert took["a"] < BYE_WAIT_S + 1.0 and took["b"] < 2.0, took
+    finally:
+        a.close(abort=True)
+        b.close(abort=True)
+
+
+def test_a_close_waits_for_a_peer_that_stays_open_no_longer_than_its_bound():
+    a, b = make_pair("bye-bound")
+    try:
+        t0 = time.monotonic()
+        a.close()  # b stays open: a listens for its BYE up to the bound, then closes
+        assert time.monotonic() - t0 < BYE_WAIT_S + 1.0
+        t0 = time.monotonic()
+        b.close()  # a's BYE is in: b owes a nothing and ends the context at once
+        assert time.monotonic() - t0 < 2.0 and 0 in b.finished
+    finally:
+        a.close(abort=True)
+        b.close(abort=True)
 
 
 def test_ipv6_listeners():

@@ -47,6 +47,7 @@ ABORT_LINGER_S = 1.0  # on abort, how long frames already sent may still drain t
                       # that completed here may have a peer still reading its last frames
 CLOSE_LINGER_S = 5.0  # on an orderly close, the same for frames still queued to live peers
 TERM_GRACE_S = 5.0    # beyond the sockets' linger, how long ending the context may take (see _term)
+BYE_WAIT_S = 0.25     # how long an orderly close listens for its peers' BYEs (`_take_byes`)
 USER = b"neuron_dist"
 _CONTEXT: zmq.Context | None = None
 _CONTEXT_PID = 0
@@ -413,18 +414,38 @@ class ZmqTransport(Transport):
     def take_in(self):
         self._drain()  # every peer shares the one pull socket: one drain serves them all
 
+    def _take_byes(self, timeout: float) -> None:
+        """After sending our BYEs, keep the data socket open until every live peer's BYE is in,
+        for at most `timeout`. Ranks that close together then each close their listener only
+        after the other's BYE arrived, and a peer whose BYE is in gets no linger at our close (it
+        finished every op, so nothing still queued to it is owed): a BYE queued to a listener
+        closed under it held the sender's zmq context for the whole close linger, a 5 s
+        `destroy_process_group` in 1 of 20-100 whole-world destroys with subgroups alive."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                self._drain()
+            except frame.FrameError:
+                return  # not ours to report here: the group is closing
+            waiting = [p for p in self.push if p not in self.finished and not self.check_peer(p)]
+            left = end - time.monotonic()
+            if not waiting or left <= 0:
+                return
+            self.pull.poll(max(1, min(20, int(left * 1000))))
+
     def close(self, abort: bool = False):
         if getattr(self, "_released", False):
             return
         self._released = True
         if not abort:  # tell every live peer this is an orderly close, after all our data
             for p, s in self.push.items():
-                if p not in self.gone:
+                if p not in self.gone and p not in self.finished:
                     bye = frame.bye_header(self.token, self.rank, p)
                     try:
                         s.send_multipart([bye.pack(), b""], flags=zmq.NOBLOCK)
                     except zmq.ZMQError:
                         pass
+            self._take_byes(BYE_WAIT_S)
         # zero-copy frames still unsent read the caller's tensors, which may be freed once we
         # return: those peers get no linger (their op had not completed, so nothing is owed)
         reading = {peer for tracker, _, peer in self.trackers if not tracker.done}
@@ -436,7 +457,7 @@ class ZmqTransport(Transport):
                 pass
             if p in self.monitors:
                 self.monitors[p].close(linger=0)
-            if p in self.gone or p in reading:
+            if p in self.gone or p in reading or p in self.finished:
                 linger = 0
             else:
                 linger = int((ABORT_LINGER_S if abort else CLOSE_LINGER_S) * 1000)
