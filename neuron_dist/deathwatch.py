@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class DeathWatch:
-    """Fails an operation at its start if a peer it needs has died.
+    """Fails an operation at its start if a peer it needs has died, or its copy of the group failed.
 
     A collective needs every member; a point-to-point transfer its peer. Only a death counts: a
     peer that closed in order (destroy_process_group after its last collective, seen by the
@@ -51,15 +51,33 @@ class DeathWatch:
                 self.ep.register(fd, select.EPOLLIN)
 
     def _poll(self, g: "Group") -> None:
-        """Note the same-host peers whose processes have ended since the last look."""
+        """Note the same-host peers whose processes have ended since the last look, and the
+        members whose copy of the group has failed (`_failed`)."""
         now = time.monotonic()
-        if self.ep is not None and now >= self._next_poll:
-            self._next_poll = now + self.POLL_INTERVAL
+        if now < self._next_poll:
+            return
+        self._next_poll = now + self.POLL_INTERVAL
+        if self.ep is not None:
             for fd, _ in self.ep.poll(0):
                 r = self.fds.pop(fd)
                 self.ep.unregister(fd)
                 os.close(fd)
                 self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
+        self._failed(g)
+
+    def _failed(self, g: "Group") -> None:
+        """Note the members whose copy of the group failed or was aborted (their failure flag, an
+        ABORT already taken in): such a member runs no further collective of the group. A rank
+        that came late to a small collective, whose peers had timed out on it after sending their
+        data, completed it with the result they had given up on and failed only at its next call
+        (Gloo fails that call on every rank)."""
+        if not self.remote:  # (with peers on other hosts, `check` has just drained)
+            g.transport.take_in()  # an ABORT behind frames not read yet (zmq between ranks of one host)
+        for r in range(g.size):
+            if r != g.rank and r not in self.dead:
+                reason = g.transport.peer_failed(r)
+                if reason:
+                    self.dead[r] = reason
 
     def exited(self, g: "Group", peer: int) -> str | None:
         """Why same-host `peer` is gone if its process has ended: asked by an operation that
@@ -71,9 +89,9 @@ class DeathWatch:
 
     def check(self, g: "Group", op: "Op") -> None:
         """Raise if a peer `op` of group `g` needs has died."""
-        self._poll(g)
         if self.remote:
             g.transport.take_in()  # their ABORTs queued behind frames not read yet (zmq): one drain for all
+        self._poll(g)
         for r in self.remote:
             reason = g.transport.check_peer(r)
             if reason:

@@ -150,6 +150,13 @@ class Transport(abc.ABC):
         """A reason if `peer` is known to be gone (closed connection, dead process), else None."""
         return None
 
+    def peer_failed(self, peer: int) -> str | None:
+        """A reason if `peer`'s copy of the group has failed or was aborted, as far as this rank
+        already knows without a system call (its failure flag in shared memory, an ABORT frame
+        already taken in), else None. Asked when an operation starts (`DeathWatch.check`): a
+        member that failed never runs another collective of the group."""
+        return None
+
     def take_in(self) -> None:
         """Take in the frames that have arrived, so that what `check_peer` and `peer_finished`
         say from them is current (a peer's ABORT or BYE queued behind frames nothing reads yet:

@@ -251,6 +251,9 @@ class MpiTransport(Transport):
             return f"rank {peer} aborted the group: {frame.abort_reason(item[1])}"
         return f"rank {peer} aborted the group (its cause has not arrived)"
 
+    def peer_failed(self, peer):
+        return self.check_peer(peer) if peer in self.aborted else None
+
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._poll)
 

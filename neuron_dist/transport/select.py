@@ -177,6 +177,9 @@ class Composite(Transport):
     def check_peer(self, peer):
         return self.route[peer].check_peer(peer)
 
+    def peer_failed(self, peer):
+        return self.route[peer].peer_failed(peer)
+
     def peer_finished(self, peer):
         return self.route[peer].peer_finished(peer)
 

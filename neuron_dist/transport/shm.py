@@ -703,6 +703,12 @@ class ShmTransport(Transport):
             return f"rank {peer} (pid {self.peer_pid[peer]}) exited"
         return None
 
+    def peer_failed(self, peer):
+        seg = self.theirs.get(peer)
+        if seg is not None and seg.failed is not None and seg.failed.value:
+            return f"rank {peer}'s copy of the group failed or was aborted (rank {peer}'s own error says why)"
+        return None
+
     def peer_finished(self, peer):
         seg = self.theirs.get(peer)  # closed, and not after a failure (an abort closes too)
         return bool(seg is not None and seg.closed is not None and seg.closed.value and not seg.failed.value)

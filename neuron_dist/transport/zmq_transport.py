@@ -408,6 +408,10 @@ class ZmqTransport(Transport):
             return f"rank {peer} aborted the group: {self.aborted[peer]}"
         return self.gone.get(peer)
 
+    def peer_failed(self, peer):
+        cause = self.aborted.get(peer)
+        return None if cause is None else f"rank {peer} aborted the group: {cause}"
+
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._drain)
 
