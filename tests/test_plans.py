@@ -4,7 +4,7 @@ and every error expect, be made once per argument set, build its schedule once, 
 scratch buffer (and the executor's views of it) for the next call and take a larger one from the
 group's shared scratch. A send or receive that fits one copied frame must be planned as that
 frame (the headers the group makes), a larger one as a schedule or a `Receive`. Private torch
-names stay in c10d.py."""
+names stay in c10d.py, and debug.py reaches the adapter and the group through public names."""
 import ast
 import pathlib
 from types import SimpleNamespace
@@ -139,3 +139,9 @@ def test_only_the_adapter_imports_private_torch_names():
     assert not found, found
     assert _private_torch_imports(PACKAGE / "c10d.py"), "the check finds nothing where there is something"
 
+
+def test_debug_reads_no_private_name_of_the_adapter_or_the_group():
+    tree = ast.parse((PACKAGE / "debug.py").read_text())
+    private = [f"{ast.unparse(n)} (line {n.lineno})" for n in ast.walk(tree)
+               if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")]
+    assert not private, private
