@@ -2,11 +2,12 @@
 
 `NeuronProcessGroup` turns each of c10d's collective calls (options objects, lists of tensors,
 Work handles) into one `Op` on the `Group`: arguments are checked here, before any byte moves;
-inputs and outputs are flattened (non-contiguous tensors go through staging copies); the
-schedule is built when the op starts (on the engine thread, or on the caller's where the group
-runs the op at once: Group._run_inline), so a set-up error surfaces from wait(). Every private torch name used by the package
-is imported in this module alone (the launcher, a package of its own, keeps its one in its
-launch.py).
+inputs and outputs are flattened (non-contiguous tensors go through staging copies); what a
+call of that form needs besides its buffers comes from its plan (`plans.py` for collectives,
+`p2p.py` for sends and receives), whose schedule is built when the op starts (on the engine
+thread, or on the caller's where the group runs the op at once: Group._run_inline), so a set-up
+error surfaces from wait(). Every private torch name used by the package is imported in this
+module alone (the launcher, a package of its own, keeps its one in its launch.py).
 """
 from __future__ import annotations
 
@@ -23,16 +24,15 @@ from torch._C import _set_grad_enabled  # private: grad mode on/off without a co
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
-from .collectives import direct, reduce_ops
-from .collectives.algorithms import Spec, build
+from .collectives import reduce_ops
 from .collectives.executor import Execution
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
-from .collectives.schedule import Schedule
 from . import debug, sparse
-from .group import Group, _dtype_name, coll_log
+from .group import Group, _dtype_name
 from .op import Op
-from .p2p import Receive
+from .p2p import PeerPlans
+from .plans import PLAN_CACHE, Plan, Plans
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"
@@ -323,44 +323,6 @@ def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
 
 _MAX_TAG = 2**31 - 1  # c10d's `int tag`
 _NO_TIMEOUT = timedelta(0)  # an options object's time-out at or below this is unset
-_PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
-_KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan (larger: Group.scratch)
-
-
-class _Plan:
-    """The per-argument-set part of a collective call (see NeuronProcessGroup._plan)."""
-    __slots__ = ("desc", "reduce", "collective", "algo", "spec_args", "itemsize", "tag", "_sched", "_tmp",
-                 "tmp_views")
-
-    def __init__(self, desc, reduce, collective, algo, spec_args, itemsize, tag):
-        self.desc, self.reduce, self.collective, self.algo = desc, reduce, collective, algo
-        self.spec_args, self.itemsize, self._sched, self._tmp = spec_args, itemsize, None, None
-        self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
-        self.tag = tag  # the frames' argument checksum (debug.call_tag of kind, desc and algorithm)
-
-    def scratch(self, sched: Schedule, dtype: torch.dtype, g: Group) -> torch.Tensor | None:
-        """The schedule's TMP buffer. A small one is kept for the next call with these arguments,
-        with the views cut from it: a group runs one collective at a time, so no two executions
-        of a plan overlap. A larger one is the group's shared scratch (collectives/scratch.py)."""
-        if not sched.tmp_count:
-            return None
-        tmp = self._tmp
-        if tmp is None:
-            if sched.tmp_count * dtype.itemsize > _KEEP_SCRATCH:
-                return g.scratch.take(sched.tmp_count, dtype)
-            tmp = self._tmp = torch.empty(sched.tmp_count, dtype=dtype)
-            self.tmp_views = {}
-        return tmp
-
-    def schedule(self, g: Group) -> Schedule:
-        sched = self._sched
-        if sched is None:
-            spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology,
-                        eager_count=g.frame_bytes // self.itemsize, **self.spec_args)
-            sched = self._sched = build(spec, self.algo)
-        return sched
-
-
 @_eager_under_compile
 class NeuronProcessGroup(dist.ProcessGroup):
     """torch.distributed ProcessGroup for the "neuron" backend (CPU tensors)."""
@@ -371,12 +333,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
-        self._plans: dict[tuple, _Plan] = {}
-        self._common: dict[tuple, _Plan] = {}  # the common all-reduce's plans (_allreduce_common)
-        # per argument set: a send's (description, schedule, or None and its one frame's header); a
-        # receive's (description, or None and its sources with the headers their one frame must
-        # carry), and the schedule its Execution runs (_recv_schedule)
-        self._p2p_plans: dict = {}
+        self._plans = Plans(self.group)  # collectives' plans, per argument set
+        self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
+        self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -423,27 +382,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 op.timeout = timeout.total_seconds()
         return NeuronWork(self.group.submit(op))
 
-    def _plan(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype,
-              op_name: str, nbytes: int, name: str | None = None, detail: str = "") -> "_Plan":
-        """What a call with these arguments needs besides its buffers (description, reducer, the
-        schedule once built), cached per argument set: schedules are immutable data. `detail`
-        ends the description's arguments, and so enters the checksum its frames carry."""
-        key = (collective, algo, dtype, op_name, nbytes, name, detail, *spec_args.items())
-        plan = self._plans.get(key)
-        if plan is None:
-            reduce = reduce_ops.reducer(op_name, dtype)
-            desc = f"{name or collective}({nbytes} bytes, {_dtype_name(dtype)}" + \
-                   (f", {op_name}" if kind in (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER) else "") + \
-                   (f", root {spec_args['root']}" if "root" in spec_args else "") + \
-                   (f", {detail}" if detail else "") + ")"
-            if len(self._plans) >= _PLAN_CACHE:
-                self._plans.clear()
-            plan = self._plans[key] = _Plan(desc, reduce, collective, algo, dict(spec_args),
-                                            dtype.itemsize, debug.call_tag(kind, desc, algo))
-            coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", self.group.rank,
-                           self._name, desc, algo)
-        return plan
-
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
@@ -451,12 +389,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
         """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
         before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
         use), `after` once it has finished (AVG, copy-back). `name` replaces the collective's in
-        the description; `detail` is added to its arguments (see _plan)."""
+        the description; `detail` is added to its arguments (see Plans.get)."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
-        plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
+        plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
 
-    def _run_plan(self, plan: "_Plan", kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
+    def _run_plan(self, plan: Plan, kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
                   before, after, outputs, nbytes: int, opts) -> NeuronWork:
         """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
         g = self.group
@@ -467,10 +405,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 replaced = before()
                 if replaced is not None:
                     src = replaced
-            sched = plan.schedule(g)  # built on first use, where a set-up error reaches wait()
-            tmp = plan.scratch(sched, dtype, g)
-            return g.execution(op, sched, [src, out, tmp], plan.reduce, dtype, plan.tag,
-                               plan.tmp_views if tmp is not None and tmp is plan._tmp else None)
+            return plan.execution(op, src, out)  # its schedule built on first use: an error reaches wait()
 
         finish = None
         if (op_name == "avg" and out is not None) or after:
@@ -542,16 +477,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
                      op_name: str, nbytes: int, name: str | None = None, check_as: str | None = None):
         """A common path's plan (_allreduce_common and its kin), kept per group under `key`
         (what the general path's checks and plan depend on): on a miss the general path's op
-        check (`check_as`, its error naming that call) and its `_plan`. None for a dtype the
-        general path refuses (its check says so)."""
+        check (`check_as`, its error naming that call) and its plan (`Plans.get`). None for a
+        dtype the general path refuses (its check says so)."""
         plan = self._common.get(key)
         if plan is None:
             if dtype not in DTYPE_CODE:
                 return None
             if check_as:
                 _check_op(op_name, dtype, check_as, self.group.rank)
-            plan = self._plan(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
-            if len(self._common) >= _PLAN_CACHE:
+            plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
+            if len(self._common) >= PLAN_CACHE:
                 self._common.clear()
             self._common[key] = plan
         return plan
@@ -1061,27 +996,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(t, "send", r)
         self._peer(dstRank, "send")
         tag = self._tag(tag, "send")
-        g, flat, count = self.group, _flat(t), t.numel()
-        nbytes = count * t.element_size()
-        key = ("send", dstRank, count, nbytes, tag, t.dtype)
-        plan = self._p2p_plans.get(key)
-        if plan is None:  # the send's description and schedule (or one frame's header), kept like
-            if len(self._p2p_plans) >= _PLAN_CACHE:  # a collective's plan
-                self._p2p_plans.clear()
-            desc = f"send({nbytes} bytes, to rank {dstRank}, tag {tag})"
-            if g.one_frame(count, t.element_size()):
-                plan = (desc, None, g.frame_header(t.dtype, dstRank, nbytes, tag))
-            else:
-                plan = (desc, direct.send(dstRank, count), None)
-            self._p2p_plans[key] = plan
-        desc, sched, header = plan
-
-        def start(op: Op):
-            if sched is None:
-                return g.send_frame(op, dstRank, header, flat)
-            return g.execution(op, sched, [flat, None, None], None, t.dtype, tag)
-
-        return self._submit(Kind.P2P, desc, start, None, [t], nbytes, t.dtype, "p2p", peer=dstRank, direction="send")
+        plan = self._p2p.send(dstRank, t.numel(), t.dtype, tag)
+        return self._submit(Kind.P2P, plan.desc, functools.partial(plan.start, _flat(t)), None, [t], plan.nbytes,
+                            t.dtype, "p2p", peer=dstRank, direction="send")
 
     def recv(self, tensors, srcRank, tag=0):
         self._peer(srcRank, "recv")
@@ -1101,51 +1018,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # its current values, so that a shorter message leaves the rest of the tensor as it was
         contiguous = t.is_contiguous()
         out = t.view(-1) if contiguous else t.contiguous().view(-1)
-        g, count, dtype = self.group, t.numel(), t.dtype
-        nbytes = count * t.element_size()
-        key = ("recv", peer, count, tag, dtype)
-        plan = self._p2p_plans.get(key)
-        if plan is None:  # the receive's description and, for a one-frame message, the headers
-            if len(self._p2p_plans) >= _PLAN_CACHE:  # its sources' frames must carry
-                self._p2p_plans.clear()
-            desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
-                f"recv(any source, tag {tag}, {nbytes} bytes)"
-            sources = None
-            if g.one_frame(count, t.element_size()):
-                sources = tuple((p, g.frame_header(dtype, p, nbytes, tag, incoming=True))
-                                for p in ((peer,) if peer is not None else range(g.size)) if p != g.rank)
-            plan = self._p2p_plans[key] = (desc, sources)
-        desc, sources = plan
-
-        if sources is None:
-            def start(op: Op):
-                return Receive(g, op, out, dtype, tag, peer, self._recv_schedule)
-        else:
-            def start(op: Op):
-                return g.recv_frame(op, peer, sources, tag, out, dtype)
-
-        # a one-frame receive from any source learns its sender from the frame it took (an
-        # Execution's p2p.Receive sets it when it finds the frame)
-        sender_from_frame = peer is None and sources is not None
-        finish = None
-        if sender_from_frame or not contiguous:
+        count, dtype = t.numel(), t.dtype
+        plan = self._p2p.recv(peer, count, dtype, tag)
+        finish = note_sender = plan.note_sender
+        if not contiguous:
             def finish(op: Op) -> None:
-                if sender_from_frame:
-                    op.source_rank = op.exe.peer
-                if not contiguous:
-                    t.copy_(out.view(t.shape))
+                if note_sender is not None:
+                    note_sender(op)
+                t.copy_(out.view(t.shape))
 
-        return self._submit(Kind.P2P, desc, start, finish, [t], nbytes, dtype,
-                            "p2p", peer=peer, direction="recv" if peer is not None else "recv-any")
-
-    def _recv_schedule(self, peer: int, count: int) -> Schedule:
-        key = ("recv", peer, count)
-        sched = self._p2p_plans.get(key)
-        if sched is None:  # kept, with the frame plan the executor caches on it
-            if len(self._p2p_plans) >= _PLAN_CACHE:
-                self._p2p_plans.clear()
-            sched = self._p2p_plans[key] = direct.recv(peer, count)
-        return sched
+        return self._submit(Kind.P2P, plan.desc, functools.partial(plan.start, out), finish, [t],
+                            count * t.element_size(), dtype, "p2p", peer=peer,
+                            direction="recv" if peer is not None else "recv-any")
 
     def _tag(self, tag, what: str) -> int:
         """The tag as an int. c10d's tags are C++ ints, which torch's binding fills from anything

@@ -104,7 +104,7 @@ class DeathWatch:
             return
         r = dead[0]
         if len(self.dead) == 1:
-            raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g._who(r)} is gone "
+            raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g.who(r)} is gone "
                              f"({self.dead[r]}) before the operation started")
         # several members gone, seen in one look: which went first is what their ABORT frames say
         # (a peer that failed on another's death tells its cause, then exits)

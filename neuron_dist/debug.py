@@ -84,7 +84,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None)
     out = torch.empty(FP_BYTES * g.size, dtype=torch.uint8)
     _state.busy = True
     try:
-        pg._allgather_packed([inp], [out], "fingerprint check", [out]).wait()
+        pg.all_gather_single(out, inp).wait()  # dist.all_gather_into_tensor's call (not itself checked: busy)
     finally:
         _state.busy = False
     raw = out.numpy().tobytes()
@@ -96,8 +96,8 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None)
     for r, k in enumerate(keys):
         groups.setdefault(k, []).append(r)
     # each rank as the group names it everywhere: "rank 0 (global rank 1)" in a subgroup
-    detail = "; ".join(f"{', '.join(g._who(r) for r in rs)} called {describe(fps[rs[0]])}" for rs in groups.values())
-    raise GroupError(f"[{g._who(g.rank)}] Detected mismatch between collectives on ranks (group {g.name!r}, "
-                     f"seq {g._seq - 1}): {detail}. Every rank of a group must call the same collective "
+    detail = "; ".join(f"{', '.join(g.who(r) for r in rs)} called {describe(fps[rs[0]])}" for rs in groups.values())
+    raise GroupError(f"[{g.who(g.rank)}] Detected mismatch between collectives on ranks (group {g.name!r}, "
+                     f"seq {g.issued - 1}): {detail}. Every rank of a group must call the same collective "
                      f"with the same sizes, dtype, reduce op and root, in the same order; the collective "
                      f"was not run on any rank.")

@@ -396,7 +396,7 @@ class Group(HangDiagnosis):
                 raise placement_error
             if bad:
                 raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
-                    f"{self._who(r)} cannot take part: {why}" for r, why in bad))
+                    f"{self.who(r)} cannot take part: {why}" for r, why in bad))
             var = differ[0]
             raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on {var} ("
                              + ", ".join(f"rank {r}: {v if v else 'unset'}" for r, v in enumerate(settings[var]))
@@ -762,10 +762,16 @@ class Group(HangDiagnosis):
         op.exe = None  # its buffers (a large call's own scratch) go now, not with a Work kept after
         op.complete(error, self._callback_runner)  # callbacks never on the engine (nor under the drive lock)
 
+    @property
+    def issued(self) -> int:
+        """How many collectives this group has numbered: the next one's sequence number."""
+        return self._seq
+
     def _name(self, op: Op) -> str:
         return op.desc if op.is_p2p else f"{op.desc} (seq {op.seq})"
 
-    def _who(self, r: int) -> str:
+    def who(self, r: int) -> str:
+        """Member `r` as errors name it: "rank 1", or "rank 1 (global rank 3)" in a subgroup."""
         g = self.global_ranks[r] if r < len(self.global_ranks) else r
         return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
 
@@ -796,13 +802,13 @@ class Group(HangDiagnosis):
         for _, q in earlier:
             first = self._gone_now(q)
             if first:
-                return f"{self._who(q)} is gone: {first}; then {self._who(p)}: {reason}"
+                return f"{self.who(q)} is gone: {first}; then {self.who(p)}: {reason}"
         # none seen to go before `p`: a member that went first may not have been looked at yet
         # (its messenger's failure flag seen first, its ABORT lost to a full ring), so say
         # which others are gone now
-        also = [f"{self._who(q)} is gone too: {gone}" for q in range(self.size)
+        also = [f"{self.who(q)} is gone too: {gone}" for q in range(self.size)
                 if q not in (self.rank, p) and (gone := self._gone_now(q))]
-        return "; ".join([f"{self._who(p)} is gone: {reason}"] + also)
+        return "; ".join([f"{self.who(p)} is gone: {reason}"] + also)
 
     def _gone_now(self, q: int) -> str | None:
         """The transport's reason for member `q` being gone now, unless it closed in order."""
@@ -949,7 +955,7 @@ class Group(HangDiagnosis):
             own = op.timeout  # the call's own (dist.barrier(timeout=...)), else the group's
             if now - op.t0 > (own or limit):
                 active.remove(op)
-                who = f"waiting for {self._who(peer)}" if peer is not None else \
+                who = f"waiting for {self.who(peer)}" if peer is not None else \
                     "waiting for a message from any rank" if op.is_p2p and op.direction != "send" else "waiting to send"
                 raise_it = "raise the call's timeout" if own else "raise the timeout in init_process_group/new_group"
                 self._fail(op, GroupError(

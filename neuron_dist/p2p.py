@@ -1,14 +1,25 @@
-"""Point-to-point receives that one schedule cannot say: from any source, and of a message
-shorter than the buffer (Gloo and MPI take both). The c10d adapter makes one per `recv` whose
-message is more than one copied frame (one-frame receives are the group's `recv_frame`); the
-engine drives it like an Execution, and it runs Executions of one-Recv schedules inside."""
+"""Point-to-point messages: how each form travels, and the receives one schedule cannot say.
+
+A send or receive of one argument form (peer, element count, dtype, tag) is planned once per
+process group (`PeerPlans`): a message that fits one copied frame skips the Execution (the
+group's `send_frame` / `recv_frame`, with the frame headers made here); a larger one runs a
+one-Send schedule, or a `Receive`. A `Receive` takes what one schedule cannot say: a message
+from any source, and one shorter than the buffer (Gloo and MPI take both); the engine drives it
+like an Execution, and it runs Executions of one-Recv schedules inside. The c10d adapter checks
+and flattens the call's tensor and asks here for the plan."""
 from __future__ import annotations
 
+import functools
 import weakref
 
+import torch
+
+from .collectives import direct
 from .collectives.executor import Execution
+from .collectives.schedule import Schedule
 from .group import Group
 from .op import Op
+from .plans import PLAN_CACHE
 
 
 class Receive:
@@ -62,3 +73,99 @@ class Receive:
             moved = self.inner.progress() or True
         self.done, self.waiting_on = self.inner.done, self.inner.waiting_on
         return True if self.done else moved
+
+
+class SendPlan:
+    """A send of one form: its description, and how it travels: as one copied frame with this
+    `header` (`Group.send_frame`), else by an Execution of a one-Send `schedule`."""
+    __slots__ = ("group", "peer", "dtype", "tag", "nbytes", "desc", "header", "schedule")
+
+    def __init__(self, group: Group, peer: int, count: int, dtype: torch.dtype, tag: int):
+        self.group, self.peer, self.dtype, self.tag = group, peer, dtype, tag
+        self.nbytes = nbytes = count * dtype.itemsize
+        self.desc = f"send({nbytes} bytes, to rank {peer}, tag {tag})"
+        self.header = self.schedule = None
+        if group.one_frame(count, dtype.itemsize):
+            self.header = group.frame_header(dtype, peer, nbytes, tag)
+        else:
+            self.schedule = direct.send(peer, count)
+
+    def start(self, payload: torch.Tensor, op: Op):
+        """The op's execution, sending the flat `payload` (an Op's start, with the payload bound)."""
+        if self.header is not None:
+            return self.group.send_frame(op, self.peer, self.header, payload)
+        return self.group.execution(op, self.schedule, [payload, None, None], None, self.dtype, self.tag)
+
+
+def _sender_from_frame(op: Op) -> None:
+    """A one-frame receive from any source learns its sender from the frame it took (a
+    `Receive` sets it when it finds the frame)."""
+    op.source_rank = op.exe.peer
+
+
+class RecvPlan:
+    """A receive of one form from `peer` (None: any source), into the front of the buffer: its
+    description; for a message that fits one copied frame, the headers its possible senders'
+    frames must carry (`sources`, for `Group.recv_frame`), else None (a `Receive`, whose
+    one-Recv schedules come from `schedule_for(peer, count)`); and `note_sender`, the op's
+    finish that sets its source rank where the execution does not (else None)."""
+    __slots__ = ("group", "peer", "dtype", "tag", "desc", "sources", "schedule_for", "note_sender")
+
+    def __init__(self, group: Group, peer: int | None, count: int, dtype: torch.dtype, tag: int, schedule_for):
+        self.group, self.peer, self.dtype, self.tag, self.schedule_for = group, peer, dtype, tag, schedule_for
+        nbytes = count * dtype.itemsize
+        self.desc = f"recv({nbytes} bytes, from rank {peer}, tag {tag})" if peer is not None else \
+            f"recv(any source, tag {tag}, {nbytes} bytes)"
+        self.sources = None
+        if group.one_frame(count, dtype.itemsize):
+            self.sources = tuple((p, group.frame_header(dtype, p, nbytes, tag, incoming=True))
+                                 for p in ((peer,) if peer is not None else range(group.size)) if p != group.rank)
+        self.note_sender = _sender_from_frame if peer is None and self.sources is not None else None
+
+    def start(self, out: torch.Tensor, op: Op):
+        """The op's execution, receiving into the flat `out` (an Op's start, with the buffer bound)."""
+        if self.sources is None:
+            return Receive(self.group, op, out, self.dtype, self.tag, self.peer, self.schedule_for)
+        return self.group.recv_frame(op, self.peer, self.sources, self.tag, out, self.dtype)
+
+
+def _one_recv(kept: dict, peer: int, count: int) -> Schedule:
+    """A one-Recv schedule from `peer`, kept per (peer, count) in `kept` with the frame plan
+    the executor caches on it."""
+    sched = kept.get((peer, count))
+    if sched is None:
+        if len(kept) >= PLAN_CACHE:
+            kept.clear()
+        sched = kept[(peer, count)] = direct.recv(peer, count)
+    return sched
+
+
+class PeerPlans:
+    """A process group's send and receive plans, one per argument form (cleared when full),
+    and the one-Recv schedules its `Receive`s run. The schedules are kept apart from the plans,
+    which refer to them: in one dict each receive plan would be a reference cycle."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.by_args: dict[tuple, SendPlan | RecvPlan] = {}
+        self._schedule_for = functools.partial(_one_recv, {})
+
+    def send(self, peer: int, count: int, dtype: torch.dtype, tag: int) -> SendPlan:
+        key = ("send", peer, count, dtype, tag)
+        plan = self.by_args.get(key)
+        if plan is None:
+            plan = self._keep(key, SendPlan(self.group, peer, count, dtype, tag))
+        return plan
+
+    def recv(self, peer: int | None, count: int, dtype: torch.dtype, tag: int) -> RecvPlan:
+        key = ("recv", peer, count, dtype, tag)
+        plan = self.by_args.get(key)
+        if plan is None:
+            plan = self._keep(key, RecvPlan(self.group, peer, count, dtype, tag, self._schedule_for))
+        return plan
+
+    def _keep(self, key: tuple, plan):
+        if len(self.by_args) >= PLAN_CACHE:
+            self.by_args.clear()
+        self.by_args[key] = plan
+        return plan

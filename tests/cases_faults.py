@@ -552,7 +552,7 @@ def scratch_freed(rank, world):
         t = torch.ones(count)
         dist.all_reduce(t, group=sub)
         assert t[0].item() == world
-    refs = [weakref.ref(p._tmp) for p in sub._plans.values() if p._tmp is not None]
+    refs = [weakref.ref(p._tmp) for p in sub._plans.by_args.values() if p._tmp is not None]
     assert refs, "no scratch buffer was kept: the case tests nothing"
     dist.destroy_process_group(sub)
     del sub

@@ -311,7 +311,7 @@ def test_a_peer_seen_gone_is_blamed_only_once_its_abort_had_its_grace():
     def group(after):
         g = SimpleNamespace(mailbox=Mailbox(after), transport=transport, _gone_seen={}, rank=0, size=4,
                             global_ranks=[0, 1, 2, 3])
-        g._who = lambda r: Group._who(g, r)
+        g.who = lambda r: Group.who(g, r)
         g._gone_now = lambda q: Group._gone_now(g, q)
         return g
 

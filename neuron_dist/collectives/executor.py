@@ -277,8 +277,8 @@ class Execution:
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
                  tmp_views: dict | None = None, plan: Plan | None = None):
         """`tmp_views`: where to keep the views cut from TMP, when the caller keeps TMP itself
-        across calls (the c10d adapter keeps a plan's small scratch buffer, and its views with
-        it: slicing costs ~1 us a view). `plan`: execution_plan's answer for these arguments,
+        across calls (a collective's plan, plans.py, keeps its small scratch buffer, and its views
+        with it: slicing costs ~1 us a view). `plan`: execution_plan's answer for these arguments,
         when the caller has it already."""
         dtype = stamp.dtype
         if bufs[0] is None or bufs[1] is None or bufs[2] is None:  # (not `None in bufs`: that calls Tensor.__eq__)

@@ -16,8 +16,8 @@ Point-to-point ops, which run beside collectives, have no TMP.
 
 Bounded: the buffer grows to the largest scratch a call needs, rounded up to a power of two, up
 to `NEURON_DIST_SCRATCH_BYTES` (default 64 MiB); a call needing more gets a buffer of its own,
-freed when the call ends, as before. Small scratch (up to 64 KiB) stays with its call's plan in
-the c10d adapter, with the views cut from it.
+freed when the call ends, as before. Small scratch (up to 64 KiB) stays with its call's plan
+(plans.py), with the views cut from it.
 """
 from __future__ import annotations
 

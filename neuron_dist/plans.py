@@ -1,0 +1,96 @@
+"""Collective plans: what a collective call needs besides its buffers, made once per form.
+
+For a given group, a collective's description, reducer, frame checksum and schedule depend only
+on its argument set (collective, algorithm, dtype, reduce op, sizes, root), so they are made on
+the first call of that form and kept (`Plans`): schedules are immutable data. The c10d adapter
+checks and flattens a call's arguments and picks its algorithm, asks here for the plan, and, as
+the op starts, for the plan's Execution on the call's buffers (`Plan.execution`). The schedule
+is built then, not when the call is checked, so a set-up error surfaces from wait(). Point-to-
+point messages are planned in `p2p.py`.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import debug
+from .collectives import reduce_ops
+from .collectives.algorithms import Spec, build
+from .collectives.executor import Execution
+from .collectives.schedule import Schedule
+from .group import Group, _dtype_name, coll_log
+from .op import Op
+from .transport.frame import Kind
+
+PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
+KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan (larger: Group.scratch)
+_REDUCING = (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER)  # kinds whose description names the op
+
+
+class Plan:
+    """One argument set's description, reducer and frame checksum, with the schedule once
+    built and the small scratch buffer kept for it."""
+    __slots__ = ("group", "desc", "reduce", "collective", "algo", "spec_args", "dtype", "tag", "_sched", "_tmp",
+                 "tmp_views")
+
+    def __init__(self, group: Group, desc, reduce, collective, algo, spec_args, dtype, tag):
+        self.group, self.desc, self.reduce, self.collective, self.algo = group, desc, reduce, collective, algo
+        self.spec_args, self.dtype, self._sched, self._tmp = spec_args, dtype, None, None
+        self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
+        self.tag = tag  # the frames' argument checksum (debug.call_tag of kind, desc and algorithm)
+
+    def execution(self, op: Op, src: torch.Tensor | None, out: torch.Tensor | None) -> Execution:
+        """The op's Execution of this plan on flat buffers SRC/OUT (run as the op starts). The
+        schedule is built on first use. Its TMP buffer, if it has one: a small one is kept for
+        the next call of this form, with the views the executor cuts from it (a group runs one
+        collective at a time, so no two executions of a plan overlap); a larger one is the
+        group's shared scratch (collectives/scratch.py)."""
+        g, dtype = self.group, self.dtype
+        sched = self._sched
+        if sched is None:
+            sched = self._sched = self._build()
+        tmp = views = None
+        if sched.tmp_count:
+            tmp = self._tmp
+            if tmp is None:
+                if sched.tmp_count * dtype.itemsize > KEEP_SCRATCH:
+                    tmp = g.scratch.take(sched.tmp_count, dtype)
+                else:
+                    tmp = self._tmp = torch.empty(sched.tmp_count, dtype=dtype)
+                    self.tmp_views = {}
+            if tmp is self._tmp:
+                views = self.tmp_views
+        return g.execution(op, sched, [src, out, tmp], self.reduce, dtype, self.tag, views)
+
+    def _build(self) -> Schedule:
+        g = self.group
+        spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology,
+                    eager_count=g.frame_bytes // self.dtype.itemsize, **self.spec_args)
+        return build(spec, self.algo)
+
+
+class Plans:
+    """A process group's collective plans, one per argument set (`by_args`)."""
+
+    def __init__(self, group: Group):
+        self.group = group
+        self.by_args: dict[tuple, Plan] = {}
+
+    def get(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype, op_name: str,
+            nbytes: int, name: str | None = None, detail: str = "") -> Plan:
+        """The plan of a call with these arguments. `name` replaces the collective's in the
+        description; `detail` ends the description's arguments, and so enters the checksum its
+        frames carry."""
+        key = (collective, algo, dtype, op_name, nbytes, name, detail, *spec_args.items())
+        plan = self.by_args.get(key)
+        if plan is None:
+            g, reduce = self.group, reduce_ops.reducer(op_name, dtype)
+            desc = f"{name or collective}({nbytes} bytes, {_dtype_name(dtype)}" + \
+                   (f", {op_name}" if kind in _REDUCING else "") + \
+                   (f", root {spec_args['root']}" if "root" in spec_args else "") + \
+                   (f", {detail}" if detail else "") + ")"
+            if len(self.by_args) >= PLAN_CACHE:
+                self.by_args.clear()
+            plan = self.by_args[key] = Plan(g, desc, reduce, collective, algo,
+                                            dict(spec_args), dtype, debug.call_tag(kind, desc, algo))
+            coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", g.rank, g.name, desc, algo)
+        return plan

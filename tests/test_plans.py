@@ -1,0 +1,147 @@
+"""The plans the c10d adapter asks for (plans.py for collectives, p2p.py for sends and receives)
+and the adapter's boundary. A collective's plan must describe its call as the frames' checksum
+and every error expect, be made once per argument set, build its schedule once, keep a small
+scratch buffer (and the executor's views of it) for the next call and take a larger one from the
+group's shared scratch. A send or receive that fits one copied frame must be planned as that
+frame (the headers the group makes), a larger one as a schedule or a `Receive`. Private torch
+names stay in c10d.py, and debug.py reaches the adapter and the group through public names."""
+import ast
+import pathlib
+from types import SimpleNamespace
+
+import torch
+
+import neuron_dist
+from neuron_dist import debug
+from neuron_dist.collectives import direct
+from neuron_dist.collectives.scratch import Scratch
+from neuron_dist.group import Group
+from neuron_dist.op import Op
+from neuron_dist.p2p import PeerPlans, Receive
+from neuron_dist.plans import KEEP_SCRATCH, PLAN_CACHE, Plans
+from neuron_dist.transport.frame import Kind
+
+FRAME = 4096
+PACKAGE = pathlib.Path(neuron_dist.__file__).parent
+
+
+def _collective_group(calls):
+    """What a plan reads of its group; `execution` records its arguments and returns them."""
+    return SimpleNamespace(rank=0, size=3, order=[0, 1, 2], topology=None, frame_bytes=FRAME, name="g",
+                           scratch=Scratch(1 << 20), execution=lambda *a: calls.append(a) or a)
+
+
+def _allreduce(plans, count):
+    return plans.get("allreduce", Kind.ALLREDUCE, "direct", {"count": count}, torch.float32, "sum", 4 * count)
+
+
+def test_a_collective_plan_is_made_once_per_argument_set_and_describes_the_call():
+    plans = Plans(_collective_group([]))
+    plan = _allreduce(plans, 1000)
+    assert _allreduce(plans, 1000) is plan and _allreduce(plans, 1001) is not plan
+    assert plan.desc == "allreduce(4000 bytes, float32, sum)"
+    assert plan.tag == debug.call_tag(Kind.ALLREDUCE, plan.desc, "direct")
+    rs = plans.get("reduce_scatter", Kind.REDUCE_SCATTER, "ring", {"counts": (2, 2, 2)}, torch.float32, "max", 24,
+                   name="reduce_scatter_tensor_coalesced", detail="parts [float32[1], float32[1]]")
+    assert rs.desc == "reduce_scatter_tensor_coalesced(24 bytes, float32, max, parts [float32[1], float32[1]])"
+    bc = plans.get("broadcast", Kind.BROADCAST, "direct", {"count": 3, "root": 2}, torch.int64, "sum", 24)
+    assert bc.desc == "broadcast(24 bytes, int64, root 2)"  # no reduce op named
+    for count in range(PLAN_CACHE):  # bounded: a full cache starts again
+        _allreduce(plans, 2000 + count)
+    assert len(plans.by_args) <= PLAN_CACHE and _allreduce(plans, 1000) is not plan
+
+
+def test_a_plan_keeps_a_small_scratch_buffer_and_its_views_and_takes_a_large_one_from_the_group():
+    calls = []
+    g = _collective_group(calls)
+    plans = Plans(g)
+    small, large = _allreduce(plans, 1000), _allreduce(plans, 20_000)  # direct at 3 ranks: TMP per peer
+    inp = out = torch.ones(1000)
+    first, second = small.execution("op1", inp, out), small.execution("op2", inp, out)
+    op, sched, bufs, reduce, dtype, tag, views = first
+    assert op == "op1" and bufs[:2] == [inp, out] and dtype is torch.float32 and tag == small.tag
+    assert 0 < sched.tmp_count * 4 <= KEEP_SCRATCH and bufs[2].numel() == sched.tmp_count
+    assert second[1] is sched, "the schedule was built again"
+    assert second[2][2] is bufs[2] and isinstance(views, dict) and second[6] is views, \
+        "a small scratch buffer and its views are kept for the next call"
+    big = torch.ones(20_000)
+    sched = large.execution("op3", big, big)[1]
+    tmp, views = calls[-1][2][2], calls[-1][6]
+    assert sched.tmp_count * 4 > KEEP_SCRATCH and views is None and large._tmp is None
+    assert tmp.data_ptr() == g.scratch.take(1, torch.uint8).data_ptr(), "a large one is the group's scratch"
+    none = plans.get("broadcast", Kind.BROADCAST, "direct", {"count": 3, "root": 0}, torch.float32, "sum", 12)
+    assert none.execution("op4", None, None)[2][2] is None  # no TMP, none made
+
+
+def _p2p_group(sent):
+    """What a send or receive plan reads of its group (a transport that copies every frame)."""
+    g = SimpleNamespace(token=0x5EC12E7, group_id=77, rank=1, size=4, frame_bytes=FRAME, transport=SimpleNamespace(),
+                        mailbox=None)
+    g.one_frame = lambda count, itemsize: Group.one_frame(g, count, itemsize)
+    g.frame_header = lambda *a, **k: Group.frame_header(g, *a, **k)
+    g.send_frame = lambda op, peer, header, payload: sent.append(("frame", peer, header, payload))
+    g.recv_frame = lambda op, peer, sources, tag, out, dtype: sent.append(("frame in", peer, sources, out))
+    g.execution = lambda op, sched, bufs, reduce, dtype, tag, **k: sent.append(("execution", sched, bufs, tag))
+    return g
+
+
+def test_a_message_that_fits_one_frame_is_planned_as_that_frame_and_a_larger_one_as_a_schedule():
+    sent = []
+    g = _p2p_group(sent)
+    plans = PeerPlans(g)
+    one = plans.send(3, 10, torch.float32, 7)
+    assert plans.send(3, 10, torch.float32, 7) is one and plans.send(3, 10, torch.float32, 8) is not one
+    assert one.desc == "send(40 bytes, to rank 3, tag 7)" and one.nbytes == 40 and one.schedule is None
+    assert one.header == Group.frame_header(g, torch.float32, 3, 40, 7)
+    many = plans.send(3, FRAME, torch.float32, 7)  # four frames
+    assert many.header is None and many.schedule == direct.send(3, FRAME)
+    payload = torch.ones(10)
+    one.start(payload, None)
+    many.start(payload, None)
+    assert sent[0] == ("frame", 3, one.header, payload)
+    assert sent[1][:2] == ("execution", many.schedule) and sent[1][2][0] is payload and sent[1][3] == 7
+
+    from_any, from_two = plans.recv(None, 10, torch.float32, 7), plans.recv(2, 10, torch.float32, 7)
+    assert plans.recv(None, 10, torch.float32, 7) is from_any
+    assert from_any.desc == "recv(any source, tag 7, 40 bytes)"
+    assert from_two.desc == "recv(40 bytes, from rank 2, tag 7)"
+    assert from_any.sources == tuple((p, Group.frame_header(g, torch.float32, p, 40, 7, incoming=True))
+                                     for p in (0, 2, 3))
+    assert [p for p, _ in from_two.sources] == [2] and from_two.note_sender is None
+    op = Op(Kind.P2P, "recv", None)
+    op.exe = SimpleNamespace(peer=3)
+    from_any.note_sender(op)
+    assert op.source_rank == 3, "a one-frame receive from any source learns its sender from the frame"
+    out = torch.zeros(10)
+    from_two.start(out, op)
+    assert sent[-1] == ("frame in", 2, from_two.sources, out)
+
+    large = plans.recv(None, FRAME, torch.float32, 7)
+    assert large.sources is None and large.note_sender is None  # a Receive sets the sender itself
+    receive = large.start(torch.zeros(FRAME), op)
+    assert isinstance(receive, Receive) and receive.peer is None and receive.schedule_for is large.schedule_for
+    assert large.schedule_for(2, 5) is large.schedule_for(2, 5) == direct.recv(2, 5)
+
+
+def _private_torch_imports(path: pathlib.Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        found += [f"{path.name}:{node.lineno} {n}" for n in names
+                  if n.split(".")[0] == "torch" and any(part.startswith("_") for part in n.split("."))]
+    return found
+
+
+def test_only_the_adapter_imports_private_torch_names():
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) if path.name != "c10d.py"
+             for f in _private_torch_imports(path)]
+    assert not found, found
+    assert _private_torch_imports(PACKAGE / "c10d.py"), "the check finds nothing where there is something"
+
+
+def test_debug_reads_no_private_name_of_the_adapter_or_the_group():
+    tree = ast.parse((PACKAGE / "debug.py").read_text())
+    private = [f"{ast.unparse(n)} (line {n.lineno})" for n in ast.walk(tree)
+               if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")]
+    assert not private, private
