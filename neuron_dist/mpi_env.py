@@ -23,9 +23,11 @@ name for it) unless the environment already names one.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import socket
+import sys
 import warnings
 
 from .ports import free_port
@@ -103,9 +105,39 @@ def launcher_vars(env=os.environ) -> dict[str, str]:
     return {}
 
 
+_MPI_STARTED_BY = 0  # the pid whose `mpi()` started MPI (it, and only it, finalizes MPI at exit)
+
+
+def mpi():
+    """mpi4py's MPI module (ImportError without mpi4py). If nothing in the process had imported it
+    yet, this call starts MPI, and neuron_dist, not mpi4py, finalizes it at exit, in this process
+    only: mpi4py's own exit hook ran MPI_Finalize in a forked child too (`os.fork()` after
+    init_process_group, a child that ends with sys.exit or returns), where Open MPI's finalize
+    never returns, and the job hung with the parent waiting on the child (Gloo's did not: it
+    starts no MPI). A program that imported mpi4py.MPI first keeps mpi4py's ways."""
+    global _MPI_STARTED_BY
+    if "mpi4py.MPI" not in sys.modules:
+        import mpi4py
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+        _MPI_STARTED_BY = os.getpid()
+        return MPI
+    from mpi4py import MPI
+    return MPI
+
+
+@atexit.register  # registered at import, before group.py's _close_at_exit: so it runs after it
+def _finalize_mpi_at_exit() -> None:
+    if _MPI_STARTED_BY != os.getpid():
+        return
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()
+
+
 def _master_from_mpi() -> tuple[str, str] | None:
     try:
-        from mpi4py import MPI
+        MPI = mpi()
     except ImportError:
         return None
     comm = MPI.COMM_WORLD

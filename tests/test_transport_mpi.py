@@ -283,6 +283,17 @@ def test_mpi_finalized_before_destroy_is_a_clear_error(mode):
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_forked_child_that_exits_normally_does_not_hang_the_job():
+    """MPI started by neuron_dist is finalized at exit by the process that started it, never by a
+    forked child (mpi4py's exit hook finalized in the child too, and Open MPI's finalize there
+    never returned)."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_fork_child.py"), timeout=100)
+    assert rc == 0, out[-4000:]
+    for r in (0, 1):
+        assert f"rank {r}: the forked child exited" in out and f"rank {r}: destroyed" in out, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
 def test_a_peer_killed_on_this_host_fails_its_peers_at_once_over_mpi():
     """MPI says nothing when a peer dies: with the job kept alive (mpirun --enable-recovery, srun
     without -K), its peers waited out the group's time-out and named the dead rank as one that

