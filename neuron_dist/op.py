@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -165,10 +166,14 @@ class CallbackRunner:
             fn(arg)
 
     def close(self, timeout: float) -> None:
+        """Drain the queue and join the threads, all within `timeout` (one deadline for all: a
+        join of its own for each thread stuck in a user's callback made a destroy wait 5 s per
+        such thread, up to MAX_THREADS times; they are daemons, left to their callbacks)."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         me = threading.current_thread()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
             if t is not me:
-                t.join(timeout)
+                t.join(max(0.0, deadline - time.monotonic()))

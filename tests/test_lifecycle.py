@@ -132,3 +132,23 @@ def test_worlds_after_worlds_form_whatever_each_process_did_before(mode, want):
         rank = n - 1 - proc if mode == "solo" else proc
         assert x["kind"] == "ok" and x["values"] == want[rank], x
         assert x["elapsed"] < 6, x
+
+
+def test_a_destroy_waits_for_callbacks_stuck_in_user_code_once_not_per_thread():
+    """Threads stuck in a user's future callback (each blocked callback holds one, up to 8) are
+    joined within one deadline at close: a join of its own for each made a destroy_process_group
+    wait 5 s per such thread (15 s with three)."""
+    import threading
+    import time
+
+    from neuron_dist.op import CallbackRunner
+
+    runner, release = CallbackRunner("stuck"), threading.Event()
+    for _ in range(4):  # each finds the others busy: four threads
+        runner.submit(lambda _: release.wait(30), None)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    runner.close(timeout=0.5)
+    took = time.monotonic() - t0
+    release.set()
+    assert len(runner._threads) == 4 and took < 1.2, f"close took {took:.2f}s for {len(runner._threads)} threads"
