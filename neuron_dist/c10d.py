@@ -126,9 +126,9 @@ class NeuronWork(dist.Work):
     reach DDP's reducer as a value and crash it). The future is made on the first get_future()
     (most callers only wait): completed at once if the op already finished, else when it does."""
 
-    def __init__(self, op: Op):
+    def __init__(self, op: Op, rank: int = -1):
         super().__init__()
-        self._op = op
+        self._op, self._rank = op, rank
         self._fut = None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -142,7 +142,7 @@ class NeuronWork(dist.Work):
         op = self._op
         if op.finished and op.error is None:
             return True
-        op.wait(secs if secs > 0 else None)
+        op.wait(secs if secs > 0 else None, self._rank)
         return True
 
     def is_completed(self) -> bool:
@@ -380,7 +380,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             timeout = getattr(opts, "timeout", None)  # unset: -1 ms (c10d's kUnsetTimeout)
             if timeout is not None and timeout > _NO_TIMEOUT:  # dist.barrier(timeout=...), as Gloo
                 op.timeout = timeout.total_seconds()
-        return NeuronWork(self.group.submit(op))
+        return NeuronWork(self.group.submit(op), self.group.rank)
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",

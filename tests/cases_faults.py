@@ -1131,3 +1131,22 @@ def names_give_nothing_of_the_token_away(rank, world, transport):
     finally:
         dist.destroy_process_group(sub)
     return dict(seen=len(names), leaks=leaks)
+
+
+def a_wait_that_times_out_leaves_its_op_running(rank, world):
+    """Work.wait(timeout) past its bound fails the wait, naming the rank, the call and its seq,
+    and says the op goes on; a later wait() sees it complete with the right sum (Gloo: the same,
+    as "Operation timed out!"). The message named neither rank nor seq."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    dist.all_reduce(torch.ones(4), group=sub)
+    if rank == 1:
+        time.sleep(1.0)
+    x = torch.full((1000,), float(rank + 1))
+    work = dist.all_reduce(x, group=sub, async_op=True)
+    first = _outcome(lambda: work.wait(timedelta(seconds=0.2))) if rank == 0 else None
+    work.wait()
+    right = bool(torch.all(x == world * (world + 1) / 2))
+    dist.destroy_process_group(sub)
+    return dict(first=first, right=right)

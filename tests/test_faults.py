@@ -358,3 +358,12 @@ def test_an_exception_between_the_fast_paths_lock_and_its_run_fails_the_group_an
     assert mine["raised"] == "time limit", mine
     assert peer["raised"] and "rank 0" in peer["raised"] and peer["elapsed"] < 5, peer
     assert mine["destroy_s"] < 3 and not mine["engine_alive"], mine
+
+
+def test_a_wait_that_times_out_names_the_call_and_leaves_it_running(pools):
+    res = pools(2).run("cases_faults:a_wait_that_times_out_leaves_its_op_running", timeout=120)
+    first = res[0]["first"]
+    assert first["outcome"] == "GroupError" and first["elapsed"] < 0.9, first
+    assert first["msg"].startswith("[rank 0] allreduce") and "(seq " in first["msg"] and "still running" in first["msg"], \
+        first["msg"]
+    assert all(r["right"] for r in res), res
