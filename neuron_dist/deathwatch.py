@@ -36,6 +36,7 @@ class DeathWatch:
         self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
         self.dead: dict[int, str] = {}     # peer -> reason
+        self.failed: set[int] = set()      # those of them alive, whose copy of the group failed
         self.remote = [r for r, h in enumerate(group.hosts) if r != group.rank and h != host]
         local = [r for r, h in enumerate(group.hosts) if r != group.rank and h == host]
         if local and hasattr(os, "pidfd_open"):
@@ -78,6 +79,7 @@ class DeathWatch:
                 reason = g.transport.peer_failed(r)
                 if reason:
                     self.dead[r] = reason
+                    self.failed.add(r)
 
     def exited(self, g: "Group", peer: int) -> str | None:
         """Why same-host `peer` is gone if its process has ended: asked by an operation that
@@ -103,11 +105,12 @@ class DeathWatch:
         if not dead:
             return
         r = dead[0]
-        if len(self.dead) == 1:
+        if len(self.dead) == 1 and r not in self.failed:
             raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g.who(r)} is gone "
                              f"({self.dead[r]}) before the operation started")
         # several members gone, seen in one look: which went first is what their ABORT frames say
-        # (a peer that failed on another's death tells its cause, then exits)
+        # (a peer that failed on another's death tells its cause, then exits); a member that
+        # failed says why in its ABORT too (a mismatch it found, the rank it timed out on)
         raise GroupError(f"[rank {g.rank}] {g._name(op)} failed before it started: {g._gone_cause(r, self.dead[r])}")
 
     def close(self) -> None:
