@@ -98,6 +98,21 @@ def _live_in_session(sid: int) -> dict[int, int]:
     return out
 
 
+def _assert_session_ends(p, within: float = 10.0) -> None:
+    """Every process of `p`'s session (its ranks, fork server, resource tracker) is gone within
+    `within` seconds."""
+    deadline = _time.monotonic() + within
+    while _live_in_session(p.pid) and _time.monotonic() < deadline:
+        _time.sleep(0.2)
+    assert not _live_in_session(p.pid), _live_in_session(p.pid)
+
+
+def _kill_session(p) -> None:
+    import signal
+    for pid in _live_in_session(p.pid):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _start_with_ranks(tool: list[str]) -> subprocess.Popen:
     """`python -m tool...` in a session of its own, as a shell starts it, once its two ranks
     (children of the fork server, the tool's child) are in their first calls."""
@@ -144,13 +159,9 @@ def test_a_signal_to_the_tool_stops_its_ranks(tool, how):
         sig = signal.SIGTERM if how.startswith("SIGTERM") else signal.SIGINT
         assert p.returncode == 128 + sig, (p.returncode, err)
         assert err.strip().splitlines() == [f"{tool[0]}: stopped by {sig.name}, and so were its 2 rank processes"], err
-        deadline = _time.monotonic() + 10  # the fork server and resource tracker follow their parent
-        while _live_in_session(p.pid) and _time.monotonic() < deadline:
-            _time.sleep(0.2)
-        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+        _assert_session_ends(p)  # the fork server and resource tracker follow their parent
     finally:
-        for pid in _live_in_session(p.pid):
-            os.kill(pid, signal.SIGKILL)
+        _kill_session(p)
         p.wait()
 
 
@@ -165,13 +176,9 @@ def test_a_sigkilled_tool_leaves_no_rank_running(tool):
     try:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
-        deadline = _time.monotonic() + 10
-        while _live_in_session(p.pid) and _time.monotonic() < deadline:
-            _time.sleep(0.2)
-        assert not _live_in_session(p.pid), _live_in_session(p.pid)
+        _assert_session_ends(p)
     finally:
-        for pid in _live_in_session(p.pid):
-            os.kill(pid, signal.SIGKILL)
+        _kill_session(p)
 
 
 def test_a_rank_whose_tool_died_before_it_asked_exits():
