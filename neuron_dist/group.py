@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -190,6 +191,25 @@ def _bind_addr(store=None) -> str:
         master = socket.gethostname()
     return _route_from(_unbracket(master), "the rendezvous host (MASTER_ADDR)" if os.environ.get("MASTER_ADDR")
                        else "the rendezvous host")
+
+
+def _from_signal_handler(e: BaseException) -> bool:
+    """Whether `e` was raised by a Python signal handler that ran while the caller's thread drove
+    its call (a time limit's SIGALRM handler, say): the caller's own exception, which it must get
+    as it would from Gloo's call, not a GroupError ("... failed: alarm") its `except` misses. The
+    call itself is failed all the same: it was stopped at an arbitrary point of its schedule."""
+    handlers = set()
+    for sig in signal.valid_signals():
+        h = signal.getsignal(sig)
+        code = getattr(getattr(h, "__func__", h), "__code__", None)
+        if code is not None:
+            handlers.add(code)
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in handlers:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _close_at_exit() -> None:
@@ -583,8 +603,8 @@ class Group(HangDiagnosis):
                     self.transport.wait(max(0.0, deadline - time.perf_counter()))
         except BaseException as e:  # noqa: BLE001 - every failure must reach wait()
             self._fail(op, e, self._active, self._waiting)
-            if not isinstance(e, Exception):  # Ctrl-C (KeyboardInterrupt), SystemExit: the caller's
-                raise                          # own, as with Gloo; the group is failed all the same
+            if not isinstance(e, Exception) or _from_signal_handler(e):  # Ctrl-C, SystemExit, a time
+                raise  # limit's handler: the caller's own, as with Gloo; the group is failed all the same
             return
         with self._cv:  # hand over: the engine finishes it (time-outs and peer checks live there)
             broken = self.broken
@@ -827,6 +847,8 @@ class Group(HangDiagnosis):
                 why = f"{type(e).__name__}: {why}"                     # word: str(KeyError(1)) is '1'
             if isinstance(e, KeyboardInterrupt):
                 why = "interrupted (KeyboardInterrupt) in the middle of the operation"
+            elif _from_signal_handler(e):
+                why = f"interrupted by a signal handler's {type(e).__name__} ({why}) in the middle of the operation"
             err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {why}")
             err.__cause__ = e
         else:

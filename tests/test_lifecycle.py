@@ -57,6 +57,27 @@ def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
     assert "failed: \n" not in outs[1] and not outs[1].rstrip().endswith("failed:"), outs[1][-2000:]
 
 
+def test_a_signal_handlers_exception_in_a_call_reaches_its_caller():
+    """A SIGALRM handler's own exception raised inside a synchronous collective reached the
+    caller as a GroupError ("... failed: time limit"), which its `except Alarm` missed; Gloo's
+    call raises the handler's exception. Now the caller gets its own exception; the call (stopped
+    at an arbitrary point) is failed, and the peer fails naming the cause."""
+    from pool import free_port
+    script = os.path.join(os.path.dirname(SCRIPT), "alarm_in_call.py")
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert "rank 0: Alarm: time limit" in outs[0], outs[0][-2000:]
+    assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1] and \
+        "signal handler's Alarm (time limit)" in outs[1], outs[1][-2000:]
+
+
 def test_kept_scratch_buffers_go_with_their_group(pools):
     assert all(n > 0 for n in pools(3).run("cases_faults:scratch_freed"))
 
