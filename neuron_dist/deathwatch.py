@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 class DeathWatch:
     """Fails an operation at its start if a peer it needs has died, or its copy of the group failed.
 
-    A collective needs every member; a point-to-point transfer its peer. Only a death counts: a
-    peer that closed in order (destroy_process_group after its last collective, seen by the
-    transport's `peer_finished`) may already have done its part. Same-host peers are watched
+    A collective needs every member; a point-to-point transfer its peer. A peer that closed in
+    order (destroy_process_group after its last collective, seen by the transport's
+    `peer_finished`) may already have done its part, and does not count. A receive is not failed
+    on a member that failed but lives: what it sent before is delivered (a receive that waits on
+    it in vain fails there, on the transport's word). Same-host peers are watched
     through pidfds in one epoll set (a non-blocking poll at an operation's start, at most one
     per POLL_INTERVAL; zombies included); peers on other hosts through the transport's
     connection state.
@@ -64,6 +66,7 @@ class DeathWatch:
                 self.ep.unregister(fd)
                 os.close(fd)
                 self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
+                self.failed.discard(r)  # (dead now, not only failed)
         self._failed(g)
 
     def _failed(self, g: "Group") -> None:
@@ -87,10 +90,10 @@ class DeathWatch:
         the job kept alive, as under `mpirun --enable-recovery` or srun without -K, its peers
         waited out the time-out, told the dead rank "had not entered")."""
         self._poll(g)
-        return self.dead.get(peer) if peer not in self.remote else None
+        return self.dead.get(peer) if peer not in self.remote and peer not in self.failed else None
 
     def check(self, g: "Group", op: "Op") -> None:
-        """Raise if a peer `op` of group `g` needs has died."""
+        """Raise if a peer `op` of group `g` needs has died or (but for a receive) failed."""
         if self.remote:
             g.transport.take_in()  # their ABORTs queued behind frames not read yet (zmq): one drain for all
         self._poll(g)
@@ -102,6 +105,8 @@ class DeathWatch:
             return
         needed = [op.peer] if op.is_p2p and op.peer is not None else range(g.size)
         dead = [r for r in needed if r in self.dead and not g.transport.peer_finished(r)]
+        if op.is_p2p and op.direction != "send":  # a message a failed member sent before it failed
+            dead = [r for r in dead if r not in self.failed]  # is still there to take (eager sends)
         if not dead:
             return
         r = dead[0]

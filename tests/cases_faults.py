@@ -1150,3 +1150,32 @@ def a_wait_that_times_out_leaves_its_op_running(rank, world):
     right = bool(torch.all(x == world * (world + 1) / 2))
     dist.destroy_process_group(sub)
     return dict(first=first, right=right)
+
+
+def a_message_sent_before_its_sender_failed_is_delivered(rank, world, count=4):
+    """Rank 1 sends eagerly, then its copy of the group fails (a barrier with a short time-out of
+    its own that rank 0 never joins); rank 0's receive, made afterwards, takes the message that
+    was there. The start-of-call check for failed members refused it ("failed before it
+    started: rank 1 aborted the group")."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=10))
+    meta = dist.new_group(backend="gloo")
+    got = None
+    try:
+        dist.all_reduce(torch.ones(2), group=sub)
+        if rank == 1:
+            dist.send(torch.full((count,), 7.0), 0, group=sub)
+            try:
+                dist.barrier(group=sub, timeout=timedelta(seconds=0.5))
+            except Exception:  # noqa: BLE001 - the failure this case makes
+                pass
+        dist.barrier(group=meta)  # rank 1's copy has failed by now
+        if rank == 0:
+            t = torch.zeros(count)
+            got = _outcome(lambda: dist.recv(t, 1, group=sub))
+            got["right"] = bool(torch.all(t == 7.0))
+    finally:
+        dist.barrier(group=meta)
+        dist.destroy_process_group(sub)
+    return got

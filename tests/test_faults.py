@@ -369,3 +369,10 @@ def test_a_wait_that_times_out_names_the_call_and_leaves_it_running(pools):
     assert first["msg"].startswith("[rank 0] allreduce") and "(seq " in first["msg"] and "still running" in first["msg"], \
         first["msg"]
     assert all(r["right"] for r in res), res
+
+
+@pytest.mark.parametrize("count", [4, 1 << 18])  # one frame; a 1 MiB message through a schedule
+def test_a_message_sent_before_its_sender_failed_is_delivered(pools, count):
+    got = pools(2).run("cases_faults:a_message_sent_before_its_sender_failed_is_delivered", count=count,
+                       timeout=120)[0]
+    assert got["outcome"] == "ok" and got["right"], got
