@@ -188,5 +188,13 @@ class Composite(Transport):
             t.take_in()
 
     def close(self, abort: bool = False):
+        """Close every part, even after one's close raised (the others' sockets and segments
+        would leak), then raise the first error."""
+        first = None
         for t in self.parts.values():
-            t.close(abort=abort)
+            try:
+                t.close(abort=abort)
+            except Exception as e:  # noqa: BLE001 - raised below, after the other parts
+                first = first or e
+        if first is not None:
+            raise first
