@@ -26,6 +26,7 @@ signal.signal(signal.SIGALRM, on_alarm)
 dist.init_process_group("neuron", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=timedelta(seconds=20))
 dist.all_reduce(torch.ones(1))
+meta = dist.new_group(backend="gloo")  # keeps rank 0 alive until rank 1 has failed (else: "rank 0 exited")
 t = torch.ones(1000)
 if rank == 1:
     time.sleep(0.5)
@@ -38,4 +39,5 @@ except Alarm as e:
     print(f"rank {rank}: Alarm: {e}", flush=True)
 except Exception as e:  # noqa: BLE001
     print(f"rank {rank}: {type(e).__name__}: {e}", flush=True)
+dist.barrier(group=meta)
 dist.destroy_process_group()
