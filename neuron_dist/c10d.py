@@ -32,7 +32,7 @@ from . import debug, sparse
 from .group import Group, _dtype_name
 from .op import Op
 from .p2p import PeerPlans
-from .plans import PLAN_CACHE, Plan, Plans
+from .plans import Plan, Plans, keep
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"
@@ -486,9 +486,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if check_as:
                 _check_op(op_name, dtype, check_as, self.group.rank)
             plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
-            if len(self._common) >= PLAN_CACHE:
-                self._common.clear()
-            self._common[key] = plan
+            keep(self._common, key, plan)
         return plan
 
     def allreduce_coalesced(self, tensors, opts=None):

@@ -19,7 +19,7 @@ from .collectives.executor import Execution
 from .collectives.schedule import Schedule
 from .group import Group
 from .op import Op
-from .plans import PLAN_CACHE
+from .plans import keep
 
 
 class Receive:
@@ -134,9 +134,7 @@ def _one_recv(kept: dict, peer: int, count: int) -> Schedule:
     the executor caches on it."""
     sched = kept.get((peer, count))
     if sched is None:
-        if len(kept) >= PLAN_CACHE:
-            kept.clear()
-        sched = kept[(peer, count)] = direct.recv(peer, count)
+        sched = keep(kept, (peer, count), direct.recv(peer, count))
     return sched
 
 
@@ -154,18 +152,12 @@ class PeerPlans:
         key = ("send", peer, count, dtype, tag)
         plan = self.by_args.get(key)
         if plan is None:
-            plan = self._keep(key, SendPlan(self.group, peer, count, dtype, tag))
+            plan = keep(self.by_args, key, SendPlan(self.group, peer, count, dtype, tag))
         return plan
 
     def recv(self, peer: int | None, count: int, dtype: torch.dtype, tag: int) -> RecvPlan:
         key = ("recv", peer, count, dtype, tag)
         plan = self.by_args.get(key)
         if plan is None:
-            plan = self._keep(key, RecvPlan(self.group, peer, count, dtype, tag, self._schedule_for))
-        return plan
-
-    def _keep(self, key: tuple, plan):
-        if len(self.by_args) >= PLAN_CACHE:
-            self.by_args.clear()
-        self.by_args[key] = plan
+            plan = keep(self.by_args, key, RecvPlan(self.group, peer, count, dtype, tag, self._schedule_for))
         return plan

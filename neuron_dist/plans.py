@@ -26,6 +26,16 @@ KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their p
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER)  # kinds whose description names the op
 
 
+def keep(cache: dict, key, value):
+    """Store `value` under `key` in one of a group's plan caches and return it. Every cache holds
+    at most PLAN_CACHE entries and starts again when full: a program that calls ever new forms
+    (sizes that change every step) must not grow it for good, and a plan is cheap to make again."""
+    if len(cache) >= PLAN_CACHE:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 class Plan:
     """One argument set's description, reducer and frame checksum, with the schedule once
     built and the small scratch buffer kept for it."""
@@ -88,9 +98,7 @@ class Plans:
                    (f", {op_name}" if kind in _REDUCING else "") + \
                    (f", root {spec_args['root']}" if "root" in spec_args else "") + \
                    (f", {detail}" if detail else "") + ")"
-            if len(self.by_args) >= PLAN_CACHE:
-                self.by_args.clear()
-            plan = self.by_args[key] = Plan(g, desc, reduce, collective, algo,
-                                            dict(spec_args), dtype, debug.call_tag(kind, desc, algo))
+            plan = keep(self.by_args, key, Plan(g, desc, reduce, collective, algo, dict(spec_args), dtype,
+                                                debug.call_tag(kind, desc, algo)))
             coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", g.rank, g.name, desc, algo)
         return plan
