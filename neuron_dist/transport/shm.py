@@ -695,8 +695,9 @@ class ShmTransport(Transport):
         seg = self.theirs.get(peer)
         if seg is None or seg.closed is None:
             return None
-        if seg.failed.value:
-            return f"rank {peer}'s copy of the group failed or was aborted (rank {peer}'s own error says why)"
+        failed = self.peer_failed(peer)
+        if failed:
+            return failed
         if seg.closed.value:
             return f"rank {peer} closed its shared-memory transport"
         if process_dead(self.peer_pid[peer]):

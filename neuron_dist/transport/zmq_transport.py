@@ -404,9 +404,7 @@ class ZmqTransport(Transport):
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")
-        if peer in self.aborted:
-            return f"rank {peer} aborted the group: {self.aborted[peer]}"
-        return self.gone.get(peer)
+        return self.peer_failed(peer) or self.gone.get(peer)
 
     def peer_failed(self, peer):
         cause = self.aborted.get(peer)
