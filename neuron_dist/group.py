@@ -462,14 +462,14 @@ class Group(HangDiagnosis):
         """This rank's slot (node, chip, cores) from the launcher's environment: published to
         the group so every rank builds the same topology, hence the same ring."""
         from . import topology
-        from .topology.placement import NODE_VARS
+        from .topology.placement import node_named
         env = os.environ
         world_rank = int(env.get("RANK", self.rank))
         world = int(env.get("WORLD_SIZE", self.size))
         local_rank = int(env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", world_rank)))
         local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
         slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
-        node_given = any(env.get(k) for k in NODE_VARS)  # (the node variables placement reads)
+        node_given = node_named(env)  # (the node variables placement reads)
         # what this rank's model of the instance holds, not only its name: ranks that load
         # different descriptions under one name (a file, register_instance on some ranks,
         # versions of neuron_dist) built different rings and waited for each other at the first

@@ -31,7 +31,7 @@ import sys
 import warnings
 
 from .ports import free_port
-from .topology.placement import NODE_VARS
+from .topology.placement import node_named
 
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -79,7 +79,7 @@ def _slurm_node_vars(env) -> dict[str, str]:
     node = env.get("SLURM_NODEID", "")
     if not node.isdigit():
         return {}
-    out = {} if any(env.get(k) for k in NODE_VARS) else {"GROUP_RANK": node}
+    out = {} if node_named(env) else {"GROUP_RANK": node}
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
     counts = slurm_tasks_per_node(spec)
     if counts and int(node) < len(counts):
@@ -119,9 +119,7 @@ def mpi():
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
         mpi4py.rc.finalize = False
-        from mpi4py import MPI
-        _MPI_STARTED_BY = os.getpid()
-        return MPI
+        _MPI_STARTED_BY = os.getpid()  # (_finalize_mpi_at_exit also asks whether mpi4py.MPI was loaded)
     from mpi4py import MPI
     return MPI
 

@@ -92,6 +92,11 @@ def make_slot(instance: InstanceModel, node: int, cores: Sequence[int], lnc: int
 NODE_VARS = ("GROUP_RANK", "NODE_ID", "NODE_RANK")  # the first one set (not empty) names the node
 
 
+def node_named(env: Mapping[str, str]) -> bool:
+    """Whether the environment names this rank's node (one of NODE_VARS set, not empty)."""
+    return any(env.get(k) for k in NODE_VARS)
+
+
 def _node_from_env(env: Mapping[str, str]) -> int | None:
     """The node index the environment gives (None: none of NODE_VARS is set); a value that is no
     integer >= 0 is a ValueError naming the variable."""
