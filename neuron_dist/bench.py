@@ -85,6 +85,10 @@ ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives -r/--ro
 IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")  # torch.distributed's call takes one buffer
 OUT_OF_PLACE_ONLY = ("alltoall", "sendrecv")  # no in-place form (torch stages one, NCCL has none for all-to-all)
 PLACES = ("both", "out", "in")  # --place
+REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
+# what the backend runs depends on these (None: unset, the default), so the JSON records them
+TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
 
 def forms(op: str, place: str) -> list[bool]:
@@ -98,10 +102,6 @@ def forms(op: str, place: str) -> list[bool]:
     if op in OUT_OF_PLACE_ONLY:
         return [] if place == "in" else [False]
     return {"both": [False, True], "out": [False], "in": [True]}[place]
-REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
-DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
-# what the backend runs depends on these (None: unset, the default), so the JSON records them
-TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
 
 def parse_size(s: str) -> int:
@@ -796,6 +796,21 @@ def placement_error(world: int) -> str | None:
     return None
 
 
+def check_neuron_job(p: argparse.ArgumentParser, world: int, world_flag: str | None) -> None:
+    """A usage error (p.error) for what every neuron rank of a `world`-rank job would raise at
+    init, each with a traceback of its own: the environment's settings (settings_error) and, for
+    ranks the command spawns on this host (`world_flag`, the flag that sets their number; None
+    under a launcher, whose ranks are placed by it), their placement (placement_error). bench
+    and bench_train both call it."""
+    why = settings_error(world)
+    if why:
+        p.error(why)
+    if world_flag is not None:
+        why = placement_error(world)
+        if why:
+            p.error(f"{world_flag} {world}: the ranks cannot place themselves: {why}")
+
+
 def check(p: argparse.ArgumentParser, a) -> None:
     """Reject, before any rank starts, what the sweep would spin on (a size that never passes -e),
     fail on late (a --json directory that does not exist, written after the whole sweep) or turn
@@ -825,15 +840,10 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error(f"-o avg with -d {a.dtype}: an integer average is not exact (take a float type)")
     if a.redop == "avg" and a.vs == "gloo":
         p.error("-o avg with --vs gloo: Gloo has no AVG reduction")
-    why = settings_error(world)
-    if why:
-        p.error(why)
-    from .topology import place
     if not launched:
         check_port(p, a.port)
-        why = placement_error(a.world)
-        if why:
-            p.error(f"-g/--world {a.world}: the ranks cannot place themselves: {why}")
+    check_neuron_job(p, world, None if launched else "-g/--world")
+    from .topology import place
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
             nodes = job_nodes(world) if launched else 1

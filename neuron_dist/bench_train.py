@@ -190,16 +190,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
-    from .bench import check_json_path, check_port, placement_error, settings_error
+    from .bench import check_json_path, check_neuron_job, check_port
     check_json_path(p, a.json)
     check_port(p, a.port)
-    if "neuron" in a.backends.split(","):  # what each neuron rank would raise at init (bench checks the same)
-        why = settings_error(a.world)
-        if why:
-            p.error(why)
-        why = placement_error(a.world)
-        if why:
-            p.error(f"--world {a.world}: the ranks cannot place themselves: {why}")
+    if "neuron" in a.backends.split(","):  # what each neuron rank would raise at init
+        check_neuron_job(p, a.world, "--world")
     return a
 
 
