@@ -333,6 +333,10 @@ class Group(HangDiagnosis):
         object each call, and its two calls were 4% of a small call's instructions."""
         from .collectives import select as algorithm_select
         from .transport import select as transport_select
+        if not 0 <= rank < size:  # torch passes env:// RANK as it is (Gloo: "rank < size. 2 vs 2"); a -1
+            # indexed the member list from its end and posed as the last rank until the time-out
+            raise ValueError(f"[rank {rank}] group {name!r}: rank {rank} is outside the group's ranks 0..{size - 1} "
+                             f"(size {size}); check RANK and WORLD_SIZE")
         self.store, self.rank, self.size, self.timeout = store, rank, size, timeout
         self._set_grad_enabled = set_grad_enabled
         self.name = name
@@ -1075,9 +1079,12 @@ class Group(HangDiagnosis):
             except Exception:  # noqa: BLE001 - the store itself is gone (its host, rank 0, left)
                 raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): the store was "
                                  f"lost while the members met: {e}") from None
+            # the default group is made inside init_process_group, before torch counts it initialized
+            todo = ("new_group with the same ranks" if dist.is_initialized() else
+                    f"init_process_group: were all {self.size} ranks (WORLD_SIZE) started?")
             raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): global ranks {missing} "
                              f"did not join within {self.timeout.total_seconds():.0f}s; every process must call "
-                             f"new_group with the same ranks") from None
+                             f"{todo}") from None
         views = {g: json.loads(store.get(f"members/{g}")) for g in mine}
         other = {g: v for g, v in views.items() if v != mine}
         if other:

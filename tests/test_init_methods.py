@@ -142,3 +142,30 @@ def test_a_store_without_add_still_makes_groups():
     p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "store_without_add.py")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "ok [1.0, 1.0, 1.0]" in p.stdout, (p.stdout + p.stderr)[-3000:]
+
+
+@pytest.mark.parametrize("rank", [2, -1])
+def test_a_rank_outside_the_world_is_refused_at_once(rank):
+    """torch hands env://'s RANK over as it is: RANK=2 with WORLD_SIZE=2 failed with a bare
+    IndexError, and RANK=-1 indexed the member list from its end, joined as rank 1 and failed
+    both ranks at the time-out with a misleading message (Gloo refuses both at once)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from neuron_dist.c10d import NeuronProcessGroup
+    with pytest.raises(ValueError, match=rf"\[rank {rank}\] .*rank {rank} is outside the group's ranks 0..1 "
+                                         r"\(size 2\); check RANK and WORLD_SIZE"):
+        NeuronProcessGroup(dist.HashStore(), rank, 2, timedelta(seconds=30))
+
+
+def test_ranks_missing_from_the_world_are_told_to_check_the_ranks_started():
+    """A world whose other ranks never start (WORLD_SIZE above the ranks launched) waits out its
+    time-out; the message said to call new_group, which the user never did."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from neuron_dist.c10d import NeuronProcessGroup
+    assert not dist.is_initialized()
+    with pytest.raises(Exception, match=r"global ranks \[1\] did not join within 1s; every process must call "
+                                        r"init_process_group: were all 2 ranks \(WORLD_SIZE\) started\?"):
+        NeuronProcessGroup(dist.HashStore(), 0, 2, timedelta(seconds=1))
