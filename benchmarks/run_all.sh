@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # Reproduces every table in benchmarks/RESULTS.md (about 10 minutes on 2 cores).
-# Usage: benchmarks/run_all.sh [OUTDIR]   (default benchmarks/results)
+# Usage: benchmarks/run_all.sh OUTDIR   (a new folder, e.g. benchmarks/results/NAME; then
+# python benchmarks/tables.py OUTDIR). collbench is the reference harness beside this repository
+# (the workspace's shared/tools/collbench.py), not part of it: COLLBENCH=PATH names another copy.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${1:-benchmarks/results}
+# no default folder: benchmarks/results itself holds a kept run, which a bare call overwrote
+if [ $# -ne 1 ]; then echo "usage: benchmarks/run_all.sh OUTDIR (a new folder, e.g. benchmarks/results/NAME)" >&2; exit 2; fi
+OUT=$1
+if [ -e "$OUT/machine.txt" ]; then echo "run_all.sh: $OUT holds a run already; name a new folder" >&2; exit 2; fi
 # The fast host policy for the main tables; the default "model" policy (the cost model's choice
 # for the modelled Trainium instance) is timed at the end for comparison.
 export NEURON_DIST_TUNING=${NEURON_DIST_TUNING:-host}
 CB=${COLLBENCH:-../shared/tools/collbench.py}
+if [ ! -f "$CB" ]; then
+  echo "run_all.sh: collbench not found at $CB (it is the workspace's shared/tools/collbench.py, not part of this repository); set COLLBENCH=/path/to/collbench.py" >&2; exit 2
+fi
 mkdir -p "$OUT"
 # A command that fails (a benchmark exits 1 when it counted wrong results, bench_train when the
 # ranks' parameters disagree) is named in $OUT/FAILED with its exit status, its stderr is kept in

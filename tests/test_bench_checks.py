@@ -3,6 +3,7 @@
 and the JSON must say how a run was made. Tiny sizes: speed is not asserted here."""
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -238,6 +239,7 @@ def test_run_all_records_failures_and_exits_non_zero(tmp_path):
                                  'echo "boom: $*" >&2; exit 3;; esac\nexit 0\n')
     (stub / "python").chmod(stat.S_IRWXU)
     out = tmp_path / "out"
+    (tmp_path / "cb.py").touch()
     p = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "run_all.sh"), str(out)], capture_output=True,
                        text=True, timeout=120, env=dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}",
                                                         COLLBENCH=str(tmp_path / "cb.py")))
@@ -247,6 +249,36 @@ def test_run_all_records_failures_and_exits_non_zero(tmp_path):
     assert "boom" in (out / "bench_w4.err").read_text()
     assert not (out / "bench_w2.err").exists()   # a command that succeeded keeps no .err
     assert "bench_w4" in p.stderr and (out / "machine.txt").exists()
+
+
+def test_run_all_wants_a_new_folder_and_finds_collbench_or_says_where_it_is(tmp_path):
+    """run_all.sh without a folder wrote into benchmarks/results, over the kept run's tracked
+    files; and from a clone without the workspace beside it every collbench row failed, one
+    'can't open file' at a time. Each is one usage error now, before anything is written. (The
+    script runs from a copy, with `python` stubbed, so that a regression writes nothing real.)"""
+    (tmp_path / "repo" / "benchmarks").mkdir(parents=True)
+    script = tmp_path / "repo" / "benchmarks" / "run_all.sh"
+    shutil.copy(os.path.join(ROOT, "benchmarks", "run_all.sh"), script)
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "python").chmod(stat.S_IRWXU)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", COLLBENCH=str(tmp_path / "cb.py"))
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "usage: benchmarks/run_all.sh OUTDIR" in p.stderr, p.stderr
+    assert not (tmp_path / "repo" / "benchmarks" / "results").exists()
+    (tmp_path / "cb.py").touch()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "machine.txt").write_text("a run\n")
+    p = subprocess.run(["bash", str(script), str(kept)], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 2 and "holds a run already" in p.stderr, p.stderr
+    assert (kept / "machine.txt").read_text() == "a run\n"
+    out = tmp_path / "out"
+    p = subprocess.run(["bash", str(script), str(out)], capture_output=True, text=True, timeout=60,
+                       env=dict(env, COLLBENCH=str(tmp_path / "nowhere.py")))
+    assert p.returncode == 2 and "collbench not found at" in p.stderr and "COLLBENCH=" in p.stderr, p.stderr
+    assert not out.exists()
 
 
 def test_single_copy_takes_sizes_as_bench_does():
