@@ -82,6 +82,9 @@ def measure(n: int) -> dict:
 
 
 def main() -> None:
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__.strip())
+        return
     try:  # sizes as neuron_dist.bench takes them ("64K", "2MiB"); int() made "64K" a traceback
         sizes = [parse_size(s) for s in sys.argv[1:]] or [512 << 10, 2 << 20]
     except ValueError as e:

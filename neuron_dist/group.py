@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import ipaddress
 import itertools
 import json
 import logging
@@ -146,8 +147,9 @@ def _is_loopback(ip: str) -> bool:
 
 def _forced_bind_addr() -> str | None:
     """NEURON_DIST_BIND_ADDR, checked for every group (a one-host job does not use it, but a
-    wildcard, which could never work, is a mistake to report, not to ignore; whether another
-    address is this host's is found only where it is used, when a job spans hosts)."""
+    wildcard, or a word that is no address, could never work: a mistake to report, not to
+    ignore; whether an address is this host's is found only where it is used, when a job spans
+    hosts)."""
     forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
     if not forced:
         return None
@@ -155,6 +157,11 @@ def _forced_bind_addr() -> str | None:
     if addr in ("0.0.0.0", "::", "*"):
         raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
                          f"cannot reach an address of that form; give this host's address on the job's network")
+    try:  # checked here too, not only where a job spans hosts: a one-host job took any word silently
+        ipaddress.ip_address(addr)
+    except ValueError:
+        raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} is not an IPv4 or IPv6 address; give this host's "
+                         f"address on the job's network") from None
     return addr
 
 

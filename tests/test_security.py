@@ -80,6 +80,12 @@ def test_bind_address_choice(monkeypatch):
         monkeypatch.setenv("NEURON_DIST_BIND_ADDR", every)
         with pytest.raises(GroupError, match="every interface"):
             _bind_addr()
+    for word in ("banana", "10.1.2", "eth0"):  # was taken silently by a job on one host
+        monkeypatch.setenv("NEURON_DIST_BIND_ADDR", word)
+        with pytest.raises(GroupError, match=rf"NEURON_DIST_BIND_ADDR='{word}' is not an IPv4 or IPv6 address"):
+            _bind_addr()
+    monkeypatch.setenv("NEURON_DIST_BIND_ADDR", "[fd00::7]")
+    assert _bind_addr() == "fd00::7"
 
 
 def test_a_host_whose_name_resolves_to_loopback_listens_on_the_route_to_its_peers(monkeypatch):

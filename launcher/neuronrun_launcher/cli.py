@@ -156,7 +156,7 @@ def _from_env(flag: Flag, raw: str, var: str) -> Any:
             return True
         if low in _FALSE:
             return False
-        raise ValueError(f"${var}={raw!r}: expected 1/0, true/false, yes/no")
+        raise ValueError(f"${var}={raw!r}: expected 1/0, true/false, yes/no, on/off")
     try:
         value = flag.type(raw)
     except ValueError:
