@@ -14,6 +14,7 @@ the job would run other than its template says.
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,8 +129,25 @@ class ParsedArgs:
         return self.sources[dest] != "default"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, and for a flag it does not know the nearest one it does: neuronrun takes no
+    abbreviations (torchrun does), so `--nproc-per-nod` must point the user to the flag."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            hints = []
+            for word in message.split(":", 1)[1].split():
+                near = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.7)
+                if word.startswith("--") and near:
+                    hints.append(f"{word.split('=', 1)[0]}: did you mean {near[0]}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)
+
+
 def build_parser(description: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="neuronrun",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -67,6 +67,22 @@ def test_a_variable_of_a_torchrun_flag_neuronrun_lacks_is_refused(var, value):
         PET_SIGNALS_TO_HANDLE="SIGTERM, SIGINT,SIGQUIT,SIGHUP")
 
 
+def test_a_mistyped_flag_is_refused_with_the_nearest_flag(capsys):
+    """neuronrun takes no abbreviations (torchrun does): `--nproc-per-nod` said only
+    'unrecognized arguments'; the usage error now names the flag meant."""
+    for argv, typo, meant in ((["--nproc-per-nod", "2", "t.py"], "--nproc-per-nod", "--nproc-per-node"),
+                              (["--max-restart=2", "t.py"], "--max-restart=2", "--max-restarts"),
+                              (["--master_adr", "h0", "t.py"], "--master_adr", "--master_addr")):
+        with pytest.raises(SystemExit) as e:
+            cfg(*argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"unrecognized arguments: {typo}" in err and f"did you mean {meant}?" in err, err
+    with pytest.raises(SystemExit):
+        cfg("--banana", "t.py")
+    assert "did you mean" not in capsys.readouterr().err
+
+
 def test_single_node_defaults_like_torchrun():
     c = cfg("t.py")
     assert (c.rdzv_backend, c.rdzv_endpoint, c.nproc_per_node, c.tee, c.max_restarts) == ("c10d", "localhost:0", 1,
