@@ -7,7 +7,7 @@ group's history; NEURON_DIST_DUMP / NEURON_DIST_DUMP_SIGNAL write every group's 
 on a signal.
 
 `HangDiagnosis` is a mixin of `Group`: it reads the group's `records`, `rank`, `size`, `name`,
-`store`, `_seq`, `broken` and `_published`, and keeps `_store_lost`.
+`store`, `_seq`, `broken`, `_published` and `mailbox`, and keeps `_store_lost`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ import weakref
 
 from .config import emit, env, env_target
 from .op import Op
+from .transport.frame import Kind
+
+_KIND_NAMES = {int(k): k.name.lower() for k in Kind}  # a frame's kind as the records name it
 
 log = logging.getLogger("neuron_dist.init")
 LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process (for dumps)
@@ -150,17 +153,78 @@ class HangDiagnosis:
     def diagnose(self, op: Op | None = None) -> str:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
         records every rank keeps in the store), plus this rank's recent collectives."""
+        return self._diagnose(op)[0]
+
+    def timeout_diagnosis(self, op: Op) -> str:
+        """diagnose(op) and what to check, for a timed-out `op`. Ranks whose records predate
+        calls they took part in are frozen or cut off, not out of order: the usual hint (the
+        same collectives in the same order) would send the user after a bug that is not there."""
+        said, lost = self._diagnose(op)
+        if lost:
+            return (f"{said} Check that the processes of ranks {lost} still run (not stopped by SIGSTOP "
+                    f"or a debugger) and that their hosts are reachable")
+        return f"{said} Check that every rank of the group calls the same collectives in the same order"
+
+    def _took_part(self, op: Op) -> dict[int, tuple[int, str]]:
+        """Peer -> (seq, kind) of the latest collective this rank knows it entered, from what
+        this rank saw itself, not from the peer's progress record (published by its heartbeat
+        every timeout/20, at most 1 s, and never again once its process is stopped or its host
+        cut off):
+        - a completed all-reduce (of one element or more) or barrier: every member's frames reach
+          every member, so each had entered it. Not the rooted kinds (a root's broadcast may
+          complete with its frames unread in the transport), nor the others, whose uneven or
+          empty blocks may leave a rank nothing to receive from some member; point-to-point
+          ops have no sequence number and involve two ranks, and are not recorded here;
+        - a frame of `op` already received from the peer (an Execution counts them per peer);
+        - a frame of a later collective, kept early in the mailbox (the peer is ahead)."""
+        seen: dict[int, tuple[int, str]] = {}
+
+        def saw(r: int, seq: int, kind: str) -> None:
+            if r != self.rank and seq > seen.get(r, (-1, ""))[0]:
+                seen[r] = (seq, kind)
+        done = [(r.seq, r.kind) for r in list(self.records) if r.state == "done" and
+                (r.kind == "barrier" or r.kind == "allreduce" and r.nbytes > 0)]
+        if done:
+            seq, kind = max(done)
+            for r in range(self.size):
+                saw(r, seq, kind)
+        for r, n in (getattr(getattr(op, "exe", None), "recv_chunks", None) or {}).items():
+            if n:
+                saw(r, op.seq, op.kind.name.lower())
+        mailbox = getattr(self, "mailbox", None)
+        if mailbox is not None:
+            kept = [(r, key, q[0][0]) for (r, key), q in list(mailbox.early.items()) if q]
+            kept += [(r, key, h) for r, (key, h, _p) in list(mailbox.held.items())]
+            for r, key, h in kept:
+                if key[0] == "coll":
+                    saw(r, key[1], _KIND_NAMES.get(h.kind, "collective"))
+        return seen
+
+    def _diagnose(self, op: Op | None) -> tuple[str, list[int]]:
+        """diagnose()'s text, and the ranks whose progress record (or its absence) predates calls
+        they took part in: frozen or cut off (see timeout_diagnosis)."""
         def fmt(recent):
             return ", ".join(f"#{s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
                              for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
-        parts = []
+        parts, lost = [], []
         collective = op is not None and not op.is_p2p
         peers, unread, why = self._peer_records() if collective else ({}, [], "")
         if collective:
-            missing = [r for r in range(self.size) if r != self.rank and r in peers and peers[r]["issued"] <= op.seq]
-            silent = [r for r in range(self.size) if r != self.rank and r not in peers and r not in unread]
-            inside = [r for r in range(self.size) if r not in missing and r not in silent and r not in unread]
+            others = [r for r in range(self.size) if r != self.rank]
+            took = self._took_part(op)
+            # a record that predates a call its rank took part in says nothing of where it is now
+            # (it had entered that call, and maybe this one): the rank stopped publishing
+            stale = [r for r in others if r in peers and r in took and peers[r]["issued"] <= took[r][0]]
+            quiet = [r for r in others if r not in peers and r not in unread and r in took]
+            lost = stale + quiet
+            missing = [r for r in others if r in peers and r not in lost and peers[r]["issued"] <= op.seq]
+            silent = [r for r in others if r not in peers and r not in unread and r not in lost]
+            inside = [r for r in range(self.size) if r not in missing and r not in silent and r not in unread
+                      and (r not in lost or took[r][0] >= op.seq)]
+
+            def calls(ranks):
+                return ", ".join(f"rank {r}: {took[r][1]} seq {took[r][0]}" for r in ranks)
             if unread:
                 parts.append(f"The progress of ranks {unread} is unknown: {why};")
             if missing:  # a record is as old as its rank's last heartbeat: a rank frozen (SIGSTOP, a
@@ -168,9 +232,20 @@ class HangDiagnosis:
                 age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in missing))
                 parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq} by their "
                              f"progress records (the oldest {age:.1f}s old);")
+            if stale:
+                age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in stale))
+                parts.append(f"the progress records of ranks {stale} (the oldest {age:.1f}s old) predate calls "
+                             f"they took part in ({calls(stale)});")
+            if quiet:
+                parts.append(f"ranks {quiet} published no progress record, though they took part in calls "
+                             f"({calls(quiet)});")
+            if lost:
+                parts.append("their processes may be frozen or stopped (SIGSTOP, a debugger), or their hosts "
+                             "unreachable;")
             if silent:
                 parts.append(f"ranks {silent} published no progress record;")
             parts.append(f"ranks {inside} had entered it.")
+            parts[0] = parts[0][:1].upper() + parts[0][1:]  # (whichever of the above comes first)
             # ranks that chose different algorithms for one call may send to disjoint peers (a
             # ring beside a hierarchical grid): no frame meets its checksum, all wait
             ran = {r: a[0] for r, p in [*peers.items(), (self.rank, mine)] for s, _k, _n, _dt, _st, *a in p["recent"]
@@ -181,10 +256,11 @@ class HangDiagnosis:
                              + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
                 p = peers[r]
-                parts.append(f"Rank {r} last ran: {fmt(p['recent'])} (next seq {p['issued']}"
+                parts.append(f"Rank {r} last ran" + (" (by that old record)" if r in stale else "")
+                             + f": {fmt(p['recent'])} (next seq {p['issued']}"
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
         parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
-        return " ".join(parts)
+        return " ".join(parts), lost
 
     def dump(self) -> str:
         """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /

@@ -993,8 +993,7 @@ class Group(HangDiagnosis):
                 raise_it = "raise the call's timeout" if own else "raise the timeout in init_process_group/new_group"
                 self._fail(op, GroupError(
                     f"[rank {self.rank}] {self._name(op)} timed out after {own or limit:.1f}s {who}. "
-                    f"{self.diagnose(op)} Check that every rank of the group calls the same collectives "
-                    f"in the same order, or {raise_it}."),
+                    f"{self.timeout_diagnosis(op)}, or {raise_it}."),
                     active, waiting)
                 return
 

@@ -34,6 +34,55 @@ def absent_rank(rank, world):
     return 1
 
 
+
+def frozen_rank(rank, world):
+    """Rank 1 freezes (SIGSTOP) after calls whose progress it could not publish (its heartbeat
+    stopped, as a frozen host's or a cut-off one's does): rank 0 completed those calls with it,
+    so its error must not say rank 1 "had not entered" the call by that old record, nor point
+    at the order of the calls; it says the record predates calls rank 1 took part in. (The
+    record used to be read as proof: "Ranks [1] had not entered allreduce seq 6 ... Check that
+    every rank of the group calls the same collectives in the same order".)"""
+    import os
+    import signal
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S))
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid(), group=R.GLOO)
+    x = torch.ones(8)
+    dist.all_reduce(x, group=g)  # seq 0
+    if rank == 1:
+        group = g.group
+        group._hb_stop.set()
+        group._hb_thread.join(5)
+        group._publish_progress()  # the last record anyone sees: next seq 1
+    dist.barrier(group=R.GLOO)
+    for _ in range(5):
+        dist.all_reduce(x, group=g)  # seq 1..5, together: rank 1's record says none of them
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)  # rank 0 lets it go on once it has its error
+        try:
+            dist.all_reduce(x, group=g)  # seq 6: the group was broken meanwhile
+        except dist.DistBackendError:
+            pass
+    else:
+        try:
+            dist.all_reduce(x, group=g)  # seq 6: rank 1 is stopped
+        except dist.DistBackendError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a collective with a stopped rank returned")
+        finally:
+            for r in range(1, world):
+                os.kill(pids[r], signal.SIGCONT)
+        assert "timed out" in msg and "seq 6" in msg, msg
+        assert "had not entered" not in msg and "same order" not in msg, msg
+        assert ("The progress records of ranks [1] (the oldest " in msg
+                and "predate calls they took part in (rank 1: allreduce seq 5)" in msg), msg
+        assert "Rank 1 last ran (by that old record): #0 allreduce" in msg and "(next seq 1)" in msg, msg
+        assert "Check that the processes of ranks [1] still run" in msg, msg
+    dist.barrier(group=R.GLOO)
+    dist.destroy_process_group(g)
+    return 1
+
 class _CutOffStore:
     """A store behind a network partition: every call blocks (a real one blocks until the
     kernel gives up on the TCP connection, about 15 minutes)."""

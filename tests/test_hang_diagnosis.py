@@ -9,6 +9,10 @@ def test_absent_rank_is_named(pools, world):
 
 
 @pytest.mark.parametrize("world", (2,))
+def test_a_frozen_rank_is_not_said_to_have_skipped_the_call(pools, world):
+    assert all(pools(world).run("cases_hang:frozen_rank"))
+
+@pytest.mark.parametrize("world", (2,))
 def test_dump_on_failure_and_on_signal(pools, world):
     assert all(pools(world).run("cases_hang:dumps"))
 
@@ -103,3 +107,48 @@ def test_a_lost_store_is_left_alone_after_its_first_failed_call():
     assert code == 0 and all(f"rank 1: call {i}: GroupError" in out for i in range(4)), out[-3000:]
     traces = out.count("sendBytes failed") + out.count("recvBytes failed")
     assert traces <= 1, f"{traces} store traces:\n{out[-3000:]}"
+
+
+def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
+    """A progress record is as old as its rank's last heartbeat, and a frozen or cut-off rank
+    publishes no more: a record older than calls that rank took part in is no proof it had not
+    entered this one. What this rank saw counts first: frames of the timed-out call already
+    received from a peer, and frames of a later call kept early. A completed broadcast proves
+    nothing (its root may finish before the others enter), so a record behind it keeps the
+    usual "had not entered" and its hint."""
+    import time
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import HangDiagnosis
+    from neuron_dist.op import Record
+    from neuron_dist.transport.frame import Kind
+
+    def record(issued):
+        return {"issued": issued, "recent": [[0, "allreduce", 32, "float32", "done", "ring"]], "broken": None,
+                "t": time.time() - 5}
+
+    class Group(HangDiagnosis):
+        rank, size, _seq, broken = 0, 4, 3, None
+        records = [Record(0, "allreduce", 32, "float32", "ring", "done"),
+                   Record(1, "broadcast", 32, "float32", "ring", "done"),
+                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running")]
+        mailbox = SimpleNamespace(early={}, held={})
+
+        def _peer_records(self):
+            return {1: record(1), 2: record(1), 3: record(1)}, [], ""
+
+    op = SimpleNamespace(seq=2, is_p2p=False, kind=Kind.ALLREDUCE, exe=SimpleNamespace(recv_chunks={2: 3}))
+    g = Group()
+    g.mailbox.early[(3, ("coll", 3))] = [(SimpleNamespace(kind=int(Kind.ALLREDUCE)), None)]
+    said = g.diagnose(op)
+    assert said.startswith("Ranks [1] had not entered allreduce seq 2 by their progress records"), said
+    assert ("the progress records of ranks [2, 3] (the oldest " in said and "predate calls they took part in "
+            "(rank 2: allreduce seq 2, rank 3: allreduce seq 3)" in said), said
+    assert "ranks [0, 2, 3] had entered it." in said and "Rank 2 last ran (by that old record)" in said, said
+    said = g.timeout_diagnosis(op)
+    assert "Check that the processes of ranks [2, 3] still run" in said and "same order" not in said, said
+
+    g.mailbox.early.clear()
+    op.exe = None
+    said = g.timeout_diagnosis(op)
+    assert "Ranks [1, 2, 3] had not entered allreduce seq 2" in said and "predate" not in said, said
+    assert said.endswith("calls the same collectives in the same order"), said
