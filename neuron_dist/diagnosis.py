@@ -193,7 +193,12 @@ class HangDiagnosis:
                 saw(r, op.seq, op.kind.name.lower())
         mailbox = getattr(self, "mailbox", None)
         if mailbox is not None:
-            kept = [(r, key, q[0][0]) for (r, key), q in list(mailbox.early.items()) if q]
+            kept = []
+            for (r, key), q in list(mailbox.early.items()):
+                try:  # (the engine may take the frame meanwhile: read at most what is there)
+                    kept.append((r, key, q[0][0]))
+                except IndexError:
+                    pass
             kept += [(r, key, h) for r, (key, h, _p) in list(mailbox.held.items())]
             for r, key, h in kept:
                 if key[0] == "coll":
