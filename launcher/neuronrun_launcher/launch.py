@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .config import RunConfig
 from .plan import PLAN_VAR
-from .worker import AGENT_VAR, GROUPS_VAR, start_time
+from .worker import AGENT_VAR, GROUPS_VAR, read_group, start_time
 
 WORKER = str(Path(__file__).resolve().with_name("worker.py"))
 LINE_PREFIX = "[rank${rank}]: "
@@ -61,8 +61,7 @@ def sweep_groups(groups_dir: str | None) -> None:
         return
     for name in os.listdir(groups_dir):
         try:
-            with open(os.path.join(groups_dir, name)) as f:
-                started = f.read().strip()
+            started, _ = read_group(os.path.join(groups_dir, name))
             pid = int(name)
             # a group whose members outlive its leader keeps the leader's pid from reuse; a
             # process now holding that pid that started at another time is not the rank (the
@@ -254,13 +253,40 @@ def launch(cfg: RunConfig) -> int:
         config.logs_specs.groups_dir = groups_dir
         return _run(cfg, config, own_log_dir)
     finally:
-        if groups_dir:
-            sweep_groups(groups_dir)
-            shutil.rmtree(groups_dir, ignore_errors=True)
-        # a log directory without a file (Ctrl-C before the ranks started, the agent's own error
-        # such as a --master-port in use) holds nothing to read
-        if own_log_dir and not any(files for _, _, files in os.walk(own_log_dir)):
-            shutil.rmtree(own_log_dir, ignore_errors=True)
+        _clean_up(groups_dir, own_log_dir)
+
+
+def _clean_up(groups_dir: str | None, own_log_dir: str | None) -> None:
+    """What every end of the job leaves to do: kill what the ranks left running, remove the
+    process-group directory, and neuronrun's own log directory if it holds no file."""
+    if groups_dir:
+        sweep_groups(groups_dir)
+        shutil.rmtree(groups_dir, ignore_errors=True)
+    # a log directory without a file (Ctrl-C before the ranks started, the agent's own error
+    # such as a --master-port in use) holds nothing to read
+    if own_log_dir and not any(files for _, _, files in os.walk(own_log_dir)):
+        shutil.rmtree(own_log_dir, ignore_errors=True)
+
+
+def store_watch(cfg: RunConfig, groups_dir: str, own_log_dir: str | None):
+    """A StoreWatch for a c10d rendezvous (storewatch.py), else a no-op context (a static
+    rendezvous' agent does not call its store while it monitors the ranks). The bound is the
+    store's read_timeout (--rdzv-conf)."""
+    from contextlib import nullcontext
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import DEFAULT_PORT
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config, parse_rendezvous_endpoint
+
+    from .storewatch import DEFAULT_READ_TIMEOUT, StoreWatch
+
+    if cfg.rdzv_backend != "c10d":
+        return nullcontext()
+    try:
+        bound = float(_parse_rendezvous_config(cfg.rdzv_conf).get("read_timeout", DEFAULT_READ_TIMEOUT))
+        host, port = parse_rendezvous_endpoint(cfg.rdzv_endpoint, default_port=DEFAULT_PORT)
+    except ValueError:  # torch's rendezvous refuses these values itself, in its own words
+        return nullcontext()
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return StoreWatch(groups_dir, endpoint, bound, lambda: _clean_up(groups_dir, own_log_dir))
 
 
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
@@ -283,7 +309,8 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         # a program that runs launch() on another thread keeps its own.)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
-        elastic_launch(config, entrypoint)(*args)
+        with store_watch(cfg, config.logs_specs.groups_dir, own_log_dir):
+            elastic_launch(config, entrypoint)(*args)
     except ChildFailedError as err:
         rank = root_cause(err.failures)
         first = err.failures[rank]

@@ -80,7 +80,10 @@ or signal, last lines of its stderr/stdout) and exits with the rank's exit code
 (128+N for signal N). Ctrl-C or SIGTERM to neuronrun stops every rank and its
 children; ranks also die if neuronrun itself is killed. Whatever a rank leaves
 running in its process group (it is a session leader) is killed when the next
-attempt starts or the job ends.
+attempt starts or the job ends. With c10d rendezvous, a node whose ranks have all
+ended while its rendezvous store stopped answering (the store's node cut off or
+stopped: torch's agent would wait for it forever) says so and exits with 1 once a
+call to the store has waited --rdzv-conf read_timeout (60 s by default).
 """
 
 from __future__ import annotations

@@ -127,17 +127,27 @@ def start_time(pid: int) -> str | None:
         return None
 
 
+def read_group(path: str) -> tuple[str, str]:
+    """(start time, global rank) from a file ``_register_group`` wrote; "" for a start time
+    that was not known, "?" for an unknown rank. OSError if it cannot be read."""
+    with open(path) as f:
+        fields = f.read().split()
+    started = fields[0] if fields and fields[0] != "-" else ""
+    return started, fields[1] if len(fields) > 1 else "?"
+
+
 def _register_group() -> None:
     """Leave this rank's process group id (= its pid: the agent starts ranks in a new
     session) where the launcher sweeps leftovers: the agent only signals ranks that
     are still running, so children of a rank that exited would otherwise outlive the job.
     The file holds the rank's start time, so that the sweep can tell the rank from a
-    later process that was given its pid (launch.sweep_groups)."""
+    later process that was given its pid (launch.sweep_groups), then its global rank, so
+    that a report written while the agent is stuck can name it (storewatch)."""
     groups = os.environ.get(GROUPS_VAR)
     if groups and os.getpgid(0) == os.getpid():
         try:
             with open(os.path.join(groups, str(os.getpid())), "w") as f:
-                f.write(start_time(os.getpid()) or "")
+                f.write(f"{start_time(os.getpid()) or '-'} {os.environ.get('RANK', '?')}")
         except OSError:
             pass
 

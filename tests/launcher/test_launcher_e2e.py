@@ -190,6 +190,64 @@ def test_a_rendezvous_that_times_out_says_too_few_nodes_came(job):
     assert "may be gone" not in r.stderr
 
 
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_node_whose_rendezvous_store_stopped_answering_ends_once_its_ranks_have(job, tmp_path):
+    """The c10d store lives in node 0's neuronrun; node 0 stopped (SIGSTOP, as a node cut off by
+    the network: TCP to it gets no answer). Node 1's agent blocked in the store, in torch's C++
+    client, from its monitoring loop, and never saw its rank fail: node 1 ran on forever (a
+    reviewer's partitioned node, 7 minutes). It now waits while its rank runs, and once none
+    runs and a store call has waited past the store's read_timeout it says so and exits 1,
+    leaving no process and its directories as any failure does."""
+    script, piddir = job
+    port = free_port()
+    cmd = [sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "1",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stopped",
+           "--local-addr", "127.0.0.1", "--rdzv-conf", "read_timeout=3", str(script), str(piddir), "hang"]
+    tmps = [tmp_path / "tmp0", tmp_path / "tmp1"]  # each node's neuronrun directories
+    procs = []
+    try:
+        for tmp in tmps:  # node 0 first: it holds the store
+            tmp.mkdir()
+            procs.append(subprocess.Popen(cmd, env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+            deadline = time.monotonic() + 60
+            while True:
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                assert procs[0].poll() is None and time.monotonic() < deadline, procs[0].communicate()
+                time.sleep(0.05)
+        host, node = procs
+        wait_for_files(piddir, 2, node)
+        ranks = {parent(int(f.read_text().split()[0])): f for f in piddir.glob("*.pid")}
+        for pid in (host.pid, *map(int, ranks[host.pid].read_text().split())):
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(4)  # past read_timeout: node 1's agent is blocked in the store, and its rank runs
+        assert node.poll() is None, node.communicate()
+        rank_pid = int(ranks[node.pid].read_text().split()[0])
+        os.kill(rank_pid, signal.SIGKILL)  # the rank fails (its child is left to neuronrun's sweep)
+        _, err = node.communicate(timeout=20)
+    finally:
+        for proc in procs:
+            proc.kill()
+        for pid in pids(piddir):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for proc in procs:
+            proc.communicate()
+    assert node.returncode == 1, err[-3000:]
+    rank = ranks[node.pid].name.split(".")[0]
+    assert f"neuronrun: the rendezvous store at 127.0.0.1:{port} stopped answering (a call to it has waited " in err
+    assert "--rdzv-conf read_timeout=3; its node may be cut off or stopped) and no rank of this node is running " \
+           f"(rank {rank} " in err, err[-3000:]
+    assert [p for p in map(int, ranks[node.pid].read_text().split()) if alive(p)] == []
+    assert [p.name for p in tmps[1].glob("neuronrun_groups_*")] == []
+
+
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 def test_ctrl_c_while_a_node_waits_for_the_others_ends_it(job, backend):
     """A node of a two-node job waits in the rendezvous, in torch's C++ store, where Python's
