@@ -24,6 +24,7 @@ from .op import Op
 from .transport.frame import Kind
 
 _KIND_NAMES = {int(k): k.name.lower() for k in Kind}  # a frame's kind as the records name it
+_ALGOS_DIFFER = "The ranks run it by different algorithms ("  # (that sentence says what to set)
 
 log = logging.getLogger("neuron_dist.init")
 LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process (for dumps)
@@ -159,10 +160,15 @@ class HangDiagnosis:
         """diagnose(op) and what to check, for a timed-out `op`. Ranks whose records predate
         calls they took part in are frozen or cut off, not out of order: the usual hint (the
         same collectives in the same order) would send the user after a bug that is not there."""
-        said, lost = self._diagnose(op)
+        said, lost, inside = self._diagnose(op)
         if lost:
             return (f"{said} Check that the processes of ranks {lost} still run (not stopped by SIGSTOP "
                     f"or a debugger) and that their hosts are reachable")
+        if inside == list(range(self.size)) and _ALGOS_DIFFER not in said:  # nobody missing: not the order
+            got = sum((getattr(getattr(op, "exe", None), "recv_chunks", None) or {}).values())
+            return (f"{said} Every rank had entered it and it had not finished (this rank had received {got} "
+                    f"of its frames): a large call on a slow link or a busy host needs a longer time-out, which "
+                    f"bounds the whole call; check the hosts' links and load")
         return f"{said} Check that every rank of the group calls the same collectives in the same order"
 
     def _took_part(self, op: Op) -> dict[int, tuple[int, str]]:
@@ -205,14 +211,15 @@ class HangDiagnosis:
                     saw(r, key[1], _KIND_NAMES.get(h.kind, "collective"))
         return seen
 
-    def _diagnose(self, op: Op | None) -> tuple[str, list[int]]:
-        """diagnose()'s text, and the ranks whose progress record (or its absence) predates calls
-        they took part in: frozen or cut off (see timeout_diagnosis)."""
+    def _diagnose(self, op: Op | None) -> tuple[str, list[int], list[int]]:
+        """diagnose()'s text, the ranks whose progress record (or its absence) predates calls
+        they took part in (frozen or cut off, see timeout_diagnosis), and the ranks known to have
+        entered `op`."""
         def fmt(recent):
             return ", ".join(f"#{s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
                              for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
-        parts, lost = [], []
+        parts, lost, inside = [], [], []
         collective = op is not None and not op.is_p2p
         peers, unread, why = self._peer_records() if collective else ({}, [], "")
         if collective:
@@ -256,7 +263,7 @@ class HangDiagnosis:
             ran = {r: a[0] for r, p in [*peers.items(), (self.rank, mine)] for s, _k, _n, _dt, _st, *a in p["recent"]
                    if s == op.seq and a and a[0]}
             if len(set(ran.values())) > 1:
-                parts.append("The ranks run it by different algorithms ("
+                parts.append(_ALGOS_DIFFER
                              + ", ".join(f"rank {r}: {a}" for r, a in sorted(ran.items()))
                              + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
@@ -265,7 +272,7 @@ class HangDiagnosis:
                              + f": {fmt(p['recent'])} (next seq {p['issued']}"
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
         parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
-        return " ".join(parts), lost
+        return " ".join(parts), lost, inside
 
     def dump(self) -> str:
         """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /

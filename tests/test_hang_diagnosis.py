@@ -92,6 +92,8 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
     said = Group().diagnose(op)
     assert "different algorithms (rank 0: ring, rank 1: ring, rank 2: hierarchical)" in said, said
     assert "Rank 2 last ran: #0 allreduce 20B running (hierarchical)" in said, said
+    said = Group().timeout_diagnosis(op)  # the algorithms, not a slow link, are the cause
+    assert "different algorithms" in said and "it had not finished" not in said, said
     other = "ring"
     assert "different algorithms" not in Group().diagnose(op)
 
@@ -152,3 +154,11 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
     said = g.timeout_diagnosis(op)
     assert "Ranks [1, 2, 3] had not entered allreduce seq 2" in said and "predate" not in said, said
     assert said.endswith("calls the same collectives in the same order"), said
+
+    # every rank in the call, by fresh records and by its frames: a large call on a slow link
+    # (the time-out bounds the whole call); "the same order" would point at a bug not there
+    g._peer_records = lambda: ({1: record(3), 2: record(3), 3: record(3)}, [], "")
+    op.exe = SimpleNamespace(recv_chunks={1: 2, 2: 1, 3: 0})
+    said = g.timeout_diagnosis(op)
+    assert said.startswith("Ranks [0, 1, 2, 3] had entered it.") and "same order" not in said, said
+    assert "Every rank had entered it and it had not finished (this rank had received 3 of its frames)" in said, said
