@@ -945,7 +945,8 @@ def object_collectives(rank, world):
 
 
 def subgroups(rank, world):
-    """new_group with a subset in a scrambled order, two groups in flight at once."""
+    """new_group with a subset in a scrambled order, two groups in flight at once; AVG on a
+    group of two of three or four ranks."""
     checks = 0
     ranks = list(range(world))[::-1]
     sub = dist.new_group(ranks)  # every rank calls new_group
@@ -971,6 +972,22 @@ def subgroups(rank, world):
     dist.destroy_process_group(sub)
     if odd is not None:
         dist.destroy_process_group(odd)
+    if world >= 3:  # AVG divides by the group's size (2 here), not the world's
+        pair = dist.new_group([0, 2])
+        if rank in (0, 2):
+            me = rank // 2
+            for dtype in (torch.float32, torch.int64):
+                ins = [values(r, 5, dtype, "avg", 21) for r in (0, 2)]
+                x = ins[me].clone()
+                dist.all_reduce(x, op=dist.ReduceOp.AVG, group=pair)
+                same(x, reference(ins, "avg", dtype), f"all_reduce AVG of {dtype} on the group [0, 2]")
+                full = [values(r, 6, dtype, "avg", 22) for r in (0, 2)]
+                out = torch.empty(3, dtype=dtype)
+                dist.reduce_scatter_tensor(out, full[me], op=dist.ReduceOp.AVG, group=pair)
+                same(out, reference(full, "avg", dtype)[3 * me:3 * me + 3],
+                     f"reduce_scatter_tensor AVG of {dtype} on the group [0, 2]")
+                checks += 2
+        dist.destroy_process_group(pair)
     return checks + 1
 
 
