@@ -795,6 +795,64 @@ def p2p(rank, world):
     return 5
 
 
+def early_frames_outlive_their_slots(rank, world, late=0.3):
+    """Frames that reach a rank before the call that takes them (a receive posted later, a
+    collective its peer already runs) are kept as copies: the transport reuses their ring slot
+    once they are released, so a kept view of it would read a later frame's bytes, silently.
+    Rank 0 isends three rings' worth of small tagged messages to rank 1, which receives them in
+    reverse tag order (all but the last kept aside first). Then, in a group of rings of two
+    256-byte slots that lends nothing (a lent frame is not in a slot, and two ranks would move
+    the whole tensor as one), rank 0 broadcasts a tensor of eight frames, and `late` seconds
+    later sends a message that rank 1 receives before it enters the broadcast: the broadcast's
+    frames reach rank 1 first and wait aside. Every tensor is compared bit for bit, mismatches
+    reported once all ranks are through (a failure does not leave the others to time out).
+    Other ranks look on."""
+    import time
+    if world == 1:
+        return 0
+    bad = []
+
+    def exact(got, want, what):
+        if not torch.equal(got, want):
+            bad.append(f"{what}: got {got[:4].tolist()}..., want {want[:4].tolist()}...")
+
+    with env(NEURON_DIST_FRAME_BYTES=256, NEURON_DIST_SHM_SLOTS=2, NEURON_DIST_SHM_LEND=0):
+        small = dist.new_group([0, 1])  # every rank calls new_group
+    assert rank > 1 or small.group.frame_bytes == 256, small.group.frame_bytes
+    g = dist.distributed_c10d._get_default_group().group
+    k = 3 * (getattr(g.transport, "nslots", None) or 4)  # more frames than one ring holds
+    sent = [values(0, 5, torch.float32, "sum", 400 + t) for t in range(k)]
+    data = values(0, 8 * 64, torch.float32, "sum", 401)  # eight 256-byte frames
+    if rank == 0:
+        for w in [dist.isend(sent[t], dst=1, tag=t) for t in range(k)]:
+            w.wait()
+        x = data.clone()
+        work = dist.broadcast(x, src=0, group=small, async_op=True)  # sends, then waits for rank 1
+        time.sleep(late)  # its frames go out (rank 1's receive drains the ring) before the message
+        dist.send(torch.arange(3.0), dst=1, tag=k, group=small)
+        work.wait()
+    elif rank == 1:
+        for t in reversed(range(k)):
+            got = torch.empty(5)
+            dist.recv(got, src=0, tag=t)
+            exact(got, sent[t], f"the message of tag {t} of {k}, received in reverse tag order")
+        last = torch.empty(3)
+        dist.recv(last, src=0, tag=k, group=small)
+        exact(last, torch.arange(3.0), "the message sent after the broadcast began")
+        x = torch.empty_like(data)
+        dist.broadcast(x, src=0, group=small)
+        exact(x, data, "a broadcast whose frames were kept before it ran")
+    if rank < 2:
+        for group in (g, small.group):
+            box = group.mailbox
+            if box.early or box.held:
+                bad.append(f"frames left behind: {list(box.early)}, {list(box.held)}")
+    dist.destroy_process_group(small)
+    dist.barrier()
+    assert not bad, f"rank {rank}: " + "; ".join(bad)
+    return k + 2 if rank == 1 else 0
+
+
 def _gather_checked(ins, rank, world, root, check, what):
     """dist.gather of `ins[rank]` to `root`, whose blocks `check` compares with every rank's input."""
     outs = [torch.empty_like(ins[rank]) for _ in range(world)] if rank == root else None
@@ -887,7 +945,8 @@ def object_collectives(rank, world):
 
 
 def subgroups(rank, world):
-    """new_group with a subset in a scrambled order, two groups in flight at once."""
+    """new_group with a subset in a scrambled order, two groups in flight at once; AVG on a
+    group of two of three or four ranks."""
     checks = 0
     ranks = list(range(world))[::-1]
     sub = dist.new_group(ranks)  # every rank calls new_group
@@ -913,6 +972,22 @@ def subgroups(rank, world):
     dist.destroy_process_group(sub)
     if odd is not None:
         dist.destroy_process_group(odd)
+    if world >= 3:  # AVG divides by the group's size (2 here), not the world's
+        pair = dist.new_group([0, 2])
+        if rank in (0, 2):
+            me = rank // 2
+            for dtype in (torch.float32, torch.int64):
+                ins = [values(r, 5, dtype, "avg", 21) for r in (0, 2)]
+                x = ins[me].clone()
+                dist.all_reduce(x, op=dist.ReduceOp.AVG, group=pair)
+                same(x, reference(ins, "avg", dtype), f"all_reduce AVG of {dtype} on the group [0, 2]")
+                full = [values(r, 6, dtype, "avg", 22) for r in (0, 2)]
+                out = torch.empty(3, dtype=dtype)
+                dist.reduce_scatter_tensor(out, full[me], op=dist.ReduceOp.AVG, group=pair)
+                same(out, reference(full, "avg", dtype)[3 * me:3 * me + 3],
+                     f"reduce_scatter_tensor AVG of {dtype} on the group [0, 2]")
+                checks += 2
+        dist.destroy_process_group(pair)
     return checks + 1
 
 

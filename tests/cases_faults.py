@@ -1008,6 +1008,100 @@ def a_call_keeps_its_own_timeout(rank, world, late=3.0):
     return out
 
 
+def _timeout_forms(rank, world):
+    """(name, call(pg, opts), options class) for every process-group method that takes an
+    options object with a time-out, general paths and common ones (a contiguous tensor and the
+    options type c10d passes) apart: each passes its `opts` on separately in c10d.py. Rank 0 is
+    the root of the rooted ones."""
+    import torch
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import AllgatherOptions
+    n = world
+
+    def odd(k):  # a non-contiguous tensor of k ones: the general path
+        return torch.ones(2 * k)[::2]
+
+    return (
+        ("barrier", lambda pg, o: pg.barrier(o), dist.BarrierOptions),
+        ("allreduce (common path)", lambda pg, o: pg.allreduce([torch.ones(8)], o), dist.AllreduceOptions),
+        ("allreduce", lambda pg, o: pg.allreduce([odd(8)], o), dist.AllreduceOptions),
+        ("allreduce_coalesced", lambda pg, o: pg.allreduce_coalesced([torch.ones(4), torch.ones(3)], o),
+         dist.AllreduceCoalescedOptions),
+        ("broadcast (common path)", lambda pg, o: pg.broadcast([torch.ones(8)], o), dist.BroadcastOptions),
+        ("broadcast", lambda pg, o: pg.broadcast([odd(8)], o), dist.BroadcastOptions),
+        ("reduce", lambda pg, o: pg.reduce([torch.ones(8)], o), dist.ReduceOptions),
+        ("gather", lambda pg, o: pg.gather([[torch.zeros(4) for _ in range(n)]] if rank == 0 else [],
+                                           [torch.ones(4)], o), dist.GatherOptions),
+        ("scatter", lambda pg, o: pg.scatter([torch.zeros(4)], [[torch.ones(4) for _ in range(n)]] if rank == 0
+                                             else [], o), dist.ScatterOptions),
+        ("allgather", lambda pg, o: pg.allgather([[torch.zeros(4) for _ in range(n)]], [torch.ones(4)], o),
+         AllgatherOptions),
+        ("all_gather_into_tensor (common path)", lambda pg, o: pg._allgather_base(torch.zeros(4 * n), torch.ones(4), o),
+         AllgatherOptions),
+        ("all_gather_into_tensor", lambda pg, o: pg._allgather_base(torch.zeros(4 * n), odd(4), o), AllgatherOptions),
+        ("reduce_scatter", lambda pg, o: pg.reduce_scatter([torch.zeros(4)], [[torch.ones(4) for _ in range(n)]], o),
+         dist.ReduceScatterOptions),
+        ("reduce_scatter_tensor (common path)",
+         lambda pg, o: pg._reduce_scatter_base(torch.zeros(4), torch.ones(4 * n), o), dist.ReduceScatterOptions),
+        ("reduce_scatter_tensor", lambda pg, o: pg._reduce_scatter_base(torch.zeros(4), odd(4 * n), o),
+         dist.ReduceScatterOptions),
+        ("reduce_scatter_tensor_coalesced",
+         lambda pg, o: pg.reduce_scatter_tensor_coalesced([torch.zeros(4)], [torch.ones(4 * n)], o),
+         dist.ReduceScatterOptions),
+        ("all_to_all_single (common path)",
+         lambda pg, o: pg.alltoall_base(torch.zeros(4 * n), torch.ones(4 * n), [], [], o), dist.AllToAllOptions),
+        ("all_to_all_single",
+         lambda pg, o: pg.alltoall_base(torch.zeros(4 * n), torch.ones(4 * n), [4] * n, [4] * n, o),
+         dist.AllToAllOptions),
+        ("alltoall", lambda pg, o: pg.alltoall([torch.zeros(4) for _ in range(n)],
+                                               [torch.ones(4) for _ in range(n)], o), dist.AllToAllOptions),
+    )
+
+
+def every_call_form_keeps_its_own_timeout(rank, world, late=3.0, secs=1.0):
+    """Every process-group method that takes an options object honours its `timeout` (as
+    a_call_keeps_its_own_timeout does for the barrier and the all-reduce's common path): each
+    form's call passes `opts` on by hand, and one that dropped it (gather's did, a mutation
+    review found) waited for its peer or the group's own time-out. Each form runs on its own
+    group (a timed-out call leaves its group unusable; the group's time-out is a minute) with
+    small frames; rank 0 issues all of them at once with a `secs` time-out and waits for each on
+    a thread of its own, while the others come `late` seconds later. Returns {form: (error or
+    None, seconds from the issue to the wait's end)}."""
+    import torch.distributed as dist
+    from rankctx import env
+    forms = _timeout_forms(rank, world)
+    with env(NEURON_DIST_FRAME_BYTES=4096):  # (small rings: a group per form)
+        subs = [dist.new_group(list(range(world)), timeout=timedelta(seconds=60)) for _ in forms]
+    for s in subs:
+        dist.barrier(group=s)  # (set up, and every rank is here)
+    if rank != 0:
+        time.sleep(late)
+    t0, works, out = time.monotonic(), {}, {}
+    for (name, call, options), pg in zip(forms, subs):
+        opts = options()
+        opts.timeout = timedelta(seconds=secs)
+        try:
+            works[name] = call(pg, opts)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (f"raised at the call: {e}", time.monotonic() - t0)
+
+    def wait(name, work):  # each on its own thread: a call that overstays delays no other's time
+        try:
+            work.wait()
+            out[name] = (None, time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (str(e), time.monotonic() - t0)
+
+    threads = [threading.Thread(target=wait, args=item) for item in works.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in subs:
+        dist.destroy_process_group(s)
+    return out
+
+
 def abort_frames_under_the_drive_lock(rank, world):
     """An abort from a thread that is not driving the transport sends its ABORT frames under
     the group's drive lock (a send the engine or a caller's fast path makes at that moment

@@ -345,6 +345,26 @@ def test_a_call_with_its_own_timeout_times_out_at_it(pools):
             assert (err is None or "rank 0" in err) and elapsed < 1.0, (name, peer)
 
 
+def test_every_call_form_with_options_times_out_at_its_timeout(pools):
+    """Each process-group method that takes an options object (broadcast, reduce, gather,
+    scatter, the all-gathers, reduce-scatters and all-to-alls, barrier; the common paths apart)
+    fails at its options' time-out, 1 s, naming the call's time-out, while its peer is 3 s late
+    and the group's time-out is a minute: each form passes `opts` on by hand, and gather's
+    call had dropped it unnoticed (a mutation review).
+    cases_faults.every_call_form_keeps_its_own_timeout."""
+    import cases_faults
+    mine, *peers = pools(2).run("cases_faults:every_call_form_keeps_its_own_timeout")
+    names = [name for name, _, _ in cases_faults._timeout_forms(0, 2)]
+    assert sorted(mine) == sorted(names), mine
+    slow = {name: (err, round(elapsed, 2)) for name, (err, elapsed) in mine.items()
+            if not (err and "timed out after 1.0s waiting for rank 1" in err and "the call's timeout" in err
+                    and 1.0 <= elapsed < 2.0)}
+    assert not slow, slow
+    for peer in peers:  # rank 0's part was sent before it gave up: a late peer may still finish
+        for name, (err, elapsed) in peer.items():  # its call with it, or learns at once that rank 0 failed
+            assert (err is None or "rank 0" in err) and elapsed < 1.0, (name, err, elapsed)
+
+
 def test_an_abort_sends_its_frames_under_the_drive_lock(pools):
     """cases_faults.abort_frames_under_the_drive_lock: every ABORT frame goes out with the
     drive lock held (it went out beside whatever the engine was sending), the abort waits for

@@ -184,3 +184,27 @@ def test_an_exception_that_is_no_parse_error_is_not_called_a_bad_frame(monkeypat
         frame.unpack(bytes(frame.HEADER_SIZE))
     with pytest.raises(Limit):
         frame.unpack_from(bytes(frame.HEADER_SIZE))
+
+
+@pytest.mark.parametrize("kind, dtype, limit", [(Kind.ALLREDUCE, torch.float32, frame.MAX_FRAME_BYTES),
+                                                (Kind.P2P, torch.uint8, frame.MAX_FRAME_BYTES),
+                                                (Kind.ABORT, None, frame.MAX_ABORT_BYTES)],
+                         ids=["allreduce", "p2p", "abort"])
+def test_a_header_claiming_more_than_its_limit_is_refused_by_both_parsers(kind, dtype, limit):
+    """A header whose nbytes is one element past its limit (MAX_FRAME_BYTES for any frame,
+    MAX_ABORT_BYTES for an abort's cause) is a FrameError naming the limit, from `unpack` and from
+    `unpack_from` (a shared-memory slot's parser) alike; at the limit it parses. The fuzzer's
+    oversized claims never showed the frame bound mattered: each was also an odd element count
+    or met the payload-length check, so a parser without the bound passed (a mutation review)."""
+    code = frame.DTYPE_CODE[dtype] if dtype is not None else 0
+    over = limit + (torch.empty(0, dtype=dtype).element_size() if dtype is not None else 1)
+    what = "abort frame" if kind == Kind.ABORT else "frame"
+    for nbytes, refused in ((limit, False), (over, True)):
+        raw = frame.Header(int(kind), code, TOKEN, GROUP, SEQ, 1, 0, 0, 9, nbytes).pack()
+        slot = bytes(24) + raw + bytes(8)  # a header inside a larger buffer, as in a ring slot
+        for parse in (lambda: frame.unpack(raw), lambda: frame.unpack_from(slot, 24)):
+            if refused:
+                with pytest.raises(FrameError, match=f"^{what} claims {nbytes} bytes, above the {limit} limit$"):
+                    parse()
+            else:
+                assert parse().nbytes == nbytes
