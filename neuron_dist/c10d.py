@@ -585,7 +585,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if not inputs:
             return self._empty_work([])
         per_input = [[lst[j] for lst in output_lists] for j in range(len(inputs))]
-        return self._allgather_lists(per_input, inputs, what, outputs=[t for lst in output_lists for t in lst])
+        return self._allgather_lists(per_input, inputs, what, outputs=[t for lst in output_lists for t in lst],
+                                     opts=opts)
 
     def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
         for inp, outs in zip(inputs, output_lists):
@@ -702,7 +703,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         outputs, inputs = self._coalesced_pairs(outputs, inputs, "allgather_into_tensor_coalesced", gather=True)
         if not inputs:
             return self._empty_work(outputs)
-        return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs)
+        return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
