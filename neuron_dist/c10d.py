@@ -385,17 +385,20 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None, name: str | None = None, detail: str = ""):
+                    opts=None, name: str | None = None, detail: str = "", out_at_start=None):
         """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
         before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
-        use), `after` once it has finished (AVG, copy-back). `name` replaces the collective's in
-        the description; `detail` is added to its arguments (see Plans.get)."""
+        use), `after` once it has finished (AVG, copy-back); `out_at_start`, if given, returns OUT
+        as the op starts (a buffer in the group's kept scratch, which a call may take only then).
+        `name` replaces the collective's in the description; `detail` is added to its arguments
+        (see Plans.get)."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
-        return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts)
+        return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts,
+                              out_at_start)
 
     def _run_plan(self, plan: Plan, kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
-                  before, after, outputs, nbytes: int, opts) -> NeuronWork:
+                  before, after, outputs, nbytes: int, opts, out_at_start=None) -> NeuronWork:
         """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
         g = self.group
 
@@ -405,7 +408,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 replaced = before()
                 if replaced is not None:
                     src = replaced
-            return plan.execution(op, src, out)  # its schedule built on first use: an error reaches wait()
+            dst = out_at_start() if out_at_start else out
+            return plan.execution(op, src, dst)  # its schedule built on first use: an error reaches wait()
 
         finish = None
         if (op_name == "avg" and out is not None) or after:
@@ -862,15 +866,24 @@ class NeuronProcessGroup(dist.ProcessGroup):
         elif output_tensors and any(len(lst) for lst in output_tensors):
             raise ValueError(f"[rank {self._r}] gather: only the root (rank {root}) passes output tensors")
         c = inp.numel()
-        out = torch.empty(c * n, dtype=inp.dtype) if outs else None
+        got = []  # the root's receive buffer, taken as the op starts
 
-        def after():
+        def receive_buffer():
+            # the group's kept scratch (one collective at a time; the direct gather has no TMP of
+            # its own): made per call, a 64 MiB gather's buffer was mapped and faulted in again
+            # every call (past glibc's mmap threshold)
+            got[:] = [self.group.scratch.take(c * n, inp.dtype)]
+            return got[0]
+
+        def after():  # (run as the op finishes, before the group's next collective takes the scratch)
             for r, o in enumerate(outs):
-                o.copy_(out[r * c:(r + 1) * c].view(o.shape))
+                o.copy_(got[0][r * c:(r + 1) * c].view(o.shape))
+            got.clear()
 
-        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), out,
-                                inp.dtype, after=after, outputs=outs or [inp], nbytes=c * n * inp.element_size(),
-                                opts=opts)
+        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), None,
+                                inp.dtype, after=after if outs else None, outputs=outs or [inp],
+                                nbytes=c * n * inp.element_size(), opts=opts,
+                                out_at_start=receive_buffer if outs else None)
 
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output_tensor, input_tensors, root)
@@ -880,18 +893,26 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(out_t, "scatter", self._r, written=True)
         n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "scatter")
         c = out_t.numel()
-        inp = None
+        inp = before = None
         if self.group.rank == root:
             ins = list(_one(input_tensors, "scatter", self._r))
             self._check_per_rank(ins, out_t, "scatter", "input", "output")
-            inp = torch.cat([i.reshape(-1) for i in ins]) if c else torch.empty(0, dtype=out_t.dtype)
+            inp = torch.empty(0, dtype=out_t.dtype)
+            if c:
+                def before():
+                    # the blocks in rank order, joined as the op starts in the group's kept
+                    # scratch (one collective at a time; the direct scatter has no TMP of its
+                    # own): joined per call in fresh memory, a 64 MiB scatter mapped and faulted
+                    # its buffer in again every call (past glibc's mmap threshold), 0.3x Gloo
+                    flat = self.group.scratch.take(c * n, out_t.dtype)
+                    return torch.cat([i.reshape(-1) for i in ins], out=flat)
         elif input_tensors and any(len(lst) for lst in input_tensors):
             raise ValueError(f"[rank {self._r}] scatter: only the root (rank {root}) passes input tensors")
         out = _flat(out_t) if out_t.is_contiguous() else torch.empty(c, dtype=out_t.dtype)
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
         return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
-                                out_t.dtype, after=after, outputs=[out_t], nbytes=c * n * out_t.element_size(),
-                                opts=opts)
+                                out_t.dtype, before=before, after=after, outputs=[out_t],
+                                nbytes=c * n * out_t.element_size(), opts=opts)
 
     # -- all-to-all ----------------------------------------------------------------------------
     def alltoall(self, output_tensors, input_tensors, opts=None):

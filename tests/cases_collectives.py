@@ -1121,6 +1121,43 @@ def kept_scratch(rank, world):
             finally:
                 scratch.limit = limit
             checks += 1
+    # a scatter's root joins its blocks into the kept buffer as each op starts (joined per call
+    # in fresh memory, a 64 MiB scatter faulted its buffer in every call): async scatters queued
+    # at once, each with its own blocks and root, stay exact, and the root reuses the buffer
+    count = 100_003
+    blocks = [[values(r, count * world, torch.float32, "sum", 50 + i) for r in range(world)] for i in range(4)]
+    scratch.clear()  # (no call in flight: every one above was waited for)
+    outs = [torch.empty(count) for _ in blocks]
+    works = [dist.scatter(o, scatter_list=list(b[i % world].chunk(world)) if rank == i % world else None,
+                          src=i % world, async_op=True) for i, (o, b) in enumerate(zip(outs, blocks))]
+    for w in works:
+        w.wait()
+    for i, (o, b) in enumerate(zip(outs, blocks)):
+        same(o, b[i % world][rank * count:(rank + 1) * count], f"async scatter #{i} from root {i % world}")
+        checks += 1
+    kept, ptr = scratch.kept_bytes, scratch._buf.data_ptr() if scratch._buf is not None else None
+    dist.scatter(outs[0], scatter_list=list(blocks[0][0].chunk(world)) if rank == 0 else None, src=0)
+    same(outs[0], blocks[0][0][rank * count:(rank + 1) * count], "scatter from root 0 again")
+    # and a gather's root receives into it (its blocks then copied out), queued async likewise
+    ptr_after_scatter = scratch._buf.data_ptr() if scratch._buf is not None else None
+    scratch.clear()
+    ins = [values(rank, count, torch.float32, "sum", 60 + i) for i in range(4)]
+    lists = [[torch.empty(count) for _ in range(world)] if rank == i % world else None for i in range(4)]
+    works = [dist.gather(x, gather_list=lst, dst=i % world, async_op=True)
+             for i, (x, lst) in enumerate(zip(ins, lists))]
+    for w in works:
+        w.wait()
+    kept_by_gather = scratch.kept_bytes
+    for i, lst in enumerate(lists):
+        if lst is not None:
+            for r in range(world):
+                same(lst[r], values(r, count, torch.float32, "sum", 60 + i), f"async gather #{i} block {r}")
+            checks += 1
+    if world > 1 and rank == 0:  # (checked after the last call, so that a failure leaves no peer waiting)
+        assert kept >= count * world * 4, f"rank 0: scratch keeps {kept} bytes after a scatter of {count * world * 4}"
+        assert ptr_after_scatter == ptr, "rank 0: the scatter did not reuse the kept buffer"
+        assert kept_by_gather >= count * world * 4, \
+            f"rank 0: scratch keeps {kept_by_gather} bytes after a gather of {count * world * 4}"
     return checks
 
 

@@ -12,7 +12,9 @@ run faulted, and calls took 1.5-3.6 ms (benchmarks/RESULTS.md, "Nineteenth pass"
 Why one buffer per group is enough: a group runs one collective at a time (the engine admits
 the next only once the last is done), and a finished collective's buffers are no longer read by
 anyone (its executor waits until every send is flushed and every lent frame released).
-Point-to-point ops, which run beside collectives, have no TMP.
+Point-to-point ops, which run beside collectives, have no TMP. A scatter's root joins its blocks
+into it, and a gather's root receives into it, as the op starts (c10d.scatter, c10d.gather: the
+direct schedules of both have no TMP of their own).
 
 Bounded: the buffer grows to the largest scratch a call needs, rounded up to a power of two, up
 to `NEURON_DIST_SCRATCH_BYTES` (default 64 MiB); a call needing more gets a buffer of its own,
