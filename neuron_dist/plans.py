@@ -62,7 +62,9 @@ class Plan:
         if sched.tmp_count:
             tmp = self._tmp
             if tmp is None:
-                if sched.tmp_count * dtype.itemsize > KEEP_SCRATCH:
+                if g.scratch.holds(src, out):  # staged there as the op started (c10d.scatter, gather):
+                    tmp = torch.empty(sched.tmp_count, dtype=dtype)  # a builder of one's own with a TMP
+                elif sched.tmp_count * dtype.itemsize > KEEP_SCRATCH:
                     tmp = g.scratch.take(sched.tmp_count, dtype)
                 else:
                     tmp = self._tmp = torch.empty(sched.tmp_count, dtype=dtype)

@@ -71,6 +71,15 @@ def test_a_plan_keeps_a_small_scratch_buffer_and_its_views_and_takes_a_large_one
     assert tmp.data_ptr() == g.scratch.take(1, torch.uint8).data_ptr(), "a large one is the group's scratch"
     none = plans.get("broadcast", Kind.BROADCAST, "direct", {"count": 3, "root": 0}, torch.float32, "sum", 12)
     assert none.execution("op4", None, None)[2][2] is None  # no TMP, none made
+    # an input or output staged in the group's scratch as its op started (a scatter or gather
+    # root's) keeps it: a schedule of the call that needs a TMP (a builder of one's own) gets
+    # memory apart, never the same buffer
+    for staged in ("in", "out"):
+        flat = g.scratch.take(20_000, torch.float32)
+        src, dst = (flat, big) if staged == "in" else (big, flat)
+        tmp = large.execution("op5", src, dst)[2][2]
+        assert tmp.numel() == sched.tmp_count and tmp.untyped_storage().data_ptr() != flat.data_ptr(), staged
+        assert not g.scratch.holds(big, None) and g.scratch.holds(None, flat[5:])
 
 
 def _p2p_group(sent):

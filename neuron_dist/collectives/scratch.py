@@ -60,5 +60,12 @@ class Scratch:
             buf = self._buf = torch.empty(min(self.limit, 1 << (nbytes - 1).bit_length()), dtype=torch.uint8)
         return buf[:nbytes].view(dtype)
 
+    def holds(self, *tensors) -> bool:
+        """Whether any of `tensors` lies in the kept buffer (a scatter or gather root's staging,
+        taken as its op started): the op's TMP must not be cut from the same memory."""
+        buf = self._buf
+        return buf is not None and any(t is not None and t.untyped_storage().data_ptr() == buf.data_ptr()
+                                       for t in tensors)
+
     def clear(self) -> None:
         self._buf = None
