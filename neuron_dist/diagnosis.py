@@ -18,13 +18,27 @@ import signal
 import threading
 import time
 import weakref
+from typing import NamedTuple
 
 from .config import emit, env, env_target
 from .op import Op
 from .transport.frame import Kind
 
 _KIND_NAMES = {int(k): k.name.lower() for k in Kind}  # a frame's kind as the records name it
-_ALGOS_DIFFER = "The ranks run it by different algorithms ("  # (that sentence says what to set)
+
+
+class _Said(NamedTuple):
+    """What `_diagnose` found, for the hint a time-out adds (timeout_diagnosis)."""
+    text: str
+    lost: list[int]        # ranks whose progress record predates calls they took part in
+    inside: list[int]      # ranks known to have entered the call
+    mixed: bool            # the ranks run the call by different algorithms (the text says what to set)
+
+
+def _received(op: Op) -> dict[int, int]:
+    """Frames of `op` received so far, per peer (none before its Execution is made)."""
+    return getattr(getattr(op, "exe", None), "recv_chunks", None) or {}
+
 
 log = logging.getLogger("neuron_dist.init")
 LIVE: "weakref.WeakSet" = weakref.WeakSet()  # every open group of this process (for dumps)
@@ -154,22 +168,22 @@ class HangDiagnosis:
     def diagnose(self, op: Op | None = None) -> str:
         """Which ranks had not entered `op` and what each rank last ran (from the progress
         records every rank keeps in the store), plus this rank's recent collectives."""
-        return self._diagnose(op)[0]
+        return self._diagnose(op).text
 
     def timeout_diagnosis(self, op: Op) -> str:
         """diagnose(op) and what to check, for a timed-out `op`. Ranks whose records predate
         calls they took part in are frozen or cut off, not out of order: the usual hint (the
         same collectives in the same order) would send the user after a bug that is not there."""
-        said, lost, inside = self._diagnose(op)
-        if lost:
-            return (f"{said} Check that the processes of ranks {lost} still run (not stopped by SIGSTOP "
-                    f"or a debugger) and that their hosts are reachable")
-        if inside == list(range(self.size)) and _ALGOS_DIFFER not in said:  # nobody missing: not the order
-            got = sum((getattr(getattr(op, "exe", None), "recv_chunks", None) or {}).values())
-            return (f"{said} Every rank had entered it and it had not finished (this rank had received {got} "
+        said = self._diagnose(op)
+        if said.lost:
+            return (f"{said.text} Check that the processes of ranks {said.lost} still run (not stopped by "
+                    f"SIGSTOP or a debugger) and that their hosts are reachable")
+        if said.inside == list(range(self.size)) and not said.mixed:  # nobody missing: not the order
+            got = sum(_received(op).values())
+            return (f"{said.text} Every rank had entered it and it had not finished (this rank had received {got} "
                     f"of its frames): a large call on a slow link or a busy host needs a longer time-out, which "
                     f"bounds the whole call; check the hosts' links and load")
-        return f"{said} Check that every rank of the group calls the same collectives in the same order"
+        return f"{said.text} Check that every rank of the group calls the same collectives in the same order"
 
     def _took_part(self, op: Op) -> dict[int, tuple[int, str]]:
         """Peer -> (seq, kind) of the latest collective this rank knows it entered, from what
@@ -194,7 +208,7 @@ class HangDiagnosis:
             seq, kind = max(done)
             for r in range(self.size):
                 saw(r, seq, kind)
-        for r, n in (getattr(getattr(op, "exe", None), "recv_chunks", None) or {}).items():
+        for r, n in _received(op).items():
             if n:
                 saw(r, op.seq, op.kind.name.lower())
         mailbox = getattr(self, "mailbox", None)
@@ -211,15 +225,13 @@ class HangDiagnosis:
                     saw(r, key[1], _KIND_NAMES.get(h.kind, "collective"))
         return seen
 
-    def _diagnose(self, op: Op | None) -> tuple[str, list[int], list[int]]:
-        """diagnose()'s text, the ranks whose progress record (or its absence) predates calls
-        they took part in (frozen or cut off, see timeout_diagnosis), and the ranks known to have
-        entered `op`."""
+    def _diagnose(self, op: Op | None) -> _Said:
+        """diagnose()'s text, and what timeout_diagnosis asks of it (see _Said)."""
         def fmt(recent):
             return ", ".join(f"#{s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
                              for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
-        parts, lost, inside = [], [], []
+        parts, lost, inside, mixed = [], [], [], False
         collective = op is not None and not op.is_p2p
         peers, unread, why = self._peer_records() if collective else ({}, [], "")
         if collective:
@@ -262,8 +274,9 @@ class HangDiagnosis:
             # ring beside a hierarchical grid): no frame meets its checksum, all wait
             ran = {r: a[0] for r, p in [*peers.items(), (self.rank, mine)] for s, _k, _n, _dt, _st, *a in p["recent"]
                    if s == op.seq and a and a[0]}
-            if len(set(ran.values())) > 1:
-                parts.append(_ALGOS_DIFFER
+            mixed = len(set(ran.values())) > 1
+            if mixed:
+                parts.append("The ranks run it by different algorithms ("
                              + ", ".join(f"rank {r}: {a}" for r, a in sorted(ran.items()))
                              + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
@@ -272,7 +285,7 @@ class HangDiagnosis:
                              + f": {fmt(p['recent'])} (next seq {p['issued']}"
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
         parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
-        return " ".join(parts), lost, inside
+        return _Said(" ".join(parts), lost, inside, mixed)
 
     def dump(self) -> str:
         """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /

@@ -138,9 +138,10 @@ class _Parser(argparse.ArgumentParser):
             known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
             hints = []
             for word in message.split(":", 1)[1].split():
-                near = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.7)
-                if word.startswith("--") and near:
-                    hints.append(f"{word.split('=', 1)[0]}: did you mean {near[0]}?")
+                flag = word.split("=", 1)[0]
+                near = flag.startswith("--") and difflib.get_close_matches(flag, known, n=1, cutoff=0.7)
+                if near:
+                    hints.append(f"{flag}: did you mean {near[0]}?")
             if hints:
                 message += " (" + "; ".join(hints) + ")"
         super().error(message)
