@@ -136,9 +136,18 @@ def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
 
 
 def _how(failure) -> str:
-    code = failure.exitcode
+    return exit_words(failure.exitcode)
+
+
+def exit_words(code: int | None) -> str:
+    """How a rank ended, from its exit code as Popen gives it (-N: killed by signal N); the
+    failure report's words, and storewatch's."""
     if code is not None and code < 0:
-        return f"was killed by signal {failure.signal_name()} ({-code})"
+        try:
+            name = f"{signal.Signals(-code).name} "
+        except ValueError:  # a real-time signal has no name
+            name = ""
+        return f"was killed by signal {name}({-code})"
     return f"exited with code {code}"
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import functools
 import os
-import signal
 import sys
 import threading
 import time
 from typing import Callable
 
+from .launch import exit_words
 from .worker import read_group
 
 DEFAULT_READ_TIMEOUT = 60  # torch's c10d_rendezvous_backend default for --rdzv-conf read_timeout
@@ -99,13 +99,7 @@ def how_it_ended(pid: int) -> str:
         return "ended"
     if not done:  # (not yet a zombie: it ended a moment ago)
         return "ended"
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        try:
-            return f"was killed by signal {signal.Signals(sig).name} ({sig})"
-        except ValueError:  # a real-time signal has no name
-            return f"was killed by signal {sig}"
-    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+    return exit_words(os.waitstatus_to_exitcode(status))
 
 
 class StoreWatch:
