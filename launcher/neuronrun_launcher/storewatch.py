@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from .launch import exit_words
-from .worker import read_group
+from .worker import proc_stat, read_group
 
 DEFAULT_READ_TIMEOUT = 60  # torch's c10d_rendezvous_backend default for --rdzv-conf read_timeout
 POLL_S = 1.0
@@ -83,12 +83,10 @@ def ranks_of(groups_dir: str) -> dict[int, tuple[str, str]]:
 def running(pid: int, started: str) -> bool:
     """Whether the rank is still running: not gone, not a zombie (the agent, stuck, does not
     reap it), and not another process that was given its pid."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
+    fields = proc_stat(pid)
+    if not fields:
         return False
-    return fields[0] not in ("Z", "X") and (not started or fields[19] == started)
+    return fields[0] not in ("Z", "X") and (not started or fields[19:20] == [started])  # (start_time's field)
 
 
 def how_it_ended(pid: int) -> str:

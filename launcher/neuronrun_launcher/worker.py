@@ -117,14 +117,21 @@ def _die_with_parent() -> None:
         pass
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (the state first), or None if there is no
+    such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
 def start_time(pid: int) -> str | None:
     """When process `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field), or
     None if there is no such process: with its pid, it names one process for good."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
+    fields = proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
 
 
 def read_group(path: str) -> tuple[str, str]:
