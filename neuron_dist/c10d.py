@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C import _set_grad_enabled  # private: grad mode on/off without a context object
+from torch._C import _AutoDispatchBelowADInplaceOrView as _BelowAutograd  # private: the data path's writes, as C++'s
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
@@ -332,7 +332,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._name, self._desc = group_name, ""
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
-                           global_ranks=global_ranks, set_grad_enabled=_set_grad_enabled)
+                           global_ranks=global_ranks, outside_autograd=_BelowAutograd)
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form

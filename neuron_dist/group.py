@@ -334,10 +334,11 @@ class Group(HangDiagnosis):
     _deaths = None  # its DeathWatch, once its transport is up
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
-                 global_ranks: list[int] | None = None, set_grad_enabled=torch.set_grad_enabled):
-        """`set_grad_enabled`: how the data path switches grad mode off and back on (see submit).
-        The c10d adapter passes torch's C-level switch: `torch.set_grad_enabled` builds a context
-        object each call, and its two calls were 4% of a small call's instructions."""
+                 global_ranks: list[int] | None = None, outside_autograd=torch.no_grad):
+        """`outside_autograd`: the context the data path runs in, on the engine thread and on the
+        caller's (see `_drive_ops`). The c10d adapter passes torch's guard that dispatches below
+        autograd and its in-place/view bookkeeping, as Gloo's C++ writes: under no_grad alone an
+        in-place write into a tensor made under `torch.inference_mode()` is refused."""
         from .collectives import select as algorithm_select
         from .transport import select as transport_select
         if not 0 <= rank < size:  # torch passes env:// RANK as it is (Gloo: "rank < size. 2 vs 2"); a -1
@@ -345,7 +346,7 @@ class Group(HangDiagnosis):
             raise ValueError(f"[rank {rank}] group {name!r}: rank {rank} is outside the group's ranks 0..{size - 1} "
                              f"(size {size}); check RANK and WORLD_SIZE")
         self.store, self.rank, self.size, self.timeout = store, rank, size, timeout
-        self._set_grad_enabled = set_grad_enabled
+        self._outside_autograd = outside_autograd
         self.name = name
         self.global_ranks = list(global_ranks) if global_ranks else list(range(size))
         self.group_id = _group_hash(name)
@@ -569,16 +570,12 @@ class Group(HangDiagnosis):
                     if self._active or self._waiting.n:  # the engine may sleep in the transport's wait
                         self.transport.wake()            # on them: it takes this op up now
                     return op
-            grad = torch.is_grad_enabled()
             try:
-                if grad:  # as on the engine thread: see _drive_ops
-                    self._set_grad_enabled(False)
-                self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
+                with self._outside_autograd():  # as on the engine thread: see _drive_ops
+                    self._run_inline(op, INLINE_SYNC_BUDGET if sync else 0.0 if recv else INLINE_BUDGET)
             finally:
                 held = False
                 self._drive.release()
-                if grad:
-                    self._set_grad_enabled(True)
         except BaseException as e:
             # raised into this thread between taking the drive lock and running the op (a signal
             # handler's exception: Ctrl-C, an alarm's time limit): the lock stayed held, the
@@ -684,7 +681,8 @@ class Group(HangDiagnosis):
         and the group is broken, instead of waiting for ever: a Work's wait() has no time-out of
         its own, time-outs being the engine's."""
         try:
-            self._drive_ops()
+            with self._outside_autograd():  # see _drive_ops
+                self._drive_ops()
         except BaseException as e:  # noqa: BLE001 - every op waiting on the engine must hear of it
             err = GroupError(f"[rank {self.rank}] the group's engine thread failed: {type(e).__name__}: {e}")
             err.__cause__ = e
@@ -695,10 +693,10 @@ class Group(HangDiagnosis):
 
     def _drive_ops(self) -> None:
         # A collective writes into tensors autograd may track (a Parameter broadcast or
-        # all-reduced in place, views of one): like Gloo's C++, the data path works outside
-        # autograd, so out= reductions and in-place copies on them are allowed (grad mode is
-        # per thread; the fast path in submit does the same for the caller's thread).
-        self._set_grad_enabled(False)
+        # all-reduced in place, views of one) and into tensors made under inference_mode: like
+        # Gloo's C++, the data path works outside autograd (`_engine` enters `outside_autograd`
+        # for this thread; the fast path in submit does the same for the caller's thread), so
+        # out= reductions and in-place copies on them are allowed.
         active, waiting = self._active, self._waiting
         stalled_since = None
         while True:

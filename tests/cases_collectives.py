@@ -561,6 +561,78 @@ def autograd_tensors(rank, world):
     return checks
 
 
+def inference_tensors(rank, world):
+    """Tensors made under `torch.inference_mode()` (a metric counted in an evaluation loop,
+    all-reduced after it), written by every collective that writes, small (caller's thread) and
+    large (engine thread), synchronous and async, outside the mode and inside it: Gloo writes
+    them from C++; the data path ran under no_grad, where an in-place write into an inference
+    tensor is refused, so the call failed and the group with it. Each result against the
+    reference and Gloo's on the same tensors, then a plain call on the same group."""
+    checks = 0
+    for count in (4, 1 << 19):
+        for inside in (False, True):
+            for async_op in (False, True):
+                what = f"n={count} {'inside' if inside else 'after'} inference_mode async={async_op}"
+                with torch.inference_mode():
+                    made = {"ar": torch.full((count,), float(rank + 1)),
+                            "nc": torch.full((2, count), float(rank + 1)).t(),
+                            "bc": torch.full((count,), float(rank)),
+                            "ag": torch.zeros(count * world), "agl": [torch.zeros(count) for _ in range(world)],
+                            "rs": torch.zeros(count), "a2a": torch.zeros(count * world),
+                            "red": torch.full((count,), float(rank + 1))}
+                src = {"ag": torch.full((count,), float(rank)), "rs": torch.ones(count * world),
+                       "a2a": torch.arange(count * world, dtype=torch.float32) + 100 * rank}
+                for backend in ("neuron", "gloo"):
+                    group = R.GLOO if backend == "gloo" else None
+                    with torch.inference_mode(inside):
+                        t = {k: [x.clone() for x in v] if isinstance(v, list) else v.clone() for k, v in made.items()}
+                        calls = [dist.all_reduce(t["ar"], group=group, async_op=async_op),
+                                 dist.all_reduce(t["nc"], group=group, async_op=async_op),
+                                 dist.broadcast(t["bc"], src=world - 1, group=group, async_op=async_op),
+                                 dist.all_gather_into_tensor(t["ag"], src["ag"], group=group, async_op=async_op),
+                                 dist.all_gather(t["agl"], src["ag"], group=group, async_op=async_op),
+                                 dist.reduce_scatter_tensor(t["rs"], src["rs"], op=dist.ReduceOp.AVG, group=group, async_op=async_op),
+                                 dist.all_to_all_single(t["a2a"], src["a2a"], group=group, async_op=async_op),
+                                 dist.reduce(t["red"], dst=0, group=group, async_op=async_op)]
+                        for w in calls:
+                            if async_op:
+                                w.wait()
+                    if backend == "neuron":
+                        mine = t
+                    else:
+                        theirs = t
+                total = float(sum(range(1, world + 1)))
+                same(mine["ar"], torch.full((count,), total), f"all_reduce {what}")
+                same(mine["nc"], torch.full((count, 2), total), f"non-contiguous all_reduce {what}")
+                same(mine["bc"], torch.full((count,), float(world - 1)), f"broadcast {what}")
+                same(mine["ag"], torch.arange(world, dtype=torch.float32).repeat_interleave(count), f"all_gather {what}")
+                same(torch.cat(mine["agl"]), mine["ag"], f"all_gather list {what}")
+                same(mine["rs"], torch.ones(count), f"reduce_scatter AVG {what}")
+                blocks = [(torch.arange(count * world, dtype=torch.float32) + 100 * r)[rank * count:(rank + 1) * count]
+                          for r in range(world)]
+                same(mine["a2a"], torch.cat(blocks), f"all_to_all_single {what}")
+                if rank == 0:
+                    same(mine["red"], torch.full((count,), total), f"reduce at the root {what}")
+                for k in mine:
+                    a, b = (torch.cat(mine[k]), torch.cat(theirs[k])) if k == "agl" else (mine[k], theirs[k])
+                    if k != "red" or rank == 0:
+                        same(a, b, f"{k} against Gloo {what}")
+                checks += 8
+    if world > 1:
+        with torch.inference_mode():
+            got = torch.zeros(1 << 19) if rank == 1 else torch.full((1 << 19,), 3.0)
+        if rank == 0:
+            dist.send(got, 1)
+        elif rank == 1:
+            dist.recv(got, 0)
+            same(got, torch.full((1 << 19,), 3.0), "recv into an inference tensor")
+        checks += 1
+    after = torch.ones(3)
+    dist.all_reduce(after)
+    same(after, torch.full((3,), float(world)), "a plain all_reduce after them")
+    return checks + 1
+
+
 def call_forms(rank, world):
     """torch's convenience overloads of the group's methods (a bare tensor, a reduce op or a
     root where the options go), as DDP's Join and user code call them, against Gloo's group."""
