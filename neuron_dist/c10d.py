@@ -49,6 +49,7 @@ _OPS_BY_VALUE = {int(k): name for k, name in _OPS.items()}
 
 
 _SUM = _ReduceOp.SUM
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__  # a Parameter's too; a DTensor's is its own
 _AllreduceOptions = dist.AllreduceOptions
 _BroadcastOptions = dist.BroadcastOptions
 _ReduceScatterOptions = dist.ReduceScatterOptions
@@ -201,6 +202,12 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
     otherwise fail only when the result is copied back, after the peers have sent."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"[rank {rank}] {what}: expected a torch.Tensor, got {type(t).__name__}")
+    if type(t).__torch_dispatch__ is not _PLAIN_DISPATCH:  # Gloo: DTensor's NotImplementedError
+        raise TypeError(f"[rank {rank}] {what}: a {type(t).__name__} is a tensor subclass with a dispatch of "
+                        f"its own, not a plain tensor; pass the tensor it holds (a DTensor's .to_local())")
+    if t.is_nested or t.layout not in (torch.strided, torch.sparse_coo):
+        raise ValueError(f"[rank {rank}] {what}: {'nested' if t.is_nested else str(t.layout)} tensors are not "
+                         f"supported (dense tensors, and sparse COO in all_reduce)")
     if not t.is_cpu:
         raise ValueError(f"[rank {rank}] {what}: tensor is on {t.device}; the neuron backend "
                          f"moves CPU tensors (register the group for 'cpu' or move the tensor)")
@@ -218,8 +225,8 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
 def _common_tensor(t) -> bool:
     """Whether `t` takes a common path (_allreduce_common and its kin): a contiguous dense CPU
     tensor, the debug check off. Anything else takes the general path, which checks it."""
-    return isinstance(t, torch.Tensor) and t.is_cpu and not t.is_sparse and t.is_contiguous() and \
-        not debug.enabled()
+    return isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_nested and t.is_cpu and \
+        type(t).__torch_dispatch__ is _PLAIN_DISPATCH and t.is_contiguous() and not debug.enabled()
 
 
 def _common_op(rop) -> str | None:

@@ -747,6 +747,20 @@ def misuse_invalid(rank, world):
     expect(ValueError, lambda: dist.all_reduce(torch.ones(1).expand(4)), "expand()ed output")
     expect(ValueError, lambda: dist.all_gather([torch.empty(1).expand(2)] * world, torch.ones(2)),
            "expand()ed all_gather output")
+    # a DTensor handed to a plain call (dist.all_reduce(p.grad) under FSDP2) failed mid-call and
+    # broke the group; Gloo refuses it up front (NotImplementedError: no sharding strategy)
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Shard
+    mesh = DeviceMesh("cpu", list(range(world)), _init_backend=False)
+    dt = DTensor.from_local(torch.ones(4), mesh, [Shard(0)], run_check=False)
+    expect(TypeError, lambda: dist.all_reduce(dt), "allreduce of a DTensor")
+    expect(TypeError, lambda: dist.broadcast(dt, src=0), "broadcast of a DTensor")
+    expect(ValueError, lambda: dist.all_reduce(torch.eye(3).to_sparse_csr()), "allreduce of a sparse CSR tensor")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors' prototype warning
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    expect(ValueError, lambda: dist.all_reduce(nested), "allreduce of a nested tensor")
     dist.all_reduce(torch.zeros(2, 3)[:, 1])  # non-contiguous is fine: each element its own memory
     assert g._seq == seq0 + 1, f"a rejected call consumed sequence numbers ({seq0} -> {g._seq})"
     assert g.broken is None, f"a rejected call broke the group: {g.broken}"
