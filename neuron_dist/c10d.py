@@ -370,6 +370,38 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"NeuronProcessGroup(rank={self.rank()}, size={self.size()}, name={self._name!r})"
 
+    # -- what torch asks a group's backend (this group is its own CPU backend) ---------------
+    def _get_backend(self, device):
+        """torch's Python asks a group for its backend per device (FSDP2's
+        `set_allocate_memory_from_process_group_for_comm`, `_set_pg_timeout` in
+        `dist.breakpoint`); torch's C++ answer knows no backend of a Python group."""
+        if torch.device(device).type != "cpu":
+            raise RuntimeError(f"[rank {self._r}] the neuron backend has no backend for device type "
+                               f"{torch.device(device).type}; it moves CPU tensors")
+        return self
+
+    def supports_tensor_alloc(self, device) -> bool:
+        return False  # FSDP2 then allocates its buffers with torch.empty
+
+    @property
+    def supports_splitting(self) -> bool:
+        return False
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The group's time-out from now on (torch's C++ version sets its backends', which a
+        Python group has none of, and returned doing nothing); calls given their own keep it."""
+        if not isinstance(timeout, timedelta) or timeout <= _NO_TIMEOUT:
+            raise ValueError(f"[rank {self._r}] set_timeout: expected a positive timedelta, got {timeout!r}")
+        self.group.timeout = timeout
+
+    _set_default_timeout = set_timeout
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.group.issued  # collectives this rank has issued on the group: equal across ranks
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass  # every rank's numbering starts at 0 when the group is made
+
     # -- plumbing ------------------------------------------------------------------------------
     @property
     def _r(self) -> int:

@@ -1120,6 +1120,56 @@ def every_call_form_keeps_its_own_timeout(rank, world, late=3.0, secs=1.0):
     return out
 
 
+def torch_asks_the_group_for_its_backend(rank, world, late=3.0):
+    """What torch's Python asks of a group's backend: `pg.set_timeout` (it returned doing
+    nothing: a call with its peer `late` seconds late waited for it instead of failing at 1 s, as
+    Gloo's does), `_get_backend(cpu)` (it raised "No backend type associated with device type
+    cpu", which failed `dist.breakpoint`'s `_set_pg_timeout` on every rank and FSDP2's
+    `set_allocate_memory_from_process_group_for_comm` at its first forward), and the group's
+    sequence number. Returns rank 0's timed-out call's (error, seconds) and an FSDP2 step's
+    parameters, which the test compares across ranks and with Gloo's."""
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    pg = dist.distributed_c10d._get_default_group()
+    assert pg._get_backend(torch.device("cpu")).supports_tensor_alloc(torch.device("cpu")) is False
+    before = pg._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(2))
+    assert pg._get_sequence_number_for_group() == before + 1, (before, pg._get_sequence_number_for_group())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "Set timeout is now only supported for either nccl or gloo"
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=600))  # what dist.breakpoint calls
+    steps = {}
+    for backend, group in (("neuron", None), ("gloo", dist.new_group(backend="gloo"))):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        from torch.distributed.device_mesh import DeviceMesh
+        mesh = DeviceMesh.from_group(group or pg, "cpu")
+        fully_shard(model[0], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        model.set_allocate_memory_from_process_group_for_comm(True)
+        model(torch.ones(4, 8) * (rank + 1)).sum().backward()
+        steps[backend] = [p.grad.full_tensor() for p in model.parameters()]
+        if group is not None:
+            dist.destroy_process_group(group)
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=60))
+    dist.barrier(group=sub)
+    sub.set_timeout(timedelta(seconds=1))
+    if rank != 0:
+        time.sleep(late)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(2), group=sub)
+        err = None
+    except Exception as e:  # noqa: BLE001
+        err = str(e)
+    out = (err, time.monotonic() - t0)
+    dist.destroy_process_group(sub)
+    return out, steps
+
+
 def abort_frames_under_the_drive_lock(rank, world):
     """An abort from a thread that is not driving the transport sends its ABORT frames under
     the group's drive lock (a send the engine or a caller's fast path makes at that moment

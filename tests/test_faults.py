@@ -365,6 +365,21 @@ def test_every_call_form_with_options_times_out_at_its_timeout(pools):
             assert (err is None or "rank 0" in err) and elapsed < 1.0, (name, err, elapsed)
 
 
+def test_what_torch_asks_a_groups_backend(pools):
+    """`pg.set_timeout` holds for the group's later calls, `_get_backend(cpu)` answers (FSDP2's
+    allocation from the group, `dist.breakpoint`'s time-out), sequence numbers count calls.
+    cases_faults.torch_asks_the_group_for_its_backend."""
+    import torch
+    (mine, steps0), *peers = pools(2).run("cases_faults:torch_asks_the_group_for_its_backend")
+    err, elapsed = mine
+    assert err and "timed out after 1.0s waiting for rank 1" in err and 1.0 <= elapsed < 2.0, mine
+    for (err, elapsed), _ in peers:  # rank 0 failed: the late peer learns it at once
+        assert err and "rank 0" in err and elapsed < 1.0, (err, elapsed)
+    for steps in [steps0] + [s for _, s in peers]:
+        for a, b in zip(steps["neuron"], steps["gloo"]):
+            assert torch.equal(a, b), (a, b)
+
+
 def test_an_abort_sends_its_frames_under_the_drive_lock(pools):
     """cases_faults.abort_frames_under_the_drive_lock: every ABORT frame goes out with the
     drive lock held (it went out beside whatever the engine was sending), the abort waits for
