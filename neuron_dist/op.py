@@ -169,7 +169,12 @@ class CallbackRunner:
                 if not self._jobs:
                     return
                 fn, arg = self._jobs.popleft()
-            fn(arg)
+            try:
+                fn(arg)
+            finally:
+                # dropped now, not when the next job comes: an idle thread kept the last op (its
+                # callbacks are its bound method and their list) and so the call's tensors alive
+                fn = arg = None
 
     def close(self, timeout: float) -> None:
         """Drain the queue and join the threads, all within `timeout` (one deadline for all: a
