@@ -235,6 +235,8 @@ def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout():
         in line, line
     assert float(line.split(" after ")[1].split("s")[0]) < 6, line
     assert float(line.split("(cpu ")[1].split("s")[0]) < 1.5, line  # waited, not spun
+    assert "Check that rank 1 posts a recv from rank 0 with tag 0 and room for 262144 bytes of float32" in line \
+        and "same collectives" not in line, line  # the hint of a send (diagnosis._p2p_hint)
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
