@@ -7,7 +7,7 @@ group's history; NEURON_DIST_DUMP / NEURON_DIST_DUMP_SIGNAL write every group's 
 on a signal.
 
 `HangDiagnosis` is a mixin of `Group`: it reads the group's `records`, `rank`, `size`, `name`,
-`store`, `_seq`, `broken`, `_published` and `mailbox`, and keeps `_store_lost`.
+`store`, `_seq`, `broken`, `_published` and `mailbox`, calls its `who`, and keeps `_store_lost`.
 """
 from __future__ import annotations
 
@@ -173,8 +173,11 @@ class HangDiagnosis:
     def timeout_diagnosis(self, op: Op) -> str:
         """diagnose(op) and what to check, for a timed-out `op`. Ranks whose records predate
         calls they took part in are frozen or cut off, not out of order: the usual hint (the
-        same collectives in the same order) would send the user after a bug that is not there."""
+        same collectives in the same order) would send the user after a bug that is not there;
+        nor does that hint fit a send or a receive, which has its own (_p2p_hint)."""
         said = self._diagnose(op)
+        if op.is_p2p:
+            return f"{said.text} {self._p2p_hint(op)}"
         if said.lost:
             return (f"{said.text} Check that the processes of ranks {said.lost} still run (not stopped by "
                     f"SIGSTOP or a debugger) and that their hosts are reachable")
@@ -184,6 +187,21 @@ class HangDiagnosis:
                     f"of its frames): a large call on a slow link or a busy host needs a longer time-out, which "
                     f"bounds the whole call; check the hosts' links and load")
         return f"{said.text} Check that every rank of the group calls the same collectives in the same order"
+
+    def _p2p_hint(self, op: Op) -> str:
+        """What to check for a timed-out send or receive: its peer's matching call (a receive
+        takes a message of its tag from its source, as long as the buffer or shorter), and the
+        usual deadlock of point-to-point code, both ranks blocked in calls that wait on each
+        other (two blocking sends past the transport's buffering, say)."""
+        me = self.who(self.rank)
+        tag = f"tag {op.tag}" if op.tag is not None else "its tag"
+        size = f"{op.nbytes} bytes of {str(op.dtype).removeprefix('torch.')}"
+        if op.direction == "send":
+            want = f"{self.who(op.peer)} posts a recv from {me} with {tag} and room for {size}"
+        else:
+            sender = self.who(op.peer) if op.direction == "recv" and op.peer is not None else "a rank of the group"
+            want = f"{sender} sends {me} a message with {tag}, of at most {size}"
+        return f"Check that {want}, and that it does not block first in a call that waits on this rank"
 
     def _took_part(self, op: Op) -> dict[int, tuple[int, str]]:
         """Peer -> (seq, kind) of the latest collective this rank knows it entered, from what

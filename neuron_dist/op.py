@@ -44,13 +44,15 @@ class Op:
     `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
     __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "nbytes", "dtype",
                  "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
-                 "_callbacks", "_lock", "sync", "timeout", "__weakref__")
+                 "_callbacks", "_lock", "sync", "timeout", "tag", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
-                 direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = ""):
+                 direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = "",
+                 tag: int | None = None):
         self.kind, self.desc, self._start, self._finish = kind, desc, start, finish
         self.outputs = list(outputs)
         self.peer, self.direction = peer, direction
+        self.tag = tag  # a send's or receive's tag (what a time-out's hint names), else None
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
         self.seq = -1
         self.exe: Execution | None = None
@@ -169,7 +171,12 @@ class CallbackRunner:
                 if not self._jobs:
                     return
                 fn, arg = self._jobs.popleft()
-            fn(arg)
+            try:
+                fn(arg)
+            finally:
+                # dropped now, not when the next job comes: an idle thread kept the last op (its
+                # callbacks are its bound method and their list) and so the call's tensors alive
+                fn = arg = None
 
     def close(self, timeout: float) -> None:
         """Drain the queue and join the threads, all within `timeout` (one deadline for all: a

@@ -1561,23 +1561,29 @@ def a_long_wait_sleeps(rank, world, late=2.0):
 def finished_calls_hold_no_tensors(rank, world):
     """A tensor the caller drops after its async call ended is freed, as with Gloo: the engine
     thread held its last op (and the op its tensors and the call's scratch) while it slept,
-    until the group's next op (a 256 MiB all-reduce's input and output stayed resident)."""
+    until the group's next op (a 256 MiB all-reduce's input and output stayed resident). And
+    so did the group's callback thread that ran a `then` callback of the op's future, idle
+    until the next callback (op.CallbackRunner)."""
     import gc
     import time
     import weakref
     checks = 0
-    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_reduce_then"):
         x = torch.ones((1 << 19) * world)  # 2 MiB a rank and more: past the caller's inline size
         out = torch.empty(x.numel() // world if kind == "reduce_scatter" else x.numel() * world)
-        if kind == "all_reduce":
+        fut = None
+        if kind.startswith("all_reduce"):
             w = dist.all_reduce(x, async_op=True)
+            if kind == "all_reduce_then":
+                fut = w.get_future().then(lambda f: None)
+                fut.wait()
         elif kind == "reduce_scatter":
             w = dist.reduce_scatter_tensor(out, x, async_op=True)
         else:
             w = dist.all_gather_into_tensor(out, x, async_op=True)
         w.wait()
         refs = [weakref.ref(x), weakref.ref(out)]
-        del x, out, w
+        del x, out, w, fut
         deadline = time.monotonic() + 5
         while any(r() is not None for r in refs) and time.monotonic() < deadline:
             time.sleep(0.01)

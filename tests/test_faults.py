@@ -220,6 +220,25 @@ def test_a_shorter_message_whose_sender_then_exits_is_delivered(transport):
     assert "rank 1: got [0.0, 1.0, 2.0, -1.0, -1.0, -1.0, -1.0, -1.0]" in out, out[-2000:]
 
 
+def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout():
+    """zmq: rank 1 is frozen for 8 s; rank 0's 256 KiB sends (one frame each, SingleFrameSend)
+    fill the socket until zmq still reads one. That send reported progress on every pass while
+    it waited, so the engine never ran its stall check: it spun a core and returned once rank 1
+    woke, never timing out (the 2 s group here). It must fail at the time-out, naming the call
+    and the peer, without spinning (test_transport_mpi.py has the same over MPI)."""
+    import os
+    from pool import free_port, rank_line, run_scripts
+    port = free_port()
+    env = dict(os.environ, NEURON_DIST_TRANSPORT="zmq")
+    line = rank_line(run_scripts("send_to_stopped_peer.py", [[0, port], [1, port]], env)[0][1], 0)
+    assert " failed after " in line and "send(262144 bytes, to rank 1, tag 0) timed out after 2.0s waiting for rank 1" \
+        in line, line
+    assert float(line.split(" after ")[1].split("s")[0]) < 6, line
+    assert float(line.split("(cpu ")[1].split("s")[0]) < 1.5, line  # waited, not spun
+    assert "Check that rank 1 posts a recv from rank 0 with tag 0 and room for 262144 bytes of float32" in line \
+        and "same collectives" not in line, line  # the hint of a send (diagnosis._p2p_hint)
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("mode", ["dead", "orderly"])
 def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(transport, mode):

@@ -162,3 +162,48 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
     said = g.timeout_diagnosis(op)
     assert said.startswith("Ranks [0, 1, 2, 3] had entered it.") and "same order" not in said, said
     assert "Every rank had entered it and it had not finished (this rank had received 3 of its frames)" in said, said
+
+
+def test_a_timed_out_send_or_receive_is_told_to_check_its_peers_matching_call():
+    """A send or receive that times out ended with the collectives' hint ("Check that every rank
+    of the group calls the same collectives in the same order"), which points at the wrong
+    thing: what to check is that the peer posts the matching receive or send, with the call's
+    tag and a fitting size (and does not block first on this rank), naming global ranks in a
+    subgroup as the error's other words do."""
+    from types import SimpleNamespace
+    import torch
+    from neuron_dist.diagnosis import HangDiagnosis
+    from neuron_dist.op import Record
+    from neuron_dist.transport.frame import Kind
+
+    class Group(HangDiagnosis):
+        rank, size, _seq, broken = 0, 3, 1, None
+        records = [Record(0, "barrier", 0, "uint8", "dissemination", "done")]
+        global_ranks = [0, 1, 2]
+
+        def who(self, r):
+            g = self.global_ranks[r]
+            return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+
+        def _peer_records(self):
+            raise AssertionError("a send or receive reads no progress records")
+
+    def p2p(direction, peer, tag=5, nbytes=262144, dtype=torch.float32):
+        return SimpleNamespace(is_p2p=True, kind=Kind.P2P, seq=-1, direction=direction, peer=peer, tag=tag,
+                               nbytes=nbytes, dtype=dtype, exe=None)
+
+    g = Group()
+    said = g.timeout_diagnosis(p2p("send", 2))
+    assert said.startswith("Rank 0 (this rank) last ran: #0 barrier 0B done (dissemination). "), said
+    assert said.endswith("Check that rank 2 posts a recv from rank 0 with tag 5 and room for 262144 bytes of float32, "
+                         "and that it does not block first in a call that waits on this rank"), said
+    said = g.timeout_diagnosis(p2p("recv", 1, tag=0, nbytes=8, dtype=torch.bfloat16))
+    assert said.endswith("Check that rank 1 sends rank 0 a message with tag 0, of at most 8 bytes of bfloat16, "
+                         "and that it does not block first in a call that waits on this rank"), said
+    said = g.timeout_diagnosis(p2p("recv-any", None))
+    assert "Check that a rank of the group sends rank 0 a message with tag 5, of at most 262144 bytes" in said, said
+    g.global_ranks = [4, 6, 7]  # a subgroup: its members' global ranks too
+    said = g.timeout_diagnosis(p2p("send", 1))
+    assert "Check that rank 1 (global rank 6) posts a recv from rank 0 (global rank 4) with tag 5" in said, said
+    for direction in ("send", "recv", "recv-any"):
+        assert "same collectives" not in g.timeout_diagnosis(p2p(direction, 1)), direction

@@ -28,14 +28,15 @@ def _mpirun():
 
 
 
-def _mpirun_script(script, n: int = 2, timeout: float = 120, env=(), mpirun_args=()) -> tuple[int, str]:
-    """Run `script` as an n-process MPI job over the MPI transport, with the `env` variables
-    ("NAME=value") exported too: (exit status, output)."""
+def _mpirun_script(script, n: int = 2, timeout: float = 120, env=(), mpirun_args=(),
+                   script_args=()) -> tuple[int, str]:
+    """Run `script *script_args` as an n-process MPI job over the MPI transport, with the `env`
+    variables ("NAME=value") exported too: (exit status, output)."""
     extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     extra += list(mpirun_args)
     cmd = [_mpirun(), "-n", str(n), *extra, "--oversubscribe", "--bind-to", "none", "-x", "MASTER_ADDR=127.0.0.1",
            "-x", f"MASTER_PORT={free_port()}", "-x", "NEURON_DIST_TRANSPORT=mpi",
-           *[a for v in env for a in ("-x", v)], sys.executable, str(script)]
+           *[a for v in env for a in ("-x", v)], sys.executable, str(script), *map(str, script_args)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
@@ -157,38 +158,46 @@ def test_neuronrun_under_mpirun_ranks_are_no_mpi_processes():
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
-def test_a_send_to_a_late_peer_times_out_at_the_group_timeout(tmp_path):
-    """A 4 MiB send over MPI completes only once the peer posts its receive. The executor waited
-    for it in a blocking 60 s flush that ignored the group's time-out (a 2 s group: the send
-    returned once the peer woke 8 s later; a long one: a spurious failure at 60 s naming no
-    peer), and a send still open at close was cancelled and its buffer freed: Open MPI cannot
+@pytest.mark.parametrize("count", [1 << 20, 1 << 16])  # 4 MiB through a schedule; 256 KiB, one frame
+def test_a_send_to_a_late_peer_times_out_at_the_group_timeout(tmp_path, count):
+    """A send past MPI's eager limit completes only once the peer posts its receive. The executor
+    waited for a 4 MiB one in a blocking 60 s flush that ignored the group's time-out (a 2 s group:
+    the send returned once the peer woke 8 s later; a long one: a spurious failure at 60 s naming
+    no peer), and a send still open at close was cancelled and its buffer freed: Open MPI cannot
     cancel a send, read the freed buffer when the peer matched it, and segfaulted in
-    MPI_Finalize (exit 139)."""
+    MPI_Finalize (exit 139). A 256 KiB one (one frame, SingleFrameSend) told the engine it moved
+    on every pass while it waited: no stall check ran, so it spun a core until the peer woke
+    (8 s) and returned, never timing out."""
     script = tmp_path / "late.py"
     script.write_text(r"""
-import time
+import sys, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 import neuron_dist
+count = int(sys.argv[1])
 dist.init_process_group("neuron", timeout=timedelta(seconds=2))
 r = dist.get_rank()
 dist.barrier()
-t0 = time.monotonic()
+if r == 0:  # rank 1 may still poll MPI in its barrier: it would take in a frame sent now, and
+    time.sleep(1)  # a one-frame send would complete at once
+t0, c0 = time.monotonic(), time.process_time()
 try:
     if r == 0:
-        dist.send(torch.ones(1 << 20), 1)
+        dist.send(torch.ones(count), 1)
     else:
         time.sleep(8)
-        dist.recv(torch.empty(1 << 20), 0)
+        dist.recv(torch.empty(count), 0)
     print(f"rank {r} returned after {time.monotonic() - t0:.1f}s", flush=True)
 except Exception as e:
-    print(f"rank {r} failed after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+    print(f"rank {r} failed after {time.monotonic() - t0:.1f}s (cpu {time.process_time() - c0:.1f}s): {e}", flush=True)
 """)
-    rc, out = _mpirun_script(script, timeout=120)
+    rc, out = _mpirun_script(script, timeout=120, script_args=(count,))
     assert rc == 0, out[-4000:]
     line = next((x for x in out.splitlines() if x.startswith("rank 0 ")), None)
     assert line is not None and "failed after" in line and "waiting for rank 1" in line, out[-4000:]
+    assert f"send({count * 4} bytes, to rank 1, tag 0)" in line and "timed out after 2.0s" in line, line
     assert float(line.split("after ")[1].split("s")[0]) < 6, line
+    assert float(line.split("(cpu ")[1].split("s")[0]) < 1.5, line  # waited, not spun
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")

@@ -671,7 +671,10 @@ class SingleFrameSend:
     "Twenty-ninth pass"). The frame is the one an Execution of the send's schedule would send:
     chunk 0, the caller's header (fixed per peer, size, dtype and tag, so kept with the plan),
     the tensor's bytes copied into the transport; then, like the Execution's last round, it
-    waits until the transport no longer refers to the tensor (`unflushed`)."""
+    waits until the transport no longer refers to the tensor (`unflushed`). A pass that only
+    finds the transport still reading reports no progress, as the Execution's does: the engine
+    then runs its stall check (the time-out, the peer's liveness) and sleeps in the transport's
+    wait; reporting progress there spun a core until the peer took the frame, never timing out."""
     __slots__ = ("transport", "peer", "header", "payload", "sends", "done", "waiting_on")
 
     def __init__(self, transport, peer: int, header: Header, payload: torch.Tensor):
@@ -682,15 +685,16 @@ class SingleFrameSend:
 
     def progress(self) -> bool:
         self.waiting_on = None
+        moved = False
         if self.sends:
             if not self.transport.send(self.peer, self.header, self.payload):
                 return False  # a full ring: the engine waits, watching the peer
-            self.sends = {}
+            self.sends, moved = {}, True
         peer = self.transport.unflushed()
         if peer is not None:
             self.waiting_on = peer
-        else:
-            self.done = True
+            return moved  # moved only on the pass that handed the frame over
+        self.done = True
         return True
 
 
