@@ -754,6 +754,38 @@ def test_a_frame_lent_by_a_rank_that_failed_meanwhile_is_refused():
         b.close()
 
 
+def test_a_frame_still_lent_when_its_lender_closes_is_refused_to_a_later_reader():
+    """A lender that closes with a frame not yet read (a destroy that gave up on a large isend,
+    its peer not yet receiving) returns, and its caller may reuse the tensor: a peer that reads
+    the frame later must fail naming the lender, never take the caller's new bytes for it."""
+    a, b = pair("lend7")
+    try:
+        src = torch.ones(a.slot_bytes * 2, dtype=torch.uint8)
+        a.lend(1, hdr(0, 1, 0, src.numel()), src)
+        a.close()
+        src.fill_(7)  # the caller's tensor, reused once the close returned
+        assert b.peer_failed(0) and not b.peer_finished(0)
+        _, got = b.recv(0)
+        with pytest.raises(PeerGone, match="rank 0's copy of the group failed while its lent frame was read"):
+            got.read_into(torch.empty_like(src))
+        b.release(0)
+    finally:
+        a.close()
+        b.close()
+    a, b = pair("lend8")  # every lent frame read and released: an orderly close, no failure
+    try:
+        src = torch.ones(a.slot_bytes * 2, dtype=torch.uint8)
+        a.lend(1, hdr(0, 1, 0, src.numel()), src)
+        _, got = b.recv(0)
+        got.read_into(torch.empty_like(src))
+        b.release(0)
+        a.close()
+        assert b.peer_finished(0) and not b.peer_failed(0)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_frame_plan_lends_large_steps_and_copies_the_rest():
     """Steps of at least `lend_from` bytes are cut into lent-size frames and lent, but for a tail
     under `lend_min`; smaller steps are cut at the slot's frame size and copied. A step's two ends

@@ -720,6 +720,12 @@ class ShmTransport(Transport):
         self.closed = True
         self._unlink()
         try:
+            # memory this rank lent and a peer has yet to read: the caller may reuse it once
+            # this returns (a destroy that gave up on a send), and a peer that reads it later
+            # would take that as the frame. The "failed" word makes its read fail instead
+            # (`cma.Lent.read_part` checks it after each read), and tells it why.
+            if self.still_lent() is not None:
+                self.mine.failed.value = 1
             self.mine.closed.value = 1
             for seg in self.theirs.values():
                 seg.ring()
