@@ -532,11 +532,12 @@ def test_affinity_published_as_runs(monkeypatch):
     ("NEURON_DIST_SHM_SLOTS", "1", "least"), ("NEURON_DIST_FRAME_BYTES", "0", "least"),
     ("NEURON_DIST_FRAME_BYTES", "-5", "least"), ("NEURON_DIST_SHM_SPIN_US", "-1", "least"),
     ("NEURON_DIST_SHM_YIELD_US", "-2", "least"),
-    ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most")])
+    ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most"), ("NEURON_DIST_SHM_SLOTS", str(10**17), "most")])
 def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound):
     """A ring setting out of range is an error at set-up that names the variable (a 0-byte frame
     used to pass set-up and break the group at its first collective; 1 slot was raised to 2; a
-    frame above the 1 GiB a receiver accepts failed every message larger than 1 GiB)."""
+    frame above the 1 GiB a receiver accepts failed every message larger than 1 GiB; 10**17 slots
+    was a bare OverflowError naming neither the variable nor the rank)."""
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=f"{var}='{value}' must be at {bound}"):
         shm.ShmTransport(ctx(0, 2, dist.HashStore(), "badenv"))

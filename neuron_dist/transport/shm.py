@@ -72,6 +72,9 @@ SHM_DIR = "/dev/shm"
 LINE = 64
 SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
+# NEURON_DIST_SHM_SLOTS' ceiling: far beyond any use (a ring's point is a few slots), and low
+# enough that a segment's size stays a number mmap takes (10**17 slots: a bare OverflowError)
+MAX_SLOTS = 1 << 16
 MAX_SLEEP = 0.05  # cap of one futex sleep: a safety net, `ring`'s fence loses no wake-up
 YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
@@ -311,7 +314,7 @@ def settings(oversubscribed: bool = False) -> tuple[int, float, float, bool]:
     yield instead of spinning, the peer may need this core; with a core per rank, spin on with
     sched_yield before sleeping, see `wait`), and whether single-copy lending is allowed (on
     unless set off). A group reads them before it meets its peers, so a bad value reaches them."""
-    return (env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2),
+    return (env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2, maximum=MAX_SLOTS),
             env_int("NEURON_DIST_SHM_SPIN_US", 20 if oversubscribed else 50, minimum=0) * 1e-6,
             env_int("NEURON_DIST_SHM_YIELD_US", 0 if oversubscribed else YIELD_US, minimum=0) * 1e-6,
             env_flag("NEURON_DIST_SHM_LEND", default=True))
