@@ -340,6 +340,30 @@ def test_plan_per_pair(monkeypatch):
         select.plan(c, "shm")
 
 
+def test_shared_memory_is_refused_on_a_machine_other_than_x86_64(monkeypatch, caplog):
+    """The rings publish a frame with plain stores and read it with plain loads, right only under
+    x86-64's store order: elsewhere (aarch64, whose futex number the table once had) the
+    transport says so, ranks of one host fall back to the network, and a forced shm is an error
+    that says why."""
+    import logging
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(shm, "_MACHINE", "aarch64", raising=False)
+    monkeypatch.setattr(shm, "_SYS_FUTEX", 98)  # aarch64's futex number
+    why = shm.available()
+    assert why and "x86-64" in why and "aarch64" in why
+    c = ctx(0, 2, None, "arm")
+    with caplog.at_level(logging.DEBUG, logger="neuron_dist.transport"):
+        assert select.plan(c) == {1: "zmq"}
+    assert "no shared memory with ranks [1] on this host" in caplog.text and "aarch64" in caplog.text
+    with pytest.raises(TransportError, match="NEURON_DIST_TRANSPORT=shm, but ranks 0 and 1 cannot use shared "
+                                             "memory: .*x86-64.*aarch64"):
+        select.plan(c, "shm")
+    with pytest.raises(TransportError, match="rank 0: shared memory unavailable: .*aarch64"):
+        shm.ShmTransport(c)
+    assert not leftovers("arm")
+
+
 def test_composite_routes_each_pair_two_hosts(monkeypatch):
     """Four ranks on two (pretend) hosts: shared memory inside a host, zmq between hosts, one
     transport object per rank that routes every peer to its own."""

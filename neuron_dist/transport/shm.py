@@ -7,8 +7,9 @@ control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid, a "g
     slot = [frame header 64 B][payload slot_bytes]
 
 A sender copies a frame into the next free slot of its ring in the receiver's segment and
-publishes it by bumping `head` (8-byte aligned stores are atomic on x86/arm64, and x86 keeps
-store order, so the payload is visible before the head). The receiver hands the executor a
+publishes it by bumping `head` (8-byte aligned stores are atomic, and x86-64 keeps store
+order, so the payload is visible before the head: plain stores and loads, no barriers, which is
+why `available` refuses other machines). The receiver hands the executor a
 tensor *view of the slot*, typed as the frame's dtype: reductions read the peer's bytes in
 place, with no extra copy, and `release` bumps `tail`, freeing the slot. Memory is bounded: S
 slots (NEURON_DIST_SHM_SLOTS, default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default
@@ -109,7 +110,8 @@ def _fence() -> None:
     _FENCE_LOCK.release()
 
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+_MACHINE = os.uname().machine
+_SYS_FUTEX = 202  # x86-64's (the only machine `available` accepts)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 
 
@@ -118,11 +120,15 @@ class _timespec(ctypes.Structure):
 
 
 def available() -> str | None:
-    """None if this host can run the transport, else why not."""
+    """None if this host can run the transport, else why not. Only x86-64: the rings publish a
+    frame with plain stores (payload, then head) and read it with plain loads, correct only
+    under x86's store order; on a weaker one (aarch64) a reader could see a head before its
+    payload. Such a host falls back to the network transport (`select.plan`)."""
+    if _MACHINE != "x86_64":
+        return (f"the shared-memory rings rely on x86-64's memory order (no barriers between a frame's "
+                f"payload and its ring head), and this machine is {_MACHINE}")
     if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
         return f"{SHM_DIR} is not a writable directory"
-    if _SYS_FUTEX is None:
-        return f"futex syscall number unknown on {os.uname().machine}"
     return None
 
 
