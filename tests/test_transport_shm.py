@@ -327,6 +327,58 @@ def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):
             os.unlink(os.path.join(shm.SHM_DIR, f))
 
 
+def test_no_segment_survives_a_sigterm_while_it_is_made(tmp_path):
+    """A SIGTERM while the segment is being made (a large one's posix_fallocate takes a while;
+    slowed here) or published: the guard that unlinks it started only after both, and the
+    segment stayed in /dev/shm."""
+    slow = CHILD.replace('job_id="crash"', 'job_id="sigtermmake"').replace("t = shm.ShmTransport(ctx)", """
+real = os.posix_fallocate
+def slow(fd, off, n):
+    print("in fallocate", flush=True)
+    time.sleep(30)
+    return real(fd, off, n)
+shm.os.posix_fallocate = slow
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", slow, "0", str(tmp_path / "store")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "in fallocate"
+        assert leftovers("sigtermmake")  # made, not yet filled
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == -signal.SIGTERM
+        assert leftovers("sigtermmake") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("sigtermmake"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
+def test_a_peer_killed_in_set_up_is_named_at_once_and_its_segment_goes(tmp_path):
+    """Rank 1 is SIGKILLed (the OOM killer, a launcher's hard kill) in the middle of the set-up,
+    after publishing its segment and mapping rank 0's. Rank 0 waited out its whole time-out for
+    rank 1's "mapped" record, saying only that a local peer never set up, and rank 1's segment
+    stayed in /dev/shm; rank 0 now fails at once naming rank 1, and unlinks that segment."""
+    import time
+    killed = CHILD.replace('job_id="crash"', 'job_id="killedsetup"').replace("t = shm.ShmTransport(ctx)", """
+shm.ShmTransport._probe_lending = lambda self: os.kill(os.getpid(), 9)
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", killed, "1", str(tmp_path / "store")])
+    try:
+        c = ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "killedsetup")
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
+                                                 rf"set-up"):
+            shm.ShmTransport(c)
+        assert time.monotonic() - t0 < 15  # not the 30 s time-out
+        assert p.wait(10) == -signal.SIGKILL
+        assert leftovers("killedsetup") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("killedsetup"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
 def test_plan_per_pair(monkeypatch):
     for k in select.MPI_ENV:
         monkeypatch.delenv(k, raising=False)

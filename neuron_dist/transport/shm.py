@@ -40,7 +40,8 @@ none set NEURON_DIST_SHM_LEND=0, so every rank cuts those messages into the same
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
 soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
 nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
-segment whose peers never came.
+segment whose peers never came, a SIGTERM from its creation on unlinks it too, and a rank that
+sees a peer die during the set-up fails at once naming it and unlinks the peer's segment.
 """
 from __future__ import annotations
 
@@ -182,13 +183,17 @@ def _unlink_on_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _wait_for(store, key: str, timeout: float) -> None:
+def _wait_for(store, key: str, timeout: float, gone=None) -> None:
     """Wait for `key` by polling (store.check, then a short sleep growing to 10 ms): a Python
     signal handler (above) runs only between calls, never inside one long blocking store.wait,
-    and a TCPStore's sliced waits would each print a time-out warning from C++."""
+    and a TCPStore's sliced waits would each print a time-out warning from C++. `gone()`, if
+    given, says why the key can never come (its writer died), ending the wait at once."""
     deadline = time.monotonic() + timeout
     pause = 0.001
     while not store.check([key]):
+        why = gone() if gone is not None else None
+        if why:
+            raise TransportError(why)
         if time.monotonic() > deadline:
             raise TransportError(f"the store key {key!r} did not appear within {timeout:.0f}s: "
                                  f"a local peer never set up its shared memory")
@@ -209,8 +214,12 @@ class _Segment:
     def __init__(self, path: str, nbytes: int, create: bool, npeers: int, nslots: int, slot_bytes: int):
         self.path, self.nslots, self.slot_bytes = path, nslots, slot_bytes
         if create:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            _OWNED.add(path)
+            _OWNED.add(path)  # before it exists: a SIGTERM handled right after the open unlinks it
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            except OSError:
+                _OWNED.discard(path)
+                raise
             try:
                 # reserve the pages now: a full /dev/shm (Docker's default is 64 MiB) is then a
                 # clean ENOSPC here instead of a SIGBUS at the first write to an unbacked page
@@ -355,50 +364,13 @@ class ShmTransport(Transport):
         npeers = len(self.peers)  # one inbound ring per peer (see ring_index)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
         path = _segment_prefix(ctx.job_id, self.rank) + str(os.getpid())
-        try:
-            self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
-        except OSError as e:
-            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
-                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
-                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
-            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
-            raise TransportError(why) from None
-        self.mine.pid.value = os.getpid()
-        self.mine.owner_base.value = self.mine.base
-        ctx.store.set(f"{key}/{self.rank}", path)
-        self.theirs: dict[int, _Segment] = {}
         wait = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
-        try:
-            with _unlink_on_sigterm():  # until the peers have mapped it, only a name holds the segment
-                for p in self.peers:
-                    _wait_for(ctx.store, f"{key}/{p}", wait)
-                    where = ctx.store.get(f"{key}/{p}").decode()
-                    failed = self.setup_error(where)
-                    if failed:
-                        raise TransportError(self._no_shm(p, failed))
-                    theirs = _segment_prefix(ctx.job_id, p)  # the store is read, not trusted
-                    if not re.fullmatch(re.escape(theirs) + r"[0-9]+", where, re.ASCII):
-                        raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
-                                             f"segment, not a name this job gives one ({theirs}<pid>)")
-                    try:
-                        self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
-                    except (OSError, TransportError) as e:
-                        why = self._unmappable(ctx.store, key, p, e)
-                        ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
-                        raise TransportError(why) from None
-                # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
-                # else why not
-                self._probe_result = self._probe_lending()
-                ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
-                for p in self.peers:
-                    _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
-                records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
-                for p, record in records.items():
-                    failed = self.setup_error(record)
-                    if failed:
-                        raise TransportError(self._no_shm(p, failed))
-        finally:
-            self._unlink()
+        self.theirs: dict[int, _Segment] = {}
+        # from the segment's creation until the peers have mapped it, only a name holds it: a
+        # SIGTERM in that time (torch's agent sends every rank one when another fails at
+        # start-up), even inside a slow posix_fallocate of a large one, unlinks it
+        with _unlink_on_sigterm():
+            records = self._set_up(ctx, key, path, nbytes, npeers, wait)
         records[self.rank] = self._probe_result
         steps = {r: _lend_step(v) for r, v in records.items()}
         no = [(r, records[r]) for r, b in sorted(steps.items()) if b is None]
@@ -432,6 +404,69 @@ class ShmTransport(Transport):
                   round(self.spin * 1e6), round(self.yield_spin * 1e6),
                   f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
                   if self.oversubscribed else "")
+
+    def _set_up(self, ctx: TransportContext, key: str, path: str, nbytes: int, npeers: int,
+                wait: float) -> dict[int, str]:
+        """Make this rank's segment, publish it, map every peer's, and exchange the "mapped"
+        records (returned, per peer); this rank's segment is unlinked on the way out, done or
+        failed."""
+        try:
+            self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
+        except OSError as e:
+            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
+                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
+                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
+            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
+            raise TransportError(why) from None
+        try:
+            self.mine.pid.value = os.getpid()
+            self.mine.owner_base.value = self.mine.base
+            ctx.store.set(f"{key}/{self.rank}", path)
+            for p in self.peers:
+                _wait_for(ctx.store, f"{key}/{p}", wait)
+                where = ctx.store.get(f"{key}/{p}").decode()
+                failed = self.setup_error(where)
+                if failed:
+                    raise TransportError(self._no_shm(p, failed))
+                theirs = _segment_prefix(ctx.job_id, p)  # the store is read, not trusted
+                if not re.fullmatch(re.escape(theirs) + r"[0-9]+", where, re.ASCII):
+                    raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
+                                         f"segment, not a name this job gives one ({theirs}<pid>)")
+                try:
+                    self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
+                except (OSError, TransportError) as e:
+                    why = self._unmappable(ctx.store, key, p, e)
+                    ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
+                    raise TransportError(why) from None
+            # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
+            # else why not
+            self._probe_result = self._probe_lending()
+            ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
+            for p in self.peers:
+                _wait_for(ctx.store, f"{key}/{p}/mapped", wait, lambda p=p: self._died_in_setup(p))
+            records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
+            for p, record in records.items():
+                failed = self.setup_error(record)
+                if failed:
+                    raise TransportError(self._no_shm(p, failed))
+        finally:
+            self._unlink()
+        return records
+
+    def _died_in_setup(self, p: int) -> str | None:
+        """Why peer `p`, whose segment this rank mapped, can never finish the set-up: its process
+        is gone (a SIGKILL, the OOM killer), else None. Its segment, which it never got to
+        unlink, goes too: a name this job gives, checked and mapped here, so nothing else."""
+        seg = self.theirs[p]
+        pid = seg.pid.value
+        if not process_dead(pid):
+            return None
+        try:
+            os.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        return (f"rank {self.rank}: rank {p} (pid {pid}) exited during the shared-memory set-up, "
+                f"before it had mapped every local peer's segment")
 
     def _probe_lending(self) -> str:
         """"lend <bytes>" if lending is allowed here and this rank can read each peer's memory
