@@ -707,7 +707,12 @@ class Group(HangDiagnosis):
             if self._abort:
                 err = GroupError(f"[rank {self.rank}] the process group was aborted")
                 with self._drive:
-                    for o in active + list(waiting):
+                    ops = active + list(waiting)
+                    if ops:  # the peers hear of it before the callers, as in `_fail`: an op failed
+                        # here may have lent the caller's tensor to a peer that reads it later
+                        # (after a destroy gave up on it), when the caller has reused it
+                        self._send_abort(str(err))
+                    for o in ops:
                         self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: {err}"))
                 return
             with self._cv:
@@ -1169,8 +1174,9 @@ class Group(HangDiagnosis):
         if not abort:
             from .report import at_shutdown
             at_shutdown(self)
-        # a broken group's peers may be gone: do not linger on frames nobody will read
-        hard = abort or self.broken is not None
+        # a broken group's peers may be gone: do not linger on frames nobody will read; nor
+        # after the engine failed what a destroy waited on (its peers were told: no orderly BYE)
+        hard = abort or self.broken is not None or self._abort_sent
         self.transport.close(abort=hard)
 
 

@@ -2,11 +2,12 @@
 shared memory, and subgroups go down with their parent (tests/scripts/lifecycle.py)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
-from pool import free_port, run_scripts
+from pool import free_port, rank_line, run_scripts
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lifecycle.py")
 
@@ -29,6 +30,26 @@ def test_exit_with_the_group_open_and_work_in_flight():
         for r, (code, out) in enumerate(run_scripts("exit_open.py", [[0, port], [1, port]])):
             assert code == 0 and f"rank {r}: leaving" in out, f"run {run}, rank {r}: status {code}\n{out[-2000:]}"
             assert "terminate called" not in out, out[-2000:]
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+@pytest.mark.parametrize("op", ["isend", "allreduce"])
+def test_an_op_a_destroy_gave_up_on_fails_on_the_peer_too_naming_the_rank(transport, op):
+    """Rank 0's destroy_process_group gives up (group time-out) on an op its peer has not joined
+    yet, fails its Work, and rank 0 reuses the tensor (7.0 where it sent 1.0); rank 1 joins
+    after that. Either the op completed on both ranks with rank 0's data (an eager zmq send), or
+    rank 1's side fails naming rank 0. Before, over shared memory, rank 1 silently completed:
+    its all_reduce with rank 0's frame (rank 0 never told it of the failure), its receive of the
+    lent 16 MiB with rank 0's later 7.0."""
+    port = free_port()
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    (_, out0), (_, out1) = run_scripts("destroy_gives_up.py", [[0, port, op], [1, port, op]], env, timeout=60)
+    sender, receiver = rank_line(out0, 0), rank_line(out1, 1)
+    if sender == "rank 0: the op completed":
+        assert receiver == "rank 1: got [1.0]", (sender, receiver)
+    else:
+        assert sender.startswith("rank 0: GroupError"), out0[-2000:]
+        assert re.match(r"rank 1: GroupError: .* rank 0 (aborted the group|is gone)", receiver), (sender, receiver)
 
 
 def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():

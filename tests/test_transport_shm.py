@@ -327,6 +327,58 @@ def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):
             os.unlink(os.path.join(shm.SHM_DIR, f))
 
 
+def test_no_segment_survives_a_sigterm_while_it_is_made(tmp_path):
+    """A SIGTERM while the segment is being made (a large one's posix_fallocate takes a while;
+    slowed here) or published: the guard that unlinks it started only after both, and the
+    segment stayed in /dev/shm."""
+    slow = CHILD.replace('job_id="crash"', 'job_id="sigtermmake"').replace("t = shm.ShmTransport(ctx)", """
+real = os.posix_fallocate
+def slow(fd, off, n):
+    print("in fallocate", flush=True)
+    time.sleep(30)
+    return real(fd, off, n)
+shm.os.posix_fallocate = slow
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", slow, "0", str(tmp_path / "store")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "in fallocate"
+        assert leftovers("sigtermmake")  # made, not yet filled
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(10) == -signal.SIGTERM
+        assert leftovers("sigtermmake") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("sigtermmake"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
+def test_a_peer_killed_in_set_up_is_named_at_once_and_its_segment_goes(tmp_path):
+    """Rank 1 is SIGKILLed (the OOM killer, a launcher's hard kill) in the middle of the set-up,
+    after publishing its segment and mapping rank 0's. Rank 0 waited out its whole time-out for
+    rank 1's "mapped" record, saying only that a local peer never set up, and rank 1's segment
+    stayed in /dev/shm; rank 0 now fails at once naming rank 1, and unlinks that segment."""
+    import time
+    killed = CHILD.replace('job_id="crash"', 'job_id="killedsetup"').replace("t = shm.ShmTransport(ctx)", """
+shm.ShmTransport._probe_lending = lambda self: os.kill(os.getpid(), 9)
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", killed, "1", str(tmp_path / "store")])
+    try:
+        c = ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "killedsetup")
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
+                                                 rf"set-up"):
+            shm.ShmTransport(c)
+        assert time.monotonic() - t0 < 15  # not the 30 s time-out
+        assert p.wait(10) == -signal.SIGKILL
+        assert leftovers("killedsetup") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("killedsetup"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
 def test_plan_per_pair(monkeypatch):
     for k in select.MPI_ENV:
         monkeypatch.delenv(k, raising=False)
@@ -338,6 +390,30 @@ def test_plan_per_pair(monkeypatch):
     assert select.plan(c, "zmq") == {1: "zmq", 2: "zmq", 3: "zmq"}
     with pytest.raises(TransportError, match="rank 0 .* rank 2"):
         select.plan(c, "shm")
+
+
+def test_shared_memory_is_refused_on_a_machine_other_than_x86_64(monkeypatch, caplog):
+    """The rings publish a frame with plain stores and read it with plain loads, right only under
+    x86-64's store order: elsewhere (aarch64, whose futex number the table once had) the
+    transport says so, ranks of one host fall back to the network, and a forced shm is an error
+    that says why."""
+    import logging
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(shm, "_MACHINE", "aarch64", raising=False)
+    monkeypatch.setattr(shm, "_SYS_FUTEX", 98)  # aarch64's futex number
+    why = shm.available()
+    assert why and "x86-64" in why and "aarch64" in why
+    c = ctx(0, 2, None, "arm")
+    with caplog.at_level(logging.DEBUG, logger="neuron_dist.transport"):
+        assert select.plan(c) == {1: "zmq"}
+    assert "no shared memory with ranks [1] on this host" in caplog.text and "aarch64" in caplog.text
+    with pytest.raises(TransportError, match="NEURON_DIST_TRANSPORT=shm, but ranks 0 and 1 cannot use shared "
+                                             "memory: .*x86-64.*aarch64"):
+        select.plan(c, "shm")
+    with pytest.raises(TransportError, match="rank 0: shared memory unavailable: .*aarch64"):
+        shm.ShmTransport(c)
+    assert not leftovers("arm")
 
 
 def test_composite_routes_each_pair_two_hosts(monkeypatch):
@@ -532,11 +608,12 @@ def test_affinity_published_as_runs(monkeypatch):
     ("NEURON_DIST_SHM_SLOTS", "1", "least"), ("NEURON_DIST_FRAME_BYTES", "0", "least"),
     ("NEURON_DIST_FRAME_BYTES", "-5", "least"), ("NEURON_DIST_SHM_SPIN_US", "-1", "least"),
     ("NEURON_DIST_SHM_YIELD_US", "-2", "least"),
-    ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most")])
+    ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most"), ("NEURON_DIST_SHM_SLOTS", str(10**17), "most")])
 def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound):
     """A ring setting out of range is an error at set-up that names the variable (a 0-byte frame
     used to pass set-up and break the group at its first collective; 1 slot was raised to 2; a
-    frame above the 1 GiB a receiver accepts failed every message larger than 1 GiB)."""
+    frame above the 1 GiB a receiver accepts failed every message larger than 1 GiB; 10**17 slots
+    was a bare OverflowError naming neither the variable nor the rank)."""
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=f"{var}='{value}' must be at {bound}"):
         shm.ShmTransport(ctx(0, 2, dist.HashStore(), "badenv"))
@@ -749,6 +826,38 @@ def test_a_frame_lent_by_a_rank_that_failed_meanwhile_is_refused():
         with pytest.raises(PeerGone, match="rank 0's copy of the group failed while its lent frame was read"):
             got.read_into(torch.empty_like(src))
         b.release(0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_frame_still_lent_when_its_lender_closes_is_refused_to_a_later_reader():
+    """A lender that closes with a frame not yet read (a destroy that gave up on a large isend,
+    its peer not yet receiving) returns, and its caller may reuse the tensor: a peer that reads
+    the frame later must fail naming the lender, never take the caller's new bytes for it."""
+    a, b = pair("lend7")
+    try:
+        src = torch.ones(a.slot_bytes * 2, dtype=torch.uint8)
+        a.lend(1, hdr(0, 1, 0, src.numel()), src)
+        a.close()
+        src.fill_(7)  # the caller's tensor, reused once the close returned
+        assert b.peer_failed(0) and not b.peer_finished(0)
+        _, got = b.recv(0)
+        with pytest.raises(PeerGone, match="rank 0's copy of the group failed while its lent frame was read"):
+            got.read_into(torch.empty_like(src))
+        b.release(0)
+    finally:
+        a.close()
+        b.close()
+    a, b = pair("lend8")  # every lent frame read and released: an orderly close, no failure
+    try:
+        src = torch.ones(a.slot_bytes * 2, dtype=torch.uint8)
+        a.lend(1, hdr(0, 1, 0, src.numel()), src)
+        _, got = b.recv(0)
+        got.read_into(torch.empty_like(src))
+        b.release(0)
+        a.close()
+        assert b.peer_finished(0) and not b.peer_failed(0)
     finally:
         a.close()
         b.close()

@@ -29,7 +29,8 @@ def under_mpirun() -> bool:
 def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
     """{peer: transport name} for every peer of this rank (pure: no connection is made)."""
     from . import shm
-    shm_ok = shm.available() is None
+    shm_why = shm.available()
+    shm_ok = shm_why is None
     if forced == "mpi" and ctx.size > 1 and not under_mpirun():  # before mpi4py starts a singleton MPI
         raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} was not started by mpirun or as an MPI "
                              f"process (none of {', '.join(MPI_ENV)} is set: srun needs --mpi=pmix or pmi2); launch "
@@ -45,7 +46,7 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
                                      f"rank {p} (on {ctx.hosts[p]}) are on different hosts; use zmq or mpi")
             if forced == "shm" and not shm_ok:
                 raise TransportError(f"NEURON_DIST_TRANSPORT=shm, but ranks {ctx.rank} and {p} cannot use "
-                                     f"shared memory: {shm.available()}")
+                                     f"shared memory: {shm_why}")
             out[p] = forced
         elif same_host and shm_ok:
             out[p] = "shm"
@@ -53,6 +54,10 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
             out[p] = "mpi"
         else:
             out[p] = "zmq"
+    local = [p for p in out if not forced and (not ctx.hosts or ctx.hosts[p] == ctx.hostname)]
+    if local and not shm_ok:  # why ranks on one host talk over the network (NEURON_DIST_DEBUG=TRANSPORT)
+        log.debug("rank %d: no shared memory with ranks %s on this host (%s): %s instead", ctx.rank, local,
+                  shm_why, out[local[0]])
     return out
 
 

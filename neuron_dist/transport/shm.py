@@ -7,8 +7,9 @@ control block (a futex doorbell, a "sleeping" flag, a closed flag, its pid, a "g
     slot = [frame header 64 B][payload slot_bytes]
 
 A sender copies a frame into the next free slot of its ring in the receiver's segment and
-publishes it by bumping `head` (8-byte aligned stores are atomic on x86/arm64, and x86 keeps
-store order, so the payload is visible before the head). The receiver hands the executor a
+publishes it by bumping `head` (8-byte aligned stores are atomic, and x86-64 keeps store
+order, so the payload is visible before the head: plain stores and loads, no barriers, which is
+why `available` refuses other machines). The receiver hands the executor a
 tensor *view of the slot*, typed as the frame's dtype: reductions read the peer's bytes in
 place, with no extra copy, and `release` bumps `tail`, freeing the slot. Memory is bounded: S
 slots (NEURON_DIST_SHM_SLOTS, default 4) of one frame each (NEURON_DIST_FRAME_BYTES, default
@@ -39,7 +40,8 @@ none set NEURON_DIST_SHM_LEND=0, so every rank cuts those messages into the same
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
 soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
 nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
-segment whose peers never came.
+segment whose peers never came, a SIGTERM from its creation on unlinks it too, and a rank that
+sees a peer die during the set-up fails at once naming it and unlinks the peer's segment.
 """
 from __future__ import annotations
 
@@ -72,6 +74,9 @@ SHM_DIR = "/dev/shm"
 LINE = 64
 SLOT_HEADER = 64
 DEFAULT_SLOTS = 4
+# NEURON_DIST_SHM_SLOTS' ceiling: far beyond any use (a ring's point is a few slots), and low
+# enough that a segment's size stays a number mmap takes (10**17 slots: a bare OverflowError)
+MAX_SLOTS = 1 << 16
 MAX_SLEEP = 0.05  # cap of one futex sleep: a safety net, `ring`'s fence loses no wake-up
 YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
@@ -106,7 +111,8 @@ def _fence() -> None:
     _FENCE_LOCK.release()
 
 
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(os.uname().machine)
+_MACHINE = os.uname().machine
+_SYS_FUTEX = 202  # x86-64's (the only machine `available` accepts)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 
 
@@ -115,11 +121,15 @@ class _timespec(ctypes.Structure):
 
 
 def available() -> str | None:
-    """None if this host can run the transport, else why not."""
+    """None if this host can run the transport, else why not. Only x86-64: the rings publish a
+    frame with plain stores (payload, then head) and read it with plain loads, correct only
+    under x86's store order; on a weaker one (aarch64) a reader could see a head before its
+    payload. Such a host falls back to the network transport (`select.plan`)."""
+    if _MACHINE != "x86_64":
+        return (f"the shared-memory rings rely on x86-64's memory order (no barriers between a frame's "
+                f"payload and its ring head), and this machine is {_MACHINE}")
     if not os.path.isdir(SHM_DIR) or not os.access(SHM_DIR, os.W_OK):
         return f"{SHM_DIR} is not a writable directory"
-    if _SYS_FUTEX is None:
-        return f"futex syscall number unknown on {os.uname().machine}"
     return None
 
 
@@ -173,13 +183,17 @@ def _unlink_on_sigterm():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _wait_for(store, key: str, timeout: float) -> None:
+def _wait_for(store, key: str, timeout: float, gone=None) -> None:
     """Wait for `key` by polling (store.check, then a short sleep growing to 10 ms): a Python
     signal handler (above) runs only between calls, never inside one long blocking store.wait,
-    and a TCPStore's sliced waits would each print a time-out warning from C++."""
+    and a TCPStore's sliced waits would each print a time-out warning from C++. `gone()`, if
+    given, says why the key can never come (its writer died), ending the wait at once."""
     deadline = time.monotonic() + timeout
     pause = 0.001
     while not store.check([key]):
+        why = gone() if gone is not None else None
+        if why:
+            raise TransportError(why)
         if time.monotonic() > deadline:
             raise TransportError(f"the store key {key!r} did not appear within {timeout:.0f}s: "
                                  f"a local peer never set up its shared memory")
@@ -200,8 +214,12 @@ class _Segment:
     def __init__(self, path: str, nbytes: int, create: bool, npeers: int, nslots: int, slot_bytes: int):
         self.path, self.nslots, self.slot_bytes = path, nslots, slot_bytes
         if create:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-            _OWNED.add(path)
+            _OWNED.add(path)  # before it exists: a SIGTERM handled right after the open unlinks it
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            except OSError:
+                _OWNED.discard(path)
+                raise
             try:
                 # reserve the pages now: a full /dev/shm (Docker's default is 64 MiB) is then a
                 # clean ENOSPC here instead of a SIGBUS at the first write to an unbacked page
@@ -311,7 +329,7 @@ def settings(oversubscribed: bool = False) -> tuple[int, float, float, bool]:
     yield instead of spinning, the peer may need this core; with a core per rank, spin on with
     sched_yield before sleeping, see `wait`), and whether single-copy lending is allowed (on
     unless set off). A group reads them before it meets its peers, so a bad value reaches them."""
-    return (env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2),
+    return (env_int("NEURON_DIST_SHM_SLOTS", DEFAULT_SLOTS, minimum=2, maximum=MAX_SLOTS),
             env_int("NEURON_DIST_SHM_SPIN_US", 20 if oversubscribed else 50, minimum=0) * 1e-6,
             env_int("NEURON_DIST_SHM_YIELD_US", 0 if oversubscribed else YIELD_US, minimum=0) * 1e-6,
             env_flag("NEURON_DIST_SHM_LEND", default=True))
@@ -346,50 +364,13 @@ class ShmTransport(Transport):
         npeers = len(self.peers)  # one inbound ring per peer (see ring_index)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
         path = _segment_prefix(ctx.job_id, self.rank) + str(os.getpid())
-        try:
-            self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
-        except OSError as e:
-            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
-                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
-                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
-            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
-            raise TransportError(why) from None
-        self.mine.pid.value = os.getpid()
-        self.mine.owner_base.value = self.mine.base
-        ctx.store.set(f"{key}/{self.rank}", path)
-        self.theirs: dict[int, _Segment] = {}
         wait = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
-        try:
-            with _unlink_on_sigterm():  # until the peers have mapped it, only a name holds the segment
-                for p in self.peers:
-                    _wait_for(ctx.store, f"{key}/{p}", wait)
-                    where = ctx.store.get(f"{key}/{p}").decode()
-                    failed = self.setup_error(where)
-                    if failed:
-                        raise TransportError(self._no_shm(p, failed))
-                    theirs = _segment_prefix(ctx.job_id, p)  # the store is read, not trusted
-                    if not re.fullmatch(re.escape(theirs) + r"[0-9]+", where, re.ASCII):
-                        raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
-                                             f"segment, not a name this job gives one ({theirs}<pid>)")
-                    try:
-                        self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
-                    except (OSError, TransportError) as e:
-                        why = self._unmappable(ctx.store, key, p, e)
-                        ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
-                        raise TransportError(why) from None
-                # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
-                # else why not
-                self._probe_result = self._probe_lending()
-                ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
-                for p in self.peers:
-                    _wait_for(ctx.store, f"{key}/{p}/mapped", wait)
-                records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
-                for p, record in records.items():
-                    failed = self.setup_error(record)
-                    if failed:
-                        raise TransportError(self._no_shm(p, failed))
-        finally:
-            self._unlink()
+        self.theirs: dict[int, _Segment] = {}
+        # from the segment's creation until the peers have mapped it, only a name holds it: a
+        # SIGTERM in that time (torch's agent sends every rank one when another fails at
+        # start-up), even inside a slow posix_fallocate of a large one, unlinks it
+        with _unlink_on_sigterm():
+            records = self._set_up(ctx, key, path, nbytes, npeers, wait)
         records[self.rank] = self._probe_result
         steps = {r: _lend_step(v) for r, v in records.items()}
         no = [(r, records[r]) for r, b in sorted(steps.items()) if b is None]
@@ -423,6 +404,69 @@ class ShmTransport(Transport):
                   round(self.spin * 1e6), round(self.yield_spin * 1e6),
                   f" with sched_yield ({len(self.peers) + 1} local ranks on {ncpu} cores)"
                   if self.oversubscribed else "")
+
+    def _set_up(self, ctx: TransportContext, key: str, path: str, nbytes: int, npeers: int,
+                wait: float) -> dict[int, str]:
+        """Make this rank's segment, publish it, map every peer's, and exchange the "mapped"
+        records (returned, per peer); this rank's segment is unlinked on the way out, done or
+        failed."""
+        try:
+            self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
+        except OSError as e:
+            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
+                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
+                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
+            self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
+            raise TransportError(why) from None
+        try:
+            self.mine.pid.value = os.getpid()
+            self.mine.owner_base.value = self.mine.base
+            ctx.store.set(f"{key}/{self.rank}", path)
+            for p in self.peers:
+                _wait_for(ctx.store, f"{key}/{p}", wait)
+                where = ctx.store.get(f"{key}/{p}").decode()
+                failed = self.setup_error(where)
+                if failed:
+                    raise TransportError(self._no_shm(p, failed))
+                theirs = _segment_prefix(ctx.job_id, p)  # the store is read, not trusted
+                if not re.fullmatch(re.escape(theirs) + r"[0-9]+", where, re.ASCII):
+                    raise TransportError(f"rank {self.rank}: rank {p} published {where!r} as its shared-memory "
+                                         f"segment, not a name this job gives one ({theirs}<pid>)")
+                try:
+                    self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
+                except (OSError, TransportError) as e:
+                    why = self._unmappable(ctx.store, key, p, e)
+                    ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
+                    raise TransportError(why) from None
+            # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
+            # else why not
+            self._probe_result = self._probe_lending()
+            ctx.store.set(f"{key}/{self.rank}/mapped", self._probe_result)
+            for p in self.peers:
+                _wait_for(ctx.store, f"{key}/{p}/mapped", wait, lambda p=p: self._died_in_setup(p))
+            records = {p: ctx.store.get(f"{key}/{p}/mapped").decode() for p in self.peers}
+            for p, record in records.items():
+                failed = self.setup_error(record)
+                if failed:
+                    raise TransportError(self._no_shm(p, failed))
+        finally:
+            self._unlink()
+        return records
+
+    def _died_in_setup(self, p: int) -> str | None:
+        """Why peer `p`, whose segment this rank mapped, can never finish the set-up: its process
+        is gone (a SIGKILL, the OOM killer), else None. Its segment, which it never got to
+        unlink, goes too: a name this job gives, checked and mapped here, so nothing else."""
+        seg = self.theirs[p]
+        pid = seg.pid.value
+        if not process_dead(pid):
+            return None
+        try:
+            os.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        return (f"rank {self.rank}: rank {p} (pid {pid}) exited during the shared-memory set-up, "
+                f"before it had mapped every local peer's segment")
 
     def _probe_lending(self) -> str:
         """"lend <bytes>" if lending is allowed here and this rank can read each peer's memory
@@ -720,6 +764,12 @@ class ShmTransport(Transport):
         self.closed = True
         self._unlink()
         try:
+            # memory this rank lent and a peer has yet to read: the caller may reuse it once
+            # this returns (a destroy that gave up on a send), and a peer that reads it later
+            # would take that as the frame. The "failed" word makes its read fail instead
+            # (`cma.Lent.read_part` checks it after each read), and tells it why.
+            if self.still_lent() is not None:
+                self.mine.failed.value = 1
             self.mine.closed.value = 1
             for seg in self.theirs.values():
                 seg.ring()
