@@ -369,11 +369,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.rank
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
-                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None) -> NeuronWork:
+                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0) -> NeuronWork:
         if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
             debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
-                dtype=dtype, algorithm=algorithm)
+                dtype=dtype, algorithm=algorithm, tag=tag)
         if opts is not None:
             if getattr(opts, "asyncOp", True) is False:
                 op.sync = True  # the caller waits at once: run it on this thread whatever its size
@@ -1018,7 +1018,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         tag = self._tag(tag, "send")
         plan = self._p2p.send(dstRank, t.numel(), t.dtype, tag)
         return self._submit(Kind.P2P, plan.desc, functools.partial(plan.start, _flat(t)), None, [t], plan.nbytes,
-                            t.dtype, "p2p", peer=dstRank, direction="send")
+                            t.dtype, "p2p", peer=dstRank, direction="send", tag=tag)
 
     def recv(self, tensors, srcRank, tag=0):
         self._peer(srcRank, "recv")
@@ -1049,7 +1049,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._submit(Kind.P2P, plan.desc, functools.partial(plan.start, out), finish, [t],
                             count * t.element_size(), dtype, "p2p", peer=peer,
-                            direction="recv" if peer is not None else "recv-any")
+                            direction="recv" if peer is not None else "recv-any", tag=tag)
 
     def _tag(self, tag, what: str) -> int:
         """The tag as an int. c10d's tags are C++ ints, which torch's binding fills from anything

@@ -6,8 +6,9 @@ since every rank issues collectives in the same order), and are driven by one en
 per group, so asynchronous collectives overlap the caller's compute (an op of up to 1 MiB that
 finds the group idle starts on the caller's own thread instead, for a bounded time before the
 engine takes it over: `submit`, `_run_inline`). Collectives run one at a
-time in sequence order; point-to-point transfers run beside them, serialised per peer and
-direction so the frames of two messages never interleave.
+time in sequence order; point-to-point transfers run beside them, one at a time per direction,
+peer and tag, so the frames of two messages of one (peer, tag) never interleave (the mailbox
+sorts a peer's frames by tag: messages of other tags may).
 
 A failed collective (mismatch, dead peer, time-out) breaks the group, as in NCCL: every pending
 and later operation fails with an error that names the original cause.
@@ -234,12 +235,22 @@ def _close_at_exit() -> None:
 atexit.register(_close_at_exit)
 
 
+def _p2p_key(op: Op) -> tuple:
+    """The line a point-to-point op waits in: its direction, peer and tag. Messages of one
+    (peer, tag) must keep their posted order (torch's and MPI's non-overtaking rule), and the
+    frames of one must not interleave with another's; the mailbox keeps each peer's frames
+    apart by tag, so ops of other tags need not wait: a receive of one tag held up by an
+    earlier one of another (posted first, sent last) deadlocked a tag-ordered exchange that
+    Gloo completes."""
+    return op.direction, op.peer, op.tag
+
+
 class _Waiting:
     """Ops taken from the queue, not yet started, held in the order each kind must start in:
-    collectives one at a time in sequence order; point-to-point ops one per (direction, peer)
-    at a time, in issue order, beside them. Kept per key, so an engine pass admits in the same
-    time with ten thousand async ops waiting as with one (a scan of one queue made that
-    quadratic: 8,000 outstanding all-reduces took 37 s, Gloo 13 s)."""
+    collectives one at a time in sequence order; point-to-point ops one per (direction, peer,
+    tag) at a time, in issue order, beside them (`_p2p_key`). Kept per key, so an engine pass
+    admits in the same time with ten thousand async ops waiting as with one (a scan of one
+    queue made that quadratic: 8,000 outstanding all-reduces took 37 s, Gloo 13 s)."""
     __slots__ = ("coll", "p2p", "n")
 
     def __init__(self):
@@ -250,9 +261,10 @@ class _Waiting:
     def extend(self, ops) -> None:
         for op in ops:
             if op.is_p2p:
-                q = self.p2p.get((op.direction, op.peer))
+                key = _p2p_key(op)
+                q = self.p2p.get(key)
                 if q is None:
-                    q = self.p2p[(op.direction, op.peer)] = deque()
+                    q = self.p2p[key] = deque()
                 q.append(op)
             else:
                 self.coll.append(op)
@@ -263,7 +275,7 @@ class _Waiting:
         busy_coll, busy = False, set()
         for o in active:
             if o.is_p2p:
-                busy.add((o.direction, o.peer))
+                busy.add(_p2p_key(o))
             else:
                 busy_coll = True
         if self.coll and not busy_coll:

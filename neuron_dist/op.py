@@ -42,15 +42,16 @@ class Op:
     thread, or on the caller's own where the group runs it at once: Group._run_inline), never
     while the call is checked, so argument-dependent set-up errors surface from wait();
     `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
-    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "nbytes", "dtype",
+    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "nbytes", "dtype",
                  "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
                  "_callbacks", "_lock", "sync", "timeout", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
-                 direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = ""):
+                 direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = "",
+                 tag: int = 0):
         self.kind, self.desc, self._start, self._finish = kind, desc, start, finish
         self.outputs = list(outputs)
-        self.peer, self.direction = peer, direction
+        self.peer, self.direction, self.tag = peer, direction, tag  # tag: a send/recv's (group._Waiting)
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
         self.seq = -1
         self.exe: Execution | None = None

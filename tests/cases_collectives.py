@@ -795,6 +795,75 @@ def p2p(rank, world):
     return 5
 
 
+def _p2p_groups(world):
+    """Groups of every rank over shared memory and over zmq (a test reruns nothing else over
+    zmq), each cutting a message into frames of 1 KiB (none lent), with a 10 s time-out: a
+    point-to-point case that deadlocks fails in seconds, in its own groups. Then Gloo's."""
+    from datetime import timedelta
+    groups = []
+    for transport in ("shm", "zmq"):
+        with env(NEURON_DIST_TRANSPORT=transport, NEURON_DIST_FRAME_BYTES=1024, NEURON_DIST_SHM_LEND=0):
+            groups.append(dist.new_group(list(range(world)), timeout=timedelta(seconds=10)))
+    return groups + [R.GLOO]
+
+
+def _drop_groups(groups):
+    for g in groups:
+        if g is not R.GLOO:
+            dist.destroy_process_group(g)
+
+
+def p2p_tags_apart(rank, world):
+    """Point-to-point ops of different tags between two ranks do not wait for each other, as
+    with Gloo: rank 0 posts a receive of tag 5, then one of tag 0, from rank 1, which sends tag
+    0 and waits for rank 0's answer before it sends tag 5 (receives of one peer ran one at a
+    time whatever their tag: the tag-0 receive never ran, and the tag-5 one failed the group at
+    the time-out); rank 0 isends a long tag-5 message, then a short tag-0 one, which rank 1
+    receives first. Messages of one tag still arrive in the order posted. One frame and 16
+    frames, over shared memory, zmq and Gloo. Ranks past 1 look on."""
+    if world == 1:
+        return 0
+    checks = 0
+    groups = _p2p_groups(world)
+    for g in groups:
+        for n in (3, 4000):
+            def want(seed):
+                return values(1 - rank, n, torch.float32, "sum", seed)
+            if rank == 0:
+                a, b = torch.zeros(n), torch.zeros(n)
+                w5 = dist.irecv(a, 1, group=g, tag=5)
+                w0 = dist.irecv(b, 1, group=g, tag=0)
+                w0.wait()
+                dist.send(torch.ones(1), 1, group=g, tag=9)
+                w5.wait()
+                same(b, want(0), f"tag 0 received while a receive of tag 5 waits ({g}, n={n})")
+                same(a, want(5), f"tag 5 received after tag 0 ({g}, n={n})")
+                for w in [dist.isend(values(0, 4000, torch.float32, "sum", 6), 1, group=g, tag=6),
+                          dist.isend(values(0, n, torch.float32, "sum", 7), 1, group=g, tag=7)]:
+                    w.wait()
+                got = [torch.zeros(n) for _ in range(3)]
+                ws = [dist.irecv(x, 1, group=g, tag=8) for x in got]
+                for w in ws:
+                    w.wait()
+                for i, x in enumerate(got):
+                    same(x, want(10 + i), f"message {i} of one tag in the order sent ({g}, n={n})")
+                checks += 5
+            elif rank == 1:
+                dist.send(values(1, n, torch.float32, "sum", 0), 0, group=g, tag=0)
+                dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                dist.send(values(1, n, torch.float32, "sum", 5), 0, group=g, tag=5)
+                a, b = torch.zeros(n), torch.zeros(4000)
+                dist.recv(a, 0, group=g, tag=7)
+                dist.recv(b, 0, group=g, tag=6)
+                same(a, want(7), f"a short message received before a long one sent first ({g}, n={n})")
+                same(b, values(0, 4000, torch.float32, "sum", 6), f"the long one after it ({g}, n={n})")
+                for w in [dist.isend(values(1, n, torch.float32, "sum", 10 + i), 0, group=g, tag=8) for i in range(3)]:
+                    w.wait()
+                checks += 2
+    _drop_groups(groups)
+    return checks
+
+
 def early_frames_outlive_their_slots(rank, world, late=0.3):
     """Frames that reach a rank before the call that takes them (a receive posted later, a
     collective its peer already runs) are kept as copies: the transport reuses their ring slot

@@ -101,25 +101,30 @@ def test_a_forked_child_that_destroys_and_exits_leaves_the_parents_groups_alone(
 
 def test_waiting_ops_start_in_order_per_kind():
     """The engine's waiting room: collectives one at a time in sequence order, point-to-point ops
-    one per (direction, peer) at a time in issue order, beside the collectives; held per kind so
-    an engine pass does not scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
+    one per (direction, peer, tag) at a time in issue order, beside the collectives (a receive
+    of another tag from the same peer starts at once); held per kind so an engine pass does not
+    scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
     from types import SimpleNamespace as Op
     from neuron_dist.group import _Waiting
-    ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None) for i in range(3)]
-    ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1) for i in range(2)]
-    ops += [Op(name="r1", is_p2p=True, direction="recv", peer=1), Op(name="s2", is_p2p=True, direction="send", peer=2),
-            Op(name="any", is_p2p=True, direction="recv-any", peer=None)]
+    ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None, tag=0) for i in range(3)]
+    ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1, tag=0) for i in range(2)]
+    ops += [Op(name="r1", is_p2p=True, direction="recv", peer=1, tag=0), Op(name="s2", is_p2p=True, direction="send",
+                                                                            peer=2, tag=0),
+            Op(name="any", is_p2p=True, direction="recv-any", peer=None, tag=0),
+            Op(name="r1.t5", is_p2p=True, direction="recv", peer=1, tag=5),
+            Op(name="r1.t0", is_p2p=True, direction="recv", peer=1, tag=0)]
     w = _Waiting()
     w.extend(ops)
-    assert len(w) == 8 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "s2", "any"]
+    assert len(w) == 10 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "r1.t0", "s2", "any",
+                                                    "r1.t5"]
     active = []
     w.admit(active)
-    assert [o.name for o in active] == ["c0", "s1.0", "r1", "s2", "any"] and len(w) == 3
+    assert [o.name for o in active] == ["c0", "s1.0", "r1", "s2", "any", "r1.t5"] and len(w) == 4
     w.admit(active)  # nothing of a running kind starts
-    assert len(active) == 5
-    active = [o for o in active if o.name not in ("c0", "s1.0")]
+    assert len(active) == 6
+    active = [o for o in active if o.name not in ("c0", "s1.0", "r1")]
     w.admit(active)
-    assert [o.name for o in active][-2:] == ["c1", "s1.1"] and len(w) == 1
+    assert [o.name for o in active][-3:] == ["c1", "s1.1", "r1.t0"] and len(w) == 1
     w.clear()
     assert not w and list(w) == []
 
