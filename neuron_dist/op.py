@@ -42,7 +42,7 @@ class Op:
     thread, or on the caller's own where the group runs it at once: Group._run_inline), never
     while the call is checked, so argument-dependent set-up errors surface from wait();
     `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
-    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "nbytes", "dtype",
+    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "posted", "nbytes", "dtype",
                  "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
                  "_callbacks", "_lock", "sync", "timeout", "__weakref__")
 
@@ -52,6 +52,7 @@ class Op:
         self.kind, self.desc, self._start, self._finish = kind, desc, start, finish
         self.outputs = list(outputs)
         self.peer, self.direction, self.tag = peer, direction, tag  # tag: a send/recv's (group._Waiting)
+        self.posted = 0  # a send/recv's place in the order posted (group._Waiting)
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
         self.seq = -1
         self.exe: Execution | None = None

@@ -864,6 +864,65 @@ def p2p_tags_apart(rank, world):
     return checks
 
 
+def p2p_posted_order(rank, world):
+    """Receives take messages in the order they were posted, from any source or not, and a
+    message's frames all go to the receive that took its first, as with MPI and Gloo. Rank 0
+    posts receives of one tag (any source then rank 1; rank 1 then any source; any, any, rank 1)
+    and only then tells rank 1 to send its messages of that tag: an any-source receive and a
+    specific one from rank 1 took frames of one message at once and failed the group ("expected
+    ... chunk 0 ... but received ... chunk 12"). At three ranks, an any-source receive posted after
+    one from rank 1 takes rank 2's message while rank 1's is yet to come. One frame and 16 frames,
+    over shared memory, zmq and Gloo."""
+    if world == 1:
+        return 0
+    checks = 0
+    groups = _p2p_groups(world)
+
+    def sent(src, n, seed):
+        return values(src, n, torch.float32, "sum", seed)
+
+    for g in groups:
+        for n in (3, 4000):
+            for tag, posts in ((3, (None, 1)), (4, (1, None)), (5, (None, None, 1))):
+                if rank == 0:
+                    bufs = [torch.zeros(n) for _ in posts]
+                    works = [dist.irecv(b, src, group=g, tag=tag) for b, src in zip(bufs, posts)]
+                    dist.send(torch.ones(1), 1, group=g, tag=9)
+                    for w in works:
+                        w.wait()
+                    if g is R.GLOO:  # Gloo gives each receive a whole message, but in its own order
+                        msgs = [sent(1, n, 10 * tag + i) for i in range(len(posts))]
+                        took = sorted(next((j for j, m in enumerate(msgs) if torch.equal(b, m)), -1) for b in bufs)
+                        assert took == list(range(len(posts))), f"gloo: receives {posts} took messages {took}"
+                        checks += len(posts)
+                        continue
+                    for i, (b, src) in enumerate(zip(bufs, posts)):
+                        same(b, sent(1, n, 10 * tag + i), f"receive {i} of {posts} (tag {tag}, {g}, n={n})")
+                        checks += 1
+                elif rank == 1:
+                    dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                    for i in range(len(posts)):
+                        dist.send(sent(1, n, 10 * tag + i), 0, group=g, tag=tag)
+            if world < 3 or rank > 2:
+                continue
+            if rank == 0:  # from rank 1, then any source: rank 2's message is not rank 1's receive's
+                a, b = torch.zeros(n), torch.zeros(n)
+                w1 = dist.irecv(a, 1, group=g, tag=6)
+                wany = dist.irecv(b, None, group=g, tag=6)
+                dist.send(torch.ones(1), 2, group=g, tag=9)
+                wany.wait()
+                same(b, sent(2, n, 60), f"any source beside a waiting receive from rank 1 ({g}, n={n})")
+                dist.send(torch.ones(1), 1, group=g, tag=9)
+                w1.wait()
+                same(a, sent(1, n, 60), f"the receive from rank 1 after it ({g}, n={n})")
+                checks += 2
+            else:
+                dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                dist.send(sent(rank, n, 60), 0, group=g, tag=6)
+    _drop_groups(groups)
+    return checks
+
+
 def early_frames_outlive_their_slots(rank, world, late=0.3):
     """Frames that reach a rank before the call that takes them (a receive posted later, a
     collective its peer already runs) are kept as copies: the transport reuses their ring slot
