@@ -408,7 +408,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.rank
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
-                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=None) -> NeuronWork:
+                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0) -> NeuronWork:
         if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
             debug.check(self, kind, desc, nbytes, dtype, peer)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,

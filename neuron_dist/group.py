@@ -6,8 +6,9 @@ since every rank issues collectives in the same order), and are driven by one en
 per group, so asynchronous collectives overlap the caller's compute (an op of up to 1 MiB that
 finds the group idle starts on the caller's own thread instead, for a bounded time before the
 engine takes it over: `submit`, `_run_inline`). Collectives run one at a
-time in sequence order; point-to-point transfers run beside them, serialised per peer and
-direction so the frames of two messages never interleave.
+time in sequence order; point-to-point transfers run beside them, one at a time per direction,
+peer and tag, so the frames of two messages of one (peer, tag) never interleave (the mailbox
+sorts a peer's frames by tag: messages of other tags may).
 
 A failed collective (mismatch, dead peer, time-out) breaks the group, as in NCCL: every pending
 and later operation fails with an error that names the original cause.
@@ -34,8 +35,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .collectives.executor import (Execution, Mailbox, PairExchange, SingleFrameRecv, SingleFrameSend, Stamp,
-                                   execution_plan, one_copied_frame)
+from .collectives.executor import (BarredFrameRecv, Execution, Mailbox, PairExchange, SingleFrameRecv,
+                                   SingleFrameSend, Stamp, execution_plan, one_copied_frame)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env, env_int
@@ -234,43 +235,174 @@ def _close_at_exit() -> None:
 atexit.register(_close_at_exit)
 
 
+def _p2p_key(op: Op) -> tuple:
+    """The line a point-to-point op waits in: its direction, peer and tag. Messages of one
+    (peer, tag) must keep their posted order (torch's and MPI's non-overtaking rule), and the
+    frames of one must not interleave with another's; the mailbox keeps each peer's frames
+    apart by tag, so ops of other tags need not wait: a receive of one tag held up by an
+    earlier one of another (posted first, sent last) deadlocked a tag-ordered exchange that
+    Gloo completes."""
+    return op.direction, op.peer, op.tag
+
+
+def _sender(op: Op) -> int | None:
+    """The peer a receive takes its message from: its own, or, for one from any source, the
+    peer whose frame it matched (its execution's `peer`); None while it has matched none."""
+    if op.peer is not None:
+        return op.peer
+    exe = op.exe
+    return None if exe is None else exe.peer
+
+
 class _Waiting:
     """Ops taken from the queue, not yet started, held in the order each kind must start in:
-    collectives one at a time in sequence order; point-to-point ops one per (direction, peer)
-    at a time, in issue order, beside them. Kept per key, so an engine pass admits in the same
-    time with ten thousand async ops waiting as with one (a scan of one queue made that
-    quadratic: 8,000 outstanding all-reduces took 37 s, Gloo 13 s)."""
-    __slots__ = ("coll", "p2p", "n")
+    collectives one at a time in sequence order; point-to-point ops one per (direction, peer,
+    tag) at a time, in issue order, beside them (`_p2p_key`). Kept per key, so an engine pass
+    admits in the same time with ten thousand async ops waiting as with one (a scan of one
+    queue made that quadratic: 8,000 outstanding all-reduces took 37 s, Gloo 13 s).
+
+    Receives from any source follow MPI's matching rule beside the specific ones of their tag:
+    receives match messages in the order they were posted, and once one has taken a message's
+    first frame the rest of it is its own. So a specific receive from P with tag T waits while
+    an any-source receive of T posted before it has matched no message yet, or is taking P's;
+    the next any-source receive of T starts once the one before it has matched (no sooner), and
+    leaves alone the peers whose message of T an earlier-posted receive still waits for or is
+    taking (`barred`, which its execution asks on each pass). Both kinds took frames of one
+    peer's tag at once and split one message between them, failing the group. Receives of other
+    peers and tags wait for nothing more (that could deadlock where Gloo does not). `posted`
+    numbers the point-to-point ops in the order they came; 0 is one the caller's thread started
+    with nothing else pending (Group._run_inline), so before every other."""
+    __slots__ = ("coll", "p2p", "n", "posted", "anys", "before")
 
     def __init__(self):
         self.coll: deque[Op] = deque()
         self.p2p: dict[tuple, deque[Op]] = {}
         self.n = 0
+        self.posted = 0
+        self.anys: dict[int, list[Op]] = {}  # tag -> the any-source receives pending, in posted order
+        self.before: dict[Op, tuple] = {}    # any-source receive -> the specific ones of its tag posted before it
 
-    def extend(self, ops) -> None:
+    def extend(self, ops, active=()) -> None:
+        running = None  # the specific receives running, by key: looked up once, for a batch with receives
         for op in ops:
             if op.is_p2p:
-                q = self.p2p.get((op.direction, op.peer))
+                self.posted += 1
+                op.posted = self.posted
+                key = _p2p_key(op)
+                if op.direction != "send":
+                    if running is None:
+                        running = self._running(active)
+                    if op.direction == "recv-any":
+                        self._note_any(op, running)
+                q = self.p2p.get(key)
                 if q is None:
-                    q = self.p2p[(op.direction, op.peer)] = deque()
+                    q = self.p2p[key] = deque()
                 q.append(op)
             else:
                 self.coll.append(op)
             self.n += 1
 
+    def _running(self, active) -> dict:
+        """The specific receives running, by key; an any-source receive the caller's thread
+        started (never in this line) is entered in `anys` here, ahead of every other."""
+        running = {}
+        for o in active:
+            if o.is_p2p and not o.finished:
+                if o.direction == "recv":
+                    running[_p2p_key(o)] = o
+                elif o.direction == "recv-any" and o.posted == 0:
+                    pending = self.anys.setdefault(o.tag, [])
+                    while pending and pending[0].finished:
+                        del pending[0]
+                    if not pending or pending[0] is not o:
+                        pending.insert(0, o)
+        return running
+
+    def _note_any(self, op: Op, running: dict) -> None:
+        """Enter an any-source receive, with the specific receives of its tag posted before it
+        (the newest per peer: each peer's run one at a time, in order)."""
+        tag = op.tag
+        newest = {k: o for k, o in running.items() if k[2] == tag}
+        for k, q in self.p2p.items():
+            if k[0] == "recv" and k[2] == tag:
+                newest[k] = q[-1]
+        if newest:
+            self.before[op] = tuple(newest.values())
+        self.anys.setdefault(tag, []).append(op)
+
+    def barred(self, op: Op) -> set:
+        """The peers a receive from any source must not take a message from yet: those whose
+        message of its tag a receive posted before it still waits for (a specific one) or is
+        taking (an any-source one, matched). Only ever fewer as it waits: later receives bar
+        nothing."""
+        bar = set()
+        earlier = self.before.get(op)
+        if earlier:
+            live = tuple(o for o in earlier if not o.finished)
+            if len(live) < len(earlier):  # (a finished receive is not kept for its tensors' sake)
+                if live:
+                    self.before[op] = live
+                else:
+                    del self.before[op]
+            bar.update(o.peer for o in live)
+        for a in self.anys.get(op.tag, ()):
+            if a.posted >= op.posted:
+                break
+            if not a.finished:
+                bar.add(_sender(a))
+        return bar
+
+    def _held(self, op: Op) -> bool:
+        """Whether a specific receive waits for an any-source receive of its tag posted before it
+        (one that has matched no message yet, or is taking one from the same peer)."""
+        for a in self.anys[op.tag]:
+            if a.posted > op.posted:
+                break
+            if not a.finished:
+                peer = _sender(a)
+                if peer is None or peer == op.peer:
+                    return True
+        return False
+
+    def _prune(self) -> None:
+        """Drop finished any-source receives (only the ones matched come before the first one
+        that has not: those are all that can have finished)."""
+        for tag in list(self.anys):
+            pending = self.anys[tag]
+            i = 0
+            while i < len(pending):
+                a = pending[i]
+                if a.finished:
+                    del pending[i]
+                    self.before.pop(a, None)
+                elif _sender(a) is None:
+                    break
+                else:
+                    i += 1
+            if not pending:
+                del self.anys[tag]
+
     def admit(self, active: list[Op]) -> None:
-        """Move to `active` every op whose kind has none running there."""
+        """Move to `active` every op whose kind has none running there (an any-source receive
+        that has matched a message lets the next of its tag start) and that no receive posted
+        before it holds back."""
         busy_coll, busy = False, set()
         for o in active:
             if o.is_p2p:
-                busy.add((o.direction, o.peer))
+                if o.direction != "recv-any" or _sender(o) is None:
+                    busy.add(_p2p_key(o))
             else:
                 busy_coll = True
         if self.coll and not busy_coll:
             active.append(self.coll.popleft())
             self.n -= 1
+        anys = self.anys
+        if anys:
+            self._prune()
         for key in [k for k in self.p2p if k not in busy]:
             q = self.p2p[key]
+            if anys and key[0] == "recv" and key[2] in anys and self._held(q[0]):
+                continue
             active.append(q.popleft())
             self.n -= 1
             if not q:
@@ -287,6 +419,8 @@ class _Waiting:
     def clear(self) -> None:
         self.coll.clear()
         self.p2p.clear()
+        self.anys.clear()
+        self.before.clear()
         self.n = 0
 
 
@@ -669,10 +803,25 @@ class Group(HangDiagnosis):
     def recv_frame(self, op: Op, peer: int | None, sources: tuple, tag: int, out: torch.Tensor,
                    dtype: torch.dtype) -> SingleFrameRecv:
         """The op's execution for a receive that fits one frame (see SingleFrameRecv); `peer`
-        None: from any source (whose sender is found by its frame, so no liveness check here)."""
+        None: from any source (whose sender is found by its frame, so no liveness check here;
+        one posted after other receives of its tag leaves them their peers: BarredFrameRecv)."""
         if peer is not None:
             self._deaths.check(self, op)
+        else:
+            barred = self.barred_for(op)
+            if barred is not None:
+                return BarredFrameRecv(self.mailbox, sources, tag, out, dtype, barred)
         return SingleFrameRecv(self.mailbox, sources, tag, out, dtype)
+
+    def barred_for(self, op: Op):
+        """For a receive from any source as it starts: a function that gives the peers it must
+        not take a message from yet (`_Waiting.barred`), or None where there are none now, and
+        so none later (only receives posted before it bar peers, and they only finish)."""
+        waiting = self._waiting
+        if not waiting.barred(op):
+            return None
+        ref = weakref.ref(op)  # (the op holds the execution that holds this)
+        return lambda: waiting.barred(ref())
 
     # -- the engine --------------------------------------------------------------------------
     def _engine(self) -> None:
@@ -729,7 +878,7 @@ class Group(HangDiagnosis):
                 continue
             with self._drive:  # the caller's fast path may hold it: wait for it to finish or hand over
                 with self._cv:
-                    waiting.extend(self._queue)
+                    waiting.extend(self._queue, active)
                     self._queue.clear()
                 self._admit(active, waiting)
                 moved = False

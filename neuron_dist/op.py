@@ -42,17 +42,17 @@ class Op:
     thread, or on the caller's own where the group runs it at once: Group._run_inline), never
     while the call is checked, so argument-dependent set-up errors surface from wait();
     `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
-    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "nbytes", "dtype",
+    __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "posted", "nbytes", "dtype",
                  "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
-                 "_callbacks", "_lock", "sync", "timeout", "tag", "__weakref__")
+                 "_callbacks", "_lock", "sync", "timeout", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
                  direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = "",
-                 tag: int | None = None):
+                 tag: int = 0):
         self.kind, self.desc, self._start, self._finish = kind, desc, start, finish
         self.outputs = list(outputs)
-        self.peer, self.direction = peer, direction
-        self.tag = tag  # a send's or receive's tag (what a time-out's hint names), else None
+        self.peer, self.direction, self.tag = peer, direction, tag  # a send/recv's (group._Waiting, a time-out's hint)
+        self.posted = 0  # a send/recv's place in the order posted (group._Waiting)
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
         self.seq = -1
         self.exe: Execution | None = None

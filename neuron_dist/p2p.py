@@ -28,7 +28,8 @@ class Receive:
     count (every point-to-point frame does), and when it says less, the frame goes back and a
     receive of that size takes the message. A longer message, or one of another dtype, fails the
     frame check, naming both. From any source, the first peer with a message for the tag is the
-    sender; its frame is looked at and left in place for the receive."""
+    sender (leaving alone the peers an earlier-posted receive of the tag has a claim on:
+    group._Waiting); its frame is looked at and left in place for the receive."""
 
     def __init__(self, group: Group, op: Op, out, dtype, tag, peer: int | None, schedule_for):
         # the op by weak reference: the op holds this as its `exe`, and a strong reference back
@@ -39,6 +40,9 @@ class Receive:
         self.out, self.dtype, self.tag, self.peer = out, dtype, tag, peer
         self.done, self.waiting_on = False, None
         self.inner: Execution | None = None if peer is None else self._receive(peer, out.numel(), False)
+        # from any source: the peers whose message of the tag an earlier-posted receive still
+        # waits for or is taking, and so not to be matched here yet (None: there are none)
+        self.barred = group.barred_for(op) if peer is None else None
 
     @property
     def op(self) -> Op:
@@ -54,8 +58,9 @@ class Receive:
         g = self.group
         if self.inner is None:
             key = ("p2p", self.tag)
+            barred = self.barred() if self.barred is not None else ()
             for peer in range(g.size):
-                if peer == g.rank:
+                if peer == g.rank or peer in barred:
                     continue
                 got = g.mailbox.take(peer, key)
                 if got is None:

@@ -867,6 +867,134 @@ def p2p(rank, world):
     return 5
 
 
+def _p2p_groups(world):
+    """Groups of every rank over shared memory and over zmq (a test reruns nothing else over
+    zmq), each cutting a message into frames of 1 KiB (none lent), with a 10 s time-out: a
+    point-to-point case that deadlocks fails in seconds, in its own groups. Then Gloo's."""
+    from datetime import timedelta
+    groups = []
+    for transport in ("shm", "zmq"):
+        with env(NEURON_DIST_TRANSPORT=transport, NEURON_DIST_FRAME_BYTES=1024, NEURON_DIST_SHM_LEND=0):
+            groups.append(dist.new_group(list(range(world)), timeout=timedelta(seconds=10)))
+    return groups + [R.GLOO]
+
+
+def _drop_groups(groups):
+    for g in groups:
+        if g is not R.GLOO:
+            dist.destroy_process_group(g)
+
+
+def p2p_tags_apart(rank, world):
+    """Point-to-point ops of different tags between two ranks do not wait for each other, as
+    with Gloo: rank 0 posts a receive of tag 5, then one of tag 0, from rank 1, which sends tag
+    0 and waits for rank 0's answer before it sends tag 5 (receives of one peer ran one at a
+    time whatever their tag: the tag-0 receive never ran, and the tag-5 one failed the group at
+    the time-out); rank 0 isends a long tag-5 message, then a short tag-0 one, which rank 1
+    receives first. Messages of one tag still arrive in the order posted. One frame and 16
+    frames, over shared memory, zmq and Gloo. Ranks past 1 look on."""
+    if world == 1:
+        return 0
+    checks = 0
+    groups = _p2p_groups(world)
+    for g in groups:
+        for n in (3, 4000):
+            def want(seed):
+                return values(1 - rank, n, torch.float32, "sum", seed)
+            if rank == 0:
+                a, b = torch.zeros(n), torch.zeros(n)
+                w5 = dist.irecv(a, 1, group=g, tag=5)
+                w0 = dist.irecv(b, 1, group=g, tag=0)
+                w0.wait()
+                dist.send(torch.ones(1), 1, group=g, tag=9)
+                w5.wait()
+                same(b, want(0), f"tag 0 received while a receive of tag 5 waits ({g}, n={n})")
+                same(a, want(5), f"tag 5 received after tag 0 ({g}, n={n})")
+                for w in [dist.isend(values(0, 4000, torch.float32, "sum", 6), 1, group=g, tag=6),
+                          dist.isend(values(0, n, torch.float32, "sum", 7), 1, group=g, tag=7)]:
+                    w.wait()
+                got = [torch.zeros(n) for _ in range(3)]
+                ws = [dist.irecv(x, 1, group=g, tag=8) for x in got]
+                for w in ws:
+                    w.wait()
+                for i, x in enumerate(got):
+                    same(x, want(10 + i), f"message {i} of one tag in the order sent ({g}, n={n})")
+                checks += 5
+            elif rank == 1:
+                dist.send(values(1, n, torch.float32, "sum", 0), 0, group=g, tag=0)
+                dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                dist.send(values(1, n, torch.float32, "sum", 5), 0, group=g, tag=5)
+                a, b = torch.zeros(n), torch.zeros(4000)
+                dist.recv(a, 0, group=g, tag=7)
+                dist.recv(b, 0, group=g, tag=6)
+                same(a, want(7), f"a short message received before a long one sent first ({g}, n={n})")
+                same(b, values(0, 4000, torch.float32, "sum", 6), f"the long one after it ({g}, n={n})")
+                for w in [dist.isend(values(1, n, torch.float32, "sum", 10 + i), 0, group=g, tag=8) for i in range(3)]:
+                    w.wait()
+                checks += 2
+    _drop_groups(groups)
+    return checks
+
+
+def p2p_posted_order(rank, world):
+    """Receives take messages in the order they were posted, from any source or not, and a
+    message's frames all go to the receive that took its first, as with MPI and Gloo. Rank 0
+    posts receives of one tag (any source then rank 1; rank 1 then any source; any, any, rank 1)
+    and only then tells rank 1 to send its messages of that tag: an any-source receive and a
+    specific one from rank 1 took frames of one message at once and failed the group ("expected
+    ... chunk 0 ... but received ... chunk 12"). At three ranks, an any-source receive posted after
+    one from rank 1 takes rank 2's message while rank 1's is yet to come. One frame and 16 frames,
+    over shared memory, zmq and Gloo."""
+    if world == 1:
+        return 0
+    checks = 0
+    groups = _p2p_groups(world)
+
+    def sent(src, n, seed):
+        return values(src, n, torch.float32, "sum", seed)
+
+    for g in groups:
+        for n in (3, 4000):
+            for tag, posts in ((3, (None, 1)), (4, (1, None)), (5, (None, None, 1))):
+                if rank == 0:
+                    bufs = [torch.zeros(n) for _ in posts]
+                    works = [dist.irecv(b, src, group=g, tag=tag) for b, src in zip(bufs, posts)]
+                    dist.send(torch.ones(1), 1, group=g, tag=9)
+                    for w in works:
+                        w.wait()
+                    if g is R.GLOO:  # Gloo gives each receive a whole message, but in its own order
+                        msgs = [sent(1, n, 10 * tag + i) for i in range(len(posts))]
+                        took = sorted(next((j for j, m in enumerate(msgs) if torch.equal(b, m)), -1) for b in bufs)
+                        assert took == list(range(len(posts))), f"gloo: receives {posts} took messages {took}"
+                        checks += len(posts)
+                        continue
+                    for i, (b, src) in enumerate(zip(bufs, posts)):
+                        same(b, sent(1, n, 10 * tag + i), f"receive {i} of {posts} (tag {tag}, {g}, n={n})")
+                        checks += 1
+                elif rank == 1:
+                    dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                    for i in range(len(posts)):
+                        dist.send(sent(1, n, 10 * tag + i), 0, group=g, tag=tag)
+            if world < 3 or rank > 2:
+                continue
+            if rank == 0:  # from rank 1, then any source: rank 2's message is not rank 1's receive's
+                a, b = torch.zeros(n), torch.zeros(n)
+                w1 = dist.irecv(a, 1, group=g, tag=6)
+                wany = dist.irecv(b, None, group=g, tag=6)
+                dist.send(torch.ones(1), 2, group=g, tag=9)
+                wany.wait()
+                same(b, sent(2, n, 60), f"any source beside a waiting receive from rank 1 ({g}, n={n})")
+                dist.send(torch.ones(1), 1, group=g, tag=9)
+                w1.wait()
+                same(a, sent(1, n, 60), f"the receive from rank 1 after it ({g}, n={n})")
+                checks += 2
+            else:
+                dist.recv(torch.zeros(1), 0, group=g, tag=9)
+                dist.send(sent(rank, n, 60), 0, group=g, tag=6)
+    _drop_groups(groups)
+    return checks
+
+
 def early_frames_outlive_their_slots(rank, world, late=0.3):
     """Frames that reach a rank before the call that takes them (a receive posted later, a
     collective its peer already runs) are kept as copies: the transport reuses their ring slot

@@ -21,6 +21,25 @@ def test_collective(pools, case, world):
 
 
 @pytest.mark.parametrize("world", (2, 3))
+def test_receives_and_sends_of_other_tags_do_not_wait_for_each_other(pools, world):
+    """A receive of one tag ran only after an earlier one of another tag from the same peer:
+    a tag-ordered exchange that Gloo completes failed at the time-out. Over shared memory, zmq
+    and Gloo, one frame and several (cases_collectives.p2p_tags_apart)."""
+    checks = pools(world).run("cases_collectives:p2p_tags_apart")
+    assert checks[:2] == [3 * 2 * 5, 3 * 2 * 2] and checks[2:] == [0] * (world - 2), checks
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_receives_match_messages_in_the_order_posted(pools, world):
+    """An any-source receive and a specific one from the same peer, of one tag, split one
+    message's frames between them and failed the group; Gloo gives each receive one whole
+    message, in posted order. Over shared memory, zmq and Gloo, one frame and several
+    (cases_collectives.p2p_posted_order)."""
+    checks = pools(world).run("cases_collectives:p2p_posted_order")
+    assert checks[0] == 3 * 2 * (7 + (2 if world > 2 else 0)) and checks[1:] == [0] * (world - 1), checks
+
+
+@pytest.mark.parametrize("world", (2, 3))
 def test_a_rank_that_waits_long_for_a_late_peer_sleeps(pools, world):
     """A waiting rank's process uses under 1.2% of a core while a peer is 2 s late (Gloo's: about
     0.2%; before the fenced doorbell and the growing engine wait, 4% over shared memory and 2% over

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 from pool import free_port, rank_line, run_scripts
@@ -120,29 +121,68 @@ def test_a_forked_child_that_destroys_and_exits_leaves_the_parents_groups_alone(
         assert code == 0 and f"rank {r}: fork ok" in out and "child" not in out, out[-3000:]
 
 
+class _FakeOp(types.SimpleNamespace):
+    """What the waiting room reads of an op (group._Waiting), compared and hashed by identity."""
+    __eq__, __hash__ = object.__eq__, object.__hash__
+    exe, finished, posted = None, False, 0
+
+
 def test_waiting_ops_start_in_order_per_kind():
     """The engine's waiting room: collectives one at a time in sequence order, point-to-point ops
-    one per (direction, peer) at a time in issue order, beside the collectives; held per kind so
-    an engine pass does not scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
-    from types import SimpleNamespace as Op
+    one per (direction, peer, tag) at a time in issue order, beside the collectives (a receive
+    of another tag from the same peer starts at once); held per kind so an engine pass does not
+    scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
     from neuron_dist.group import _Waiting
-    ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None) for i in range(3)]
-    ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1) for i in range(2)]
-    ops += [Op(name="r1", is_p2p=True, direction="recv", peer=1), Op(name="s2", is_p2p=True, direction="send", peer=2),
-            Op(name="any", is_p2p=True, direction="recv-any", peer=None)]
+    Op = _FakeOp
+    ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None, tag=0) for i in range(3)]
+    ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1, tag=0) for i in range(2)]
+    ops += [Op(name="r1", is_p2p=True, direction="recv", peer=1, tag=0), Op(name="s2", is_p2p=True, direction="send",
+                                                                            peer=2, tag=0),
+            Op(name="any", is_p2p=True, direction="recv-any", peer=None, tag=1),
+            Op(name="r1.t5", is_p2p=True, direction="recv", peer=1, tag=5),
+            Op(name="r1.t0", is_p2p=True, direction="recv", peer=1, tag=0)]
     w = _Waiting()
     w.extend(ops)
-    assert len(w) == 8 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "s2", "any"]
+    assert len(w) == 10 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "r1.t0", "s2", "any",
+                                                    "r1.t5"]
     active = []
     w.admit(active)
-    assert [o.name for o in active] == ["c0", "s1.0", "r1", "s2", "any"] and len(w) == 3
+    assert [o.name for o in active] == ["c0", "s1.0", "r1", "s2", "any", "r1.t5"] and len(w) == 4
     w.admit(active)  # nothing of a running kind starts
-    assert len(active) == 5
-    active = [o for o in active if o.name not in ("c0", "s1.0")]
+    assert len(active) == 6
+    active = [o for o in active if o.name not in ("c0", "s1.0", "r1")]
     w.admit(active)
-    assert [o.name for o in active][-2:] == ["c1", "s1.1"] and len(w) == 1
+    assert [o.name for o in active][-3:] == ["c1", "s1.1", "r1.t0"] and len(w) == 1
     w.clear()
     assert not w and list(w) == []
+
+
+def test_receives_of_one_tag_start_in_the_order_posted():
+    """MPI's matching rule in the waiting room (group._Waiting): a receive from rank 1 posted after
+    one from any source waits until that one has matched a message from another peer (or is
+    done); an any-source receive posted after one from rank 1 starts, but leaves rank 1 alone."""
+    from types import SimpleNamespace
+    from neuron_dist.group import _Waiting
+
+    def recv(name, peer, tag=3):
+        return _FakeOp(name=name, is_p2p=True, direction="recv" if peer is not None else "recv-any", peer=peer, tag=tag)
+    w, active = _Waiting(), []
+    first, spec, other = recv("any", None), recv("from1", 1), recv("from1.t4", 1, tag=4)
+    w.extend([first, spec, other], active)
+    w.admit(active)
+    assert [o.name for o in active] == ["any", "from1.t4"], "a receive from 1 started beside an unmatched any-source"
+    first.exe = SimpleNamespace(peer=1)  # matched rank 1's message: its rest is the any-source receive's
+    w.admit(active)
+    assert spec not in active
+    first.finished = True
+    w.admit(active)
+    assert spec in active
+    late = recv("any.late", None)
+    w.extend([late], active)
+    w.admit(active)
+    assert late in active and w.barred(late) == {1}, w.barred(late)
+    spec.finished = True
+    assert w.barred(late) == set()
 
 
 def test_report_counts_stay_bounded_and_exact(pools):

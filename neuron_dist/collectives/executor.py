@@ -746,6 +746,23 @@ class SingleFrameRecv:
         return True
 
 
-__all__ = ["Execution", "Mailbox", "PairExchange", "PairShape", "SingleFrameRecv", "SingleFrameSend", "Stamp",
+class BarredFrameRecv(SingleFrameRecv):
+    """A SingleFrameRecv from any source posted while earlier receives of its tag were pending:
+    on each pass it leaves alone the peers `barred()` names (whose message of the tag one of
+    those still waits for or is taking: group._Waiting.barred). Apart from SingleFrameRecv, so
+    that the common receive pays nothing for it."""
+    __slots__ = ("every", "barred")
+
+    def __init__(self, mailbox: Mailbox, sources: tuple, tag: int, out: torch.Tensor, dtype: torch.dtype, barred):
+        super().__init__(mailbox, sources, tag, out, dtype)
+        self.every, self.barred = sources, barred
+
+    def progress(self) -> bool:
+        bar = self.barred()
+        self.sources = tuple(s for s in self.every if s[0] not in bar)
+        return super().progress()
+
+
+__all__ = ["BarredFrameRecv", "Execution", "Mailbox", "PairExchange", "PairShape", "SingleFrameRecv", "SingleFrameSend", "Stamp",
            "FrameError", "LOCAL_STEPS", "execution_plan", "one_copied_frame", "overlaps", "p2p_lent", "pair_shape",
            "run_local"]
