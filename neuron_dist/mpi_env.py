@@ -8,6 +8,10 @@ or an srun task (SLURM_PROCID/SLURM_NTASKS) the rank and size are known. Only un
 (`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`, or `export` before `srun`). Variables the
 user already set always win.
 
+A worker of torch's elastic agent (torchrun, neuronrun) takes nothing from them: under
+`mpirun -N 1 torchrun ...` it inherits the agent's MPI variables, which name the agent's MPI rank
+(shared by the node's workers), not its own; torchrun gives it RANK, WORLD_SIZE and MASTER_*.
+
 Slurm's variables count only inside an srun task: a batch script or `salloc` shell carries
 SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation too, and a process started from it
 (`python train.py` on the first node) is no rank of an N-task job; taking it for one made
@@ -32,6 +36,13 @@ import warnings
 
 from .ports import free_port
 from .topology.placement import node_named
+
+# Set in every process an MPI launcher starts (mpirun; srun --mpi=pmix or pmi2), and inherited by
+# whatever that process starts in turn
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # (PMIx exports no world size)
+# Set by torch's elastic agent (torchrun, neuronrun) in every worker it starts
+ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -87,9 +98,46 @@ def _slurm_node_vars(env) -> dict[str, str]:
     return out
 
 
+def elastic_worker(env=os.environ) -> str | None:
+    """The variable that marks this process as a worker of torch's elastic agent (torchrun,
+    neuronrun), if one is set. Such a worker inherits the MPI and Slurm variables of the agent
+    that mpirun or srun started (`mpirun -N 1 torchrun --nproc-per-node K`): they name the agent's
+    MPI rank, which the node's K workers share, and none of them is that MPI process."""
+    return next((k for k in ELASTIC_VARS if k in env), None)
+
+
+def not_an_mpi_rank(env=os.environ) -> str | None:
+    """None where this process is a rank of an MPI job, one that mpirun (or srun --mpi=pmix/pmi2)
+    started itself; otherwise why not, as a clause ("it is ..."). The MPI variables alone do not
+    say so: a torchrun worker under mpirun inherits its agent's, and took itself for MPI rank
+    N beside the node's other workers (the mpi transport then refused the job, "ranks 2 and 3
+    are both MPI rank 1", or a restarted worker blocked in MPI_Init for good). So also: no
+    elastic agent's variables, and RANK and WORLD_SIZE, where set, the MPI world's own rank and
+    size (a process some other launcher inside the job numbered is no rank of that world).
+    Read from the environment only: asking MPI would start it, which is what must not happen
+    in a process that is no MPI rank."""
+    rank_var = next((k for k in MPI_RANK_VARS if k in env), None)
+    if rank_var is None:
+        return (f"it was not started by mpirun or as an MPI process (none of {', '.join(MPI_RANK_VARS)} is set: "
+                f"srun needs --mpi=pmix or pmi2)")
+    elastic = elastic_worker(env)
+    if elastic:
+        return (f"it is a worker of torchrun or neuronrun ({elastic} is set), whose {rank_var}={env[rank_var]} "
+                f"is inherited from the agent that mpirun started: the agent is that MPI process, not its workers")
+    size_var = next((k for k in _MPI_SIZE_VARS if k in env), None)
+    for var, mpi_var in (("RANK", rank_var), ("WORLD_SIZE", size_var)):
+        if var in env and mpi_var and env[var].strip() != env[mpi_var].strip():
+            return (f"its {var}={env[var]} is not the MPI job's {mpi_var}={env[mpi_var]}: another launcher "
+                    f"inside the MPI job numbered it")
+    return None
+
+
 def launcher_vars(env=os.environ) -> dict[str, str]:
     """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
-    only inside an srun task, where the node number comes too)."""
+    only inside an srun task, where the node number comes too; none in a worker of torch's
+    elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`)."""
+    if elastic_worker(env):
+        return {}
     for rank, size, lrank, lsize in _SOURCES:
         if rank in env and size in env:
             if rank == "SLURM_PROCID" and not in_srun_task(env):
