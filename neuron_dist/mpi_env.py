@@ -4,7 +4,8 @@
 MASTER_ADDR and MASTER_PORT. Under Open MPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK/PMI_SIZE)
 or an srun task (SLURM_PROCID/SLURM_NTASKS) the rank and size are known. Only under Open MPI
 (OMPI_COMM_WORLD_RANK set) are the master address and a free port agreed through MPI itself
-(rank 0 broadcasts them) when mpi4py is installed; otherwise they must be exported
+(rank 0 broadcasts them, choosing an address the other hosts reach: `master_addr`) when mpi4py
+is installed; otherwise they must be exported
 (`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`, or `export` before `srun`). Variables the
 user already set always win.
 
@@ -181,19 +182,54 @@ def _finalize_mpi_at_exit() -> None:
         MPI.Finalize()
 
 
-def _master_from_mpi() -> tuple[str, str] | None:
+def master_addr(hosts: list[str], one_node: bool) -> tuple[str | None, str]:
+    """The address rank 0 hands out as MASTER_ADDR, or None, and the reason (a clause) when none.
+    `hosts`: every rank's host name, rank 0's first; `one_node`: whether Open MPI counts every
+    rank on rank 0's node. On one host: loopback. Across hosts: the address rank 0's name
+    resolves to, unless that is loopback (a name mapped to 127.0.0.1, as on this VM, or to
+    127.0.1.1 by Debian's and Ubuntu's /etc/hosts: the ranks on other hosts would dial their own
+    loopback and wait out the store's connect time-out); then rank 0's address on the route to
+    another rank's host, as a rank in a group that spans hosts chooses where to listen
+    (`group._route_from`); else none."""
+    if one_node and len(set(hosts)) == 1:
+        return "127.0.0.1", ""
+    from .group import GroupError, _is_loopback, _route_from  # (group imports torch.distributed)
+    try:
+        addr = socket.gethostbyname(hosts[0])
+    except OSError as e:
+        why = f"rank 0's host name {hosts[0]!r} does not resolve ({e})"
+    else:
+        if not _is_loopback(addr):
+            return addr, ""
+        why = f"rank 0's host name {hosts[0]!r} resolves to {addr}, a loopback address"
+    others = list(dict.fromkeys(h for h in hosts if h != hosts[0]))
+    for other in others:
+        try:
+            mine = _route_from(other, f"the host {other!r} of another rank")
+        except GroupError:
+            continue
+        if not _is_loopback(mine):
+            return mine, ""
+    return None, why + (f", and no route to the other ranks' hosts ({', '.join(others)}) gives another"
+                        if others else ", and the other hosts' ranks report that host name too")
+
+
+def _master_from_mpi() -> tuple[str | None, str, str] | None:
+    """(MASTER_ADDR or None, MASTER_PORT, why no address), as rank 0 chose them, on every rank."""
     try:
         MPI = mpi()
     except ImportError:
         return None
     comm = MPI.COMM_WORLD
-    addr = None
+    hosts = comm.gather(socket.gethostname(), root=0)
+    found = None
     if comm.rank == 0:
-        port = free_port("")  # below the ephemeral range: see ports.py
-        host = socket.gethostname()
-        addr = ("127.0.0.1" if comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)) else
-                socket.gethostbyname(host), str(port))
-    return comm.bcast(addr, root=0)
+        try:  # every other rank waits in the broadcast: whatever happens, it must come
+            addr, why = master_addr(hosts, comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)))
+            found = (addr, str(free_port("")), why)  # the port below the ephemeral range: see ports.py
+        except Exception as e:  # noqa: BLE001 - told to every rank below
+            found = (None, "", f"rank 0 could not choose one: {type(e).__name__}: {e}")
+    return comm.bcast(found, root=0)
 
 
 def adopt() -> None:
@@ -214,5 +250,12 @@ def adopt() -> None:
     if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
         master = _master_from_mpi()
         if master:
-            os.environ.setdefault("MASTER_ADDR", master[0])
-            os.environ.setdefault("MASTER_PORT", master[1])
+            addr, port, why = master
+            if addr:
+                os.environ.setdefault("MASTER_ADDR", addr)
+            elif "MASTER_ADDR" not in os.environ:  # init_process_group then fails at once, for want of it
+                warnings.warn(f"neuron_dist: MASTER_ADDR is left unset: this MPI job spans hosts, but {why}; "
+                              f"set it to an address of rank 0's host that every host reaches "
+                              f"(mpirun -x MASTER_ADDR=...)", stacklevel=2)
+            if port:
+                os.environ.setdefault("MASTER_PORT", port)

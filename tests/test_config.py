@@ -160,6 +160,41 @@ def test_a_torchrun_worker_takes_no_rendezvous_variables_from_mpi():
     assert mpi_env.launcher_vars(dict(bare, SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0")) == {}
 
 
+@pytest.mark.parametrize("hosts, one_node, resolves, routes, addr", [
+    (["n0", "n0"], True, {}, {}, "127.0.0.1"),                                  # one host: loopback
+    (["n0", "n1"], False, {"n0": "10.0.0.5"}, {}, "10.0.0.5"),                  # rank 0's name resolves
+    (["n0", "n1", "n1"], False, {"n0": "127.0.1.1"}, {"n1": "10.0.0.5"}, "10.0.0.5"),  # Debian's /etc/hosts
+    (["n0", "n1", "n2"], False, {"n0": "127.0.0.1"}, {"n2": "10.0.0.5"}, "10.0.0.5"),  # n1 does not resolve
+    (["n0", "n1"], False, {}, {"n1": "10.0.0.5"}, "10.0.0.5"),                  # n0 does not resolve
+    (["n0", "n1"], False, {"n0": "127.0.1.1"}, {"n1": "127.0.0.1"}, None),      # every route is loopback
+    (["n0", "n0"], False, {"n0": "127.0.0.1"}, {}, None),                       # two nodes, one name
+])
+def test_mpirun_across_hosts_hands_out_no_loopback_master(monkeypatch, hosts, one_node, resolves, routes, addr):
+    """Under a multi-host mpirun, rank 0 handed out its host name's address as MASTER_ADDR, with
+    no loopback check: where the name maps to 127.0.0.1 or 127.0.1.1, the ranks on the other
+    hosts dialled their own loopback and waited out the store's connect time-out. Rank 0 must
+    take its address on the route to another rank's host instead, or hand out none, saying why."""
+    import socket
+    from neuron_dist import group, mpi_env
+
+    def resolve(name):
+        if name not in resolves:
+            raise socket.gaierror(-2, "Name or service not known")
+        return resolves[name]
+
+    def route(host, what=""):
+        if host not in routes:
+            raise group.GroupError(f"cannot resolve {what} {host!r}")
+        return routes[host]
+
+    monkeypatch.setattr(socket, "gethostbyname", resolve)
+    monkeypatch.setattr(group, "_route_from", route)
+    got, why = mpi_env.master_addr(hosts, one_node)
+    assert got == addr, (got, why)
+    if addr is None:
+        assert "rank 0's host name 'n0'" in why and "loopback" in why, why
+
+
 def test_a_program_that_imported_neuronrun_first_still_takes_its_mpi_rank():
     """neuron_dist skipped taking RANK/WORLD_SIZE from MPI or PMI in any process that had imported
     neuronrun_launcher first, for when the launcher read topology models through neuron_dist (a
