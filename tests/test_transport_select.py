@@ -58,3 +58,59 @@ def test_forced_mpi_names_the_peers_that_are_no_mpi_processes(monkeypatch):
     assert select.plan(ctx(0, [True] * 4), "mpi") == {1: "mpi", 2: "mpi", 3: "mpi"}
     with pytest.raises(TransportError, match=r"but ranks 2, 3 are no MPI process \(rank 0 is"):
         select.plan(ctx(0, [True, True, False, False]), "mpi")
+
+
+def test_a_rank_whose_later_transport_fails_fails_its_built_ones_with_the_cause(monkeypatch):
+    """Rank 0 built its shared memory to rank 1, then its zmq set-up failed (an address it cannot
+    listen on). It closed the shared memory with a plain close, an orderly goodbye: rank 1 took
+    it for a rank that had left in order, and its first collective waited on and named other
+    ranks, never rank 0's cause. Rank 1 must see rank 0's copy of the group failed, and read the
+    cause in an ABORT frame."""
+    import threading
+
+    import torch.distributed as dist
+
+    from neuron_dist.transport import frame, shm
+    from zmqpair import recv_within
+    if shm.available() is not None:
+        pytest.skip(f"no shared memory: {shm.available()}")
+    monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
+    hosts = ["a", "a", "b"]
+    plans = {0: {1: "shm", 2: "zmq"}, 1: {0: "shm"}}  # rank 2 (zmq to rank 0 only) never comes
+    monkeypatch.setattr(select, "plan", lambda c, forced="": plans[c.rank])
+    make_real = select._make
+
+    def make(name, c, peers):
+        if name == "zmq":
+            raise TransportError("rank 0 cannot listen on 10.255.255.1: injected")
+        return make_real(name, c, peers)
+
+    monkeypatch.setattr(select, "_make", make)
+    store, got, errs = dist.HashStore(), {}, {}
+
+    def run(r):
+        c = TransportContext(rank=r, size=3, store=store, token=1, timeout=timedelta(seconds=30), hostname=hosts[r],
+                             bind_addr="127.0.0.1", hosts=hosts, job_id="abandon")
+        try:
+            got[r] = select.create(c)
+        except Exception as e:  # noqa: BLE001
+            errs[r] = str(e)
+
+    th = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    assert set(errs) == {0} and "injected" in errs[0] and set(got) == {1}, (errs, got)
+    t1 = got[1]
+    try:
+        received = recv_within(t1, 0, 10.0)
+        assert received is not None, "no frame from rank 0"
+        h, payload = received
+        assert h.kind == frame.Kind.ABORT, h
+        assert frame.abort_reason(payload) == "rank 0 cannot listen on 10.255.255.1: injected"
+        t1.release(0)
+        assert not t1.peer_finished(0)
+        assert "rank 0's copy of the group failed" in (t1.check_peer(0) or ""), t1.check_peer(0)
+    finally:
+        t1.close()

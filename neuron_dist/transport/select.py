@@ -17,6 +17,8 @@ import logging
 import os
 import time
 
+import torch
+
 from .. import mpi_env
 from ..config import env
 from .base import Transport, TransportContext, TransportError
@@ -123,15 +125,15 @@ def create(ctx: TransportContext) -> Transport:
         for n in names:
             parts[n] = _make(n, ctx, by_name.get(n, []))
     except BaseException as e:
-        for t in parts.values():
-            t.close()
+        why = str(e) or type(e).__name__
+        why = why if why.startswith("rank ") else f"rank {ctx.rank}: {why}"
+        for n, t in parts.items():
+            _abandon(t, ctx, by_name.get(n, []), why)
         # the peers of the transports this rank never began would wait for its records until
         # the store's time-out (the group's: 30 minutes by default), never learning why
         unbuilt = names[len(parts) + 1:]
         if unbuilt:
-            why = str(e) or type(e).__name__
-            publish_failure(ctx.store, ctx.rank, why if why.startswith("rank ") else f"rank {ctx.rank}: {why}",
-                            unbuilt)
+            publish_failure(ctx.store, ctx.rank, why, unbuilt)
         raise
     for n in names:
         log.debug("rank %d: transport %s for ranks %s%s", ctx.rank, n, by_name.get(n, []),
@@ -142,6 +144,28 @@ def create(ctx: TransportContext) -> Transport:
     if len(parts) == 1:
         return next(iter(parts.values()))
     return Composite(parts, {p: parts[n] for p, n in choice.items()})
+
+
+def _abandon(t: Transport, ctx: TransportContext, peers: list[int], why: str) -> None:
+    """Close transport `t`, built before a later one of this rank failed (`why`), as a failed
+    group's is closed: an ABORT frame with the cause to each of its peers, the failure flag, no
+    orderly goodbye. A plain close said goodbye, and those peers (on this host, over shared
+    memory) took the rank for one that had left in order: their first collective then waited
+    on, and named, other ranks, never this rank's cause. Best effort: a peer may be gone."""
+    from .frame import MAX_ABORT_BYTES, Header, Kind
+    msg = why.encode("utf-8", "replace")[:MAX_ABORT_BYTES]
+    payload = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else torch.empty(0, dtype=torch.uint8)
+    try:
+        for p in peers:  # group and seq 0: no collective has run; a peer reads any ABORT's cause
+            t.send(p, Header(int(Kind.ABORT), 0, ctx.token, 0, 0, ctx.rank, p, 0, 0, payload.numel()), payload)
+        t.flush(1.0)
+        t.mark_failed()
+    except Exception as e:  # noqa: BLE001 - the close below still runs; the set-up error is raised
+        log.debug("rank %d: %s transport not told of the failure: %s", ctx.rank, t.name, e)
+    try:
+        t.close(abort=True)
+    except Exception as e:  # noqa: BLE001
+        log.debug("rank %d: %s transport not closed: %s", ctx.rank, t.name, e)
 
 
 class Composite(Transport):
