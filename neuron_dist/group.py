@@ -534,7 +534,7 @@ class Group(HangDiagnosis):
         except GroupError as e:
             placement, placement_error = None, placement_error or e
         me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
-              "frame_bytes": self.frame_bytes, "transport": forced, **choice}
+              "mpi": transport_select.is_mpi_rank(), "frame_bytes": self.frame_bytes, "transport": forced, **choice}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         try:
@@ -585,6 +585,7 @@ class Group(HangDiagnosis):
             raise err from None
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=host, hosts=self.hosts, bind_addr=bind_addr,
+                               mpi_ranks=[bool(p.get("mpi")) for p in self.peers_info],
                                job_id=self.job_id, local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)

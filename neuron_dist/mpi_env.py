@@ -4,9 +4,14 @@
 MASTER_ADDR and MASTER_PORT. Under Open MPI (OMPI_COMM_WORLD_*), MPICH/PMI (PMI_RANK/PMI_SIZE)
 or an srun task (SLURM_PROCID/SLURM_NTASKS) the rank and size are known. Only under Open MPI
 (OMPI_COMM_WORLD_RANK set) are the master address and a free port agreed through MPI itself
-(rank 0 broadcasts them) when mpi4py is installed; otherwise they must be exported
+(rank 0 broadcasts them, choosing an address the other hosts reach: `master_addr`) when mpi4py
+is installed; otherwise they must be exported
 (`mpirun -x MASTER_ADDR=host0 -x MASTER_PORT=29500`, or `export` before `srun`). Variables the
 user already set always win.
+
+A worker of torch's elastic agent (torchrun, neuronrun) takes nothing from them: under
+`mpirun -N 1 torchrun ...` it inherits the agent's MPI variables, which name the agent's MPI rank
+(shared by the node's workers), not its own; torchrun gives it RANK, WORLD_SIZE and MASTER_*.
 
 Slurm's variables count only inside an srun task: a batch script or `salloc` shell carries
 SLURM_PROCID=0 and SLURM_NTASKS of the whole allocation too, and a process started from it
@@ -32,6 +37,13 @@ import warnings
 
 from .ports import free_port
 from .topology.placement import node_named
+
+# Set in every process an MPI launcher starts (mpirun; srun --mpi=pmix or pmi2), and inherited by
+# whatever that process starts in turn
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+_MPI_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # (PMIx exports no world size)
+# Set by torch's elastic agent (torchrun, neuronrun) in every worker it starts
+ELASTIC_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 _SOURCES = (  # (rank, size, local rank, local size)
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
@@ -87,9 +99,46 @@ def _slurm_node_vars(env) -> dict[str, str]:
     return out
 
 
+def elastic_worker(env=os.environ) -> str | None:
+    """The variable that marks this process as a worker of torch's elastic agent (torchrun,
+    neuronrun), if one is set. Such a worker inherits the MPI and Slurm variables of the agent
+    that mpirun or srun started (`mpirun -N 1 torchrun --nproc-per-node K`): they name the agent's
+    MPI rank, which the node's K workers share, and none of them is that MPI process."""
+    return next((k for k in ELASTIC_VARS if k in env), None)
+
+
+def not_an_mpi_rank(env=os.environ) -> str | None:
+    """None where this process is a rank of an MPI job, one that mpirun (or srun --mpi=pmix/pmi2)
+    started itself; otherwise why not, as a clause ("it is ..."). The MPI variables alone do not
+    say so: a torchrun worker under mpirun inherits its agent's, and took itself for MPI rank
+    N beside the node's other workers (the mpi transport then refused the job, "ranks 2 and 3
+    are both MPI rank 1", or a restarted worker blocked in MPI_Init for good). So also: no
+    elastic agent's variables, and RANK and WORLD_SIZE, where set, the MPI world's own rank and
+    size (a process some other launcher inside the job numbered is no rank of that world).
+    Read from the environment only: asking MPI would start it, which is what must not happen
+    in a process that is no MPI rank."""
+    rank_var = next((k for k in MPI_RANK_VARS if k in env), None)
+    if rank_var is None:
+        return (f"it was not started by mpirun or as an MPI process (none of {', '.join(MPI_RANK_VARS)} is set: "
+                f"srun needs --mpi=pmix or pmi2)")
+    elastic = elastic_worker(env)
+    if elastic:
+        return (f"it is a worker of torchrun or neuronrun ({elastic} is set), whose {rank_var}={env[rank_var]} "
+                f"is inherited from the agent that mpirun started: the agent is that MPI process, not its workers")
+    size_var = next((k for k in _MPI_SIZE_VARS if k in env), None)
+    for var, mpi_var in (("RANK", rank_var), ("WORLD_SIZE", size_var)):
+        if var in env and mpi_var and env[var].strip() != env[mpi_var].strip():
+            return (f"its {var}={env[var]} is not the MPI job's {mpi_var}={env[mpi_var]}: another launcher "
+                    f"inside the MPI job numbered it")
+    return None
+
+
 def launcher_vars(env=os.environ) -> dict[str, str]:
     """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
-    only inside an srun task, where the node number comes too)."""
+    only inside an srun task, where the node number comes too; none in a worker of torch's
+    elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`)."""
+    if elastic_worker(env):
+        return {}
     for rank, size, lrank, lsize in _SOURCES:
         if rank in env and size in env:
             if rank == "SLURM_PROCID" and not in_srun_task(env):
@@ -133,19 +182,54 @@ def _finalize_mpi_at_exit() -> None:
         MPI.Finalize()
 
 
-def _master_from_mpi() -> tuple[str, str] | None:
+def master_addr(hosts: list[str], one_node: bool) -> tuple[str | None, str]:
+    """The address rank 0 hands out as MASTER_ADDR, or None, and the reason (a clause) when none.
+    `hosts`: every rank's host name, rank 0's first; `one_node`: whether Open MPI counts every
+    rank on rank 0's node. On one host: loopback. Across hosts: the address rank 0's name
+    resolves to, unless that is loopback (a name mapped to 127.0.0.1, as on this VM, or to
+    127.0.1.1 by Debian's and Ubuntu's /etc/hosts: the ranks on other hosts would dial their own
+    loopback and wait out the store's connect time-out); then rank 0's address on the route to
+    another rank's host, as a rank in a group that spans hosts chooses where to listen
+    (`group._route_from`); else none."""
+    if one_node and len(set(hosts)) == 1:
+        return "127.0.0.1", ""
+    from .group import GroupError, _is_loopback, _route_from  # (group imports torch.distributed)
+    try:
+        addr = socket.gethostbyname(hosts[0])
+    except OSError as e:
+        why = f"rank 0's host name {hosts[0]!r} does not resolve ({e})"
+    else:
+        if not _is_loopback(addr):
+            return addr, ""
+        why = f"rank 0's host name {hosts[0]!r} resolves to {addr}, a loopback address"
+    others = list(dict.fromkeys(h for h in hosts if h != hosts[0]))
+    for other in others:
+        try:
+            mine = _route_from(other, f"the host {other!r} of another rank")
+        except GroupError:
+            continue
+        if not _is_loopback(mine):
+            return mine, ""
+    return None, why + (f", and no route to the other ranks' hosts ({', '.join(others)}) gives another"
+                        if others else ", and the other hosts' ranks report that host name too")
+
+
+def _master_from_mpi() -> tuple[str | None, str, str] | None:
+    """(MASTER_ADDR or None, MASTER_PORT, why no address), as rank 0 chose them, on every rank."""
     try:
         MPI = mpi()
     except ImportError:
         return None
     comm = MPI.COMM_WORLD
-    addr = None
+    hosts = comm.gather(socket.gethostname(), root=0)
+    found = None
     if comm.rank == 0:
-        port = free_port("")  # below the ephemeral range: see ports.py
-        host = socket.gethostname()
-        addr = ("127.0.0.1" if comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)) else
-                socket.gethostbyname(host), str(port))
-    return comm.bcast(addr, root=0)
+        try:  # every other rank waits in the broadcast: whatever happens, it must come
+            addr, why = master_addr(hosts, comm.size == int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", -1)))
+            found = (addr, str(free_port("")), why)  # the port below the ephemeral range: see ports.py
+        except Exception as e:  # noqa: BLE001 - told to every rank below
+            found = (None, "", f"rank 0 could not choose one: {type(e).__name__}: {e}")
+    return comm.bcast(found, root=0)
 
 
 def adopt() -> None:
@@ -166,5 +250,12 @@ def adopt() -> None:
     if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
         master = _master_from_mpi()
         if master:
-            os.environ.setdefault("MASTER_ADDR", master[0])
-            os.environ.setdefault("MASTER_PORT", master[1])
+            addr, port, why = master
+            if addr:
+                os.environ.setdefault("MASTER_ADDR", addr)
+            elif "MASTER_ADDR" not in os.environ:  # init_process_group then fails at once, for want of it
+                warnings.warn(f"neuron_dist: MASTER_ADDR is left unset: this MPI job spans hosts, but {why}; "
+                              f"set it to an address of rank 0's host that every host reaches "
+                              f"(mpirun -x MASTER_ADDR=...)", stacklevel=2)
+            if port:
+                os.environ.setdefault("MASTER_PORT", port)

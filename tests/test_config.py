@@ -122,6 +122,78 @@ def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
         os.environ.update(saved)
 
 
+_MPIRUN = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}  # a process mpirun started
+_TORCHRUN_WORKER = dict(_MPIRUN, TORCHELASTIC_RUN_ID="none", TORCHELASTIC_RESTART_COUNT="0", RANK="3",
+                        WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+
+
+@pytest.mark.parametrize("env, why", [
+    (_MPIRUN, None),
+    (dict(_MPIRUN, RANK="1", WORLD_SIZE="2"), None),        # RANK from mpi_env.adopt, or the program's own
+    ({"PMIX_RANK": "0"}, None),                              # srun --mpi=pmix: no world size to compare
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "RANK": "1"}, None),
+    ({}, "not started by mpirun"),
+    (_TORCHRUN_WORKER, "worker of torchrun or neuronrun (TORCHELASTIC_RUN_ID is set), whose OMPI_COMM_WORLD_RANK=1"),
+    (dict(_MPIRUN, RANK="0"), "RANK=0 is not the MPI job's OMPI_COMM_WORLD_RANK=1"),
+    (dict(_MPIRUN, WORLD_SIZE="4"), "WORLD_SIZE=4 is not the MPI job's OMPI_COMM_WORLD_SIZE=2"),
+])
+def test_an_mpi_rank_is_a_process_mpirun_started(env, why):
+    """A torchrun worker under mpirun inherits its agent's OMPI/PMIx variables: it was taken for
+    an MPI process (the mpi transport between hosts, "ranks 2 and 3 are both MPI rank 1", or a
+    restarted worker blocked in MPI_Init). An MPI rank is a process with the variables, no
+    elastic agent's, and RANK/WORLD_SIZE (where set) the MPI world's."""
+    from neuron_dist import mpi_env
+    got = mpi_env.not_an_mpi_rank(env)
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got, got
+
+
+def test_a_torchrun_worker_takes_no_rendezvous_variables_from_mpi():
+    """Its MPI and Slurm variables are its agent's (the node's K workers share them): torchrun
+    gives it RANK, WORLD_SIZE and MASTER_*, and mpi_env must fill in none from MPI's."""
+    from neuron_dist import mpi_env
+    assert mpi_env.launcher_vars(_MPIRUN) == {"RANK": "1", "WORLD_SIZE": "2"}
+    bare = {k: v for k, v in _TORCHRUN_WORKER.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    assert mpi_env.launcher_vars(bare) == {}
+    assert mpi_env.launcher_vars(dict(bare, SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0")) == {}
+
+
+@pytest.mark.parametrize("hosts, one_node, resolves, routes, addr", [
+    (["n0", "n0"], True, {}, {}, "127.0.0.1"),                                  # one host: loopback
+    (["n0", "n1"], False, {"n0": "10.0.0.5"}, {}, "10.0.0.5"),                  # rank 0's name resolves
+    (["n0", "n1", "n1"], False, {"n0": "127.0.1.1"}, {"n1": "10.0.0.5"}, "10.0.0.5"),  # Debian's /etc/hosts
+    (["n0", "n1", "n2"], False, {"n0": "127.0.0.1"}, {"n2": "10.0.0.5"}, "10.0.0.5"),  # n1 does not resolve
+    (["n0", "n1"], False, {}, {"n1": "10.0.0.5"}, "10.0.0.5"),                  # n0 does not resolve
+    (["n0", "n1"], False, {"n0": "127.0.1.1"}, {"n1": "127.0.0.1"}, None),      # every route is loopback
+    (["n0", "n0"], False, {"n0": "127.0.0.1"}, {}, None),                       # two nodes, one name
+])
+def test_mpirun_across_hosts_hands_out_no_loopback_master(monkeypatch, hosts, one_node, resolves, routes, addr):
+    """Under a multi-host mpirun, rank 0 handed out its host name's address as MASTER_ADDR, with
+    no loopback check: where the name maps to 127.0.0.1 or 127.0.1.1, the ranks on the other
+    hosts dialled their own loopback and waited out the store's connect time-out. Rank 0 must
+    take its address on the route to another rank's host instead, or hand out none, saying why."""
+    import socket
+    from neuron_dist import group, mpi_env
+
+    def resolve(name):
+        if name not in resolves:
+            raise socket.gaierror(-2, "Name or service not known")
+        return resolves[name]
+
+    def route(host, what=""):
+        if host not in routes:
+            raise group.GroupError(f"cannot resolve {what} {host!r}")
+        return routes[host]
+
+    monkeypatch.setattr(socket, "gethostbyname", resolve)
+    monkeypatch.setattr(group, "_route_from", route)
+    got, why = mpi_env.master_addr(hosts, one_node)
+    assert got == addr, (got, why)
+    if addr is None:
+        assert "rank 0's host name 'n0'" in why and "loopback" in why, why
+
 
 def test_a_program_that_imported_neuronrun_first_still_takes_its_mpi_rank():
     """neuron_dist skipped taking RANK/WORLD_SIZE from MPI or PMI in any process that had imported

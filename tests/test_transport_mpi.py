@@ -154,7 +154,29 @@ def test_neuronrun_under_mpirun_ranks_are_no_mpi_processes():
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
     for r in (0, 1):
-        assert f"rank {r}: sum=3 under_mpirun=False leaked=[] launcher_mpi=False" in out, out[-4000:]
+        assert f"rank {r}: sum=3 is_mpi_rank=False leaked=[] launcher_mpi=False" in out, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_torchrun_workers_under_mpirun_are_no_mpi_processes():
+    """`mpirun -n 2 torchrun --nproc-per-node 2` on two (pretend) hosts: the workers inherit their
+    agent's OMPI/PMIx variables and took themselves for MPI processes, so the pairs between hosts
+    chose the mpi transport and every rank failed in set-up ("ranks 2 and 3 are both MPI rank 1";
+    with --max-restarts a restarted worker blocked in MPI_Init for good). Gloo runs such a job;
+    the backend must too, over zmq between the hosts."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    worker = os.path.join(HERE, "scripts", "mpirun_torchrun_rank.py")
+    node = (f"exec {torchrun} --nnodes 2 --node-rank $OMPI_COMM_WORLD_RANK --nproc-per-node 2 "
+            f"--master-addr 127.0.0.1 --master-port {free_port()} {worker}")
+    env = {k: v for k, v in os.environ.items() if k != "NEURON_DIST_TRANSPORT"}
+    cmd = [_mpirun(), "-n", "2", *extra, "--oversubscribe", "--bind-to", "none",
+           "-x", "NEURON_DIST_BIND_ADDR=127.0.0.1", "sh", "-c", node]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    out = p.stdout + p.stderr
+    for r in range(4):
+        assert f"rank {r}: transport shm+zmq sum=10" in out, out[-4000:]
+    assert p.returncode == 0, out[-4000:]
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")

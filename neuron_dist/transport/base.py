@@ -35,6 +35,7 @@ class TransportContext:
     hostname: str             # this rank's host name (peers on the same host may share memory)
     bind_addr: str            # the interface address this job uses (listeners bind only here)
     hosts: list[str] = field(default_factory=list)  # every rank's hostname, filled in at set-up
+    mpi_ranks: list[bool] = field(default_factory=list)  # whether each rank is an MPI process (as hosts)
     job_id: str = ""          # names per-job resources (shared-memory segments, IPC paths)
     local_cpus: int = 0       # CPUs the group's ranks on this host may use, together (0: unknown)
 

