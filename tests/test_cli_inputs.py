@@ -214,7 +214,7 @@ def test_bench_train_rejects_bad_arguments(argv, msg, capsys):
 @pytest.mark.parametrize("var,value,msg", [
     ("NEURON_DIST_TUNING", "fast", "NEURON_DIST_TUNING='fast' is not a policy"),
     ("NEURON_DIST_FRAME_BYTES", "1", "NEURON_DIST_FRAME_BYTES='1' must be at least 64"),
-    ("NEURON_DIST_TRANSPORT", "mpi", "NEURON_DIST_TRANSPORT=mpi, but rank 0 was not started by mpirun"),
+    ("NEURON_DIST_TRANSPORT", "mpi", "NEURON_DIST_TRANSPORT=mpi, but rank 0 is no MPI process: it was not started by mpirun"),
     ("NEURON_DIST_TRANSPORT", "tcp", "NEURON_DIST_TRANSPORT='tcp' is not a transport"),
     ("NEURON_DIST_SHM_SLOTS", "1", "NEURON_DIST_SHM_SLOTS='1' must be at least 2"),
     ("NEURON_DIST_ALGO", "allreduce:foo", "NEURON_DIST_ALGO"),
