@@ -920,7 +920,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             got.clear()
 
         return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), None,
-                                inp.dtype, after=after if outs else None, outputs=outs or [inp],
+                                inp.dtype, after=after if outs else None, outputs=outs,
                                 nbytes=c * n * inp.element_size(), opts=opts,
                                 out_at_start=receive_buffer if outs else None)
 

@@ -751,6 +751,22 @@ def gather_scatter(rank, world):
                 dist.scatter(out, scatter_list=ins if rank == root else None, src=root)
                 same(out, ins[rank], f"scatter root {root} {dtype}")
                 checks += 1
+        # what an async call's future holds, as Gloo's: the root's blocks, nothing elsewhere (a
+        # non-root gather's held its input); a scatter's output on every rank
+        held = {}
+        for backend, group in (("neuron", None), ("gloo", R.GLOO)):
+            x = torch.full((3,), float(rank))
+            outs = [torch.empty(3) for _ in range(world)] if rank == root else None
+            g = dist.gather(x, gather_list=outs, dst=root, group=group, async_op=True).get_future().wait()
+            out = torch.empty(3)
+            blocks = [torch.full((3,), float(r)) for r in range(world)] if rank == root else None
+            sc = dist.scatter(out, scatter_list=blocks, src=root, group=group, async_op=True).get_future().wait()
+            held[backend] = (g, sc)
+        for mine, theirs in zip(held["neuron"], held["gloo"], strict=True):
+            assert len(mine) == len(theirs), (root, held)
+            for a, b in zip(mine, theirs):
+                same(a, b, f"future of an async gather/scatter, root {root}")
+        checks += 1
     return checks
 
 
