@@ -192,6 +192,42 @@ def unwritten(dtype):
 
 
 CHUNK = 1 << 18  # elements per piece when Case fills an input or checks an output
+LEVELS = 5  # a reduction's base values a(g) = g % LEVELS + 1 (reduction_input)
+
+
+def reduction_input(redop: str, n: int, m: int, r: int, g):
+    """Rank r's input, of n ranks, at global indices `g` (an index tensor) of a reduction (-o
+    redop): each rank's own data, as nccl-tests gives each rank, so that a wrong reduction cannot
+    pass. The inputs were (g % 5) + r + 1, rising with the rank: rank 0 held every minimum and
+    rank n-1 every maximum, so a MIN that returned rank 0's input passed; and PRODUCT put one 2
+    at each index, where MAX gives 2 as well.
+    sum, avg, min, max: a(g) = g % m + 2 plus d, where the ranks pair up (0 with 1, 2 with 3, ...)
+    and hold d = +1 and -1, which of the two alternating with g and from pair to pair (an odd
+    world's last three ranks hold +1, -1 and 0 in turn). The extremes a(g) +- 1 are thus held by
+    different ranks at different indices, no rank always holds the average, and the d cancel:
+    the sum is n x a(g) and the average a(g), exact. Every input is at least 1, so at two ranks
+    or more no input equals the sum (an in-place reduce-scatter left as its input is all wrong).
+    prod: e(g) = g % 3 ranks (at most n), starting at rank g mod n, hold a 2, the others 1: the
+    product 2^e(g) is 4 where MAX gives 2, and exact in every dtype."""
+    if redop == "prod":
+        return ((r - g) % n < (g % 3).clamp(max=n)).long() + 1
+    a = g % m + 2
+    if n == 1:
+        return a
+    if n % 2 and r >= n - 3:  # an odd world's last three ranks: +1, -1 and 0, in turn
+        q = (r - (n - 3) + g) % 3
+        return a + (q == 0).long() - (q == 1).long()
+    d = 1 - 2 * ((g + r // 2) % 2)  # a pair: +1 and -1, swapped at every index and pair to pair
+    return a + d if r % 2 == 0 else a - d
+
+
+def reduction_want(redop: str, n: int, m: int, g):
+    """What reducing the n ranks' reduction_input by `redop` gives at global indices `g`."""
+    if redop == "prod":
+        return 2 ** (g % 3).clamp(max=n)
+    a = g % m + 2
+    step = int(n > 1)  # (one rank: its own input)
+    return {"sum": n * a, "avg": a, "min": a - step, "max": a + step}[redop]
 
 
 class Case:
@@ -221,8 +257,9 @@ class Case:
         self.c = c
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
-        if redop == "prod" and op in REDUCING:  # one rank holds a 2 at each index, the others 1:
-            pat = lambda r: lambda k: ((k + r) % n == 0) + 1  # a product of 2, exact in every dtype
+        if op in REDUCING:  # each rank's own data, the extremes held by different ranks (reduction_input)
+            self.m = LEVELS
+            pat = lambda r: lambda k: reduction_input(redop, n, self.m, r, k)
         root_of = rank == root
         if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"):
             # (gather's output is the root's alone; the other ranks check nothing)
@@ -262,11 +299,8 @@ class Case:
     def want(self, k):
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
         n, r, c = self.n, self.rank, self.c
-        if self.op in REDUCING:  # over the ranks' inputs (k % 5) + rank + 1 at the global index
-            g, op = (k + r * c if self.op == "reduce_scatter" else k), self.redop
-            v = ((g % 5) * n + n * (n + 1) // 2 if op == "sum" else g % 5 + 1 if op == "min" else
-                 g % 5 + n if op == "max" else (g % 5) + (n + 1) / 2 if op == "avg"  # avg: a multiple of
-                 else g * 0 + 2)                                    # 0.5, exact in every float dtype
+        if self.op in REDUCING:  # over the ranks' reduction_input at the global index
+            v = reduction_want(self.redop, n, self.m, k + r * c if self.op == "reduce_scatter" else k)
         elif self.op in ("allgather", "gather"):
             v = (k % 5) + k // c + 1
         elif self.op == "scatter":  # the root's block r

@@ -464,6 +464,29 @@ def test_bench_checks_every_reduction(op, redop, dtype):
         assert bad.wrong() == 1
 
 
+@pytest.mark.parametrize("op", ["allreduce", "reduce_scatter", "reduce"])
+def test_a_reduction_that_returns_one_ranks_input_or_another_reduction_is_wrong(op):
+    """The reductions' inputs were (k % 5) + rank + 1, rising with the rank: rank 0 held every
+    minimum and rank n-1 every maximum, so a MIN that returned rank 0's input read 0 wrong, and
+    PRODUCT's one 2 per index made MAX's result right for it too (a review's planted bugs,
+    `-o min` and `-o prod` over the backend, both passed). Each rank now has data of its own, the
+    extremes at different ranks: at worlds 2-8, for every -o, the right output counts no wrong
+    element, and an output that holds any one rank's input, or another reduction of the same
+    inputs, counts some."""
+    import torch
+    for n in range(2, 9):
+        for redop in bench.REDOPS:
+            cases = [bench.Case(op, 4 * 96, torch.float32, r, n, None, redop=redop) for r in range(n)]
+            outputs = {redop: _collective(op, cases, redop)}
+            outputs.update({f"rank {j}'s input": _collective(op, [cases[j]] * n, "max") for j in range(n)})
+            outputs.update({other: _collective(op, cases, other) for other in bench.REDOPS if other != redop})
+            for name, result in outputs.items():
+                for case, out in zip(cases, result):
+                    case.out.copy_(out.to(case.out.dtype))
+                wrong = sum(case.wrong() for case in cases)
+                assert (wrong == 0) == (name == redop), (n, redop, name, wrong)
+
+
 @pytest.mark.parametrize("root", [0, 2])
 def test_bench_broadcast_takes_its_root(root):
     """-r: the root's input reaches every rank; the others start at -1."""
