@@ -86,7 +86,7 @@ IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")  # torch.distributed's call
 OUT_OF_PLACE_ONLY = ("alltoall", "sendrecv")  # no in-place form (torch stages one, NCCL has none for all-to-all)
 PLACES = ("both", "out", "in")  # --place
 REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
-DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # check values exact (reduction_levels)
 # what the backend runs depends on these (None: unset, the default), so the JSON records them
 TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
@@ -192,7 +192,36 @@ def unwritten(dtype):
 
 
 CHUNK = 1 << 18  # elements per piece when Case fills an input or checks an output
-LEVELS = 5  # a reduction's base values a(g) = g % LEVELS + 1 (reduction_input)
+LEVELS = 5  # a reduction's base values a(g) = g % m + 2, m at most LEVELS (reduction_input)
+
+
+def exact_integers(dtype) -> int:
+    """The largest M such that every integer 0..M is exact in `dtype`: 2 / eps for a float type
+    (bfloat16 256, float16 2048, float32 2^24, float64 2^53), the largest value for an integer."""
+    import torch
+    return int(2 / torch.finfo(dtype).eps) if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def reduction_levels(redop: str, n: int, dtype) -> int:
+    """m, the number of base values (2..m+1) of n ranks' reduction_input in `dtype`: LEVELS, or
+    for sum and avg, whose total n x a(g) must be exact (every input is positive, so no partial
+    sum of any order is larger), as many as keep it so; 0 where not even m = 1 does (bfloat16
+    above 128 ranks, float16 above 1024). The total was 4n + n(n+1)/2, past bfloat16's 256 from
+    19 ranks on (float16's 2048 from 60): any backend's right answer, rounded on the way, was
+    counted wrong."""
+    if redop not in ("sum", "avg"):
+        return LEVELS
+    return max(0, min(LEVELS, exact_integers(dtype) // n - 1))
+
+
+def inexact_reduction(redop: str, n: int, dtype) -> str | None:
+    """Why a `-o redop` check over n ranks cannot be exact in `dtype`, else None (bench's check
+    refuses such a run before any rank starts, and Case refuses to build one)."""
+    if reduction_levels(redop, n, dtype):
+        return None
+    return (f"-o {redop} over {n} ranks in {str(dtype).removeprefix('torch.')}: the check's sum, at least 2 "
+            f"per rank, passes {exact_integers(dtype)}, the largest integer up to which that type is exact, so "
+            f"the check would count rounding as wrong (take fewer ranks or a wider type, as float32)")
 
 
 def reduction_input(redop: str, n: int, m: int, r: int, g):
@@ -258,7 +287,9 @@ class Case:
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
         if op in REDUCING:  # each rank's own data, the extremes held by different ranks (reduction_input)
-            self.m = LEVELS
+            self.m = reduction_levels(redop, n, dtype)
+            if not self.m:
+                raise ValueError(inexact_reduction(redop, n, dtype))
             pat = lambda r: lambda k: reduction_input(redop, n, self.m, r, k)
         root_of = rank == root
         if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"):
@@ -874,6 +905,11 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error(f"-o avg with -d {a.dtype}: an integer average is not exact (take a float type)")
     if a.redop == "avg" and a.vs == "gloo":
         p.error("-o avg with --vs gloo: Gloo has no AVG reduction")
+    if set(expand_ops(a.ops)) & set(REDUCING):
+        import torch
+        why = inexact_reduction(a.redop, world, getattr(torch, a.dtype))
+        if why:
+            p.error(why)
     if not launched:
         check_port(p, a.port)
     check_neuron_job(p, world, None if launched else "-g/--world")

@@ -487,6 +487,60 @@ def test_a_reduction_that_returns_one_ranks_input_or_another_reduction_is_wrong(
                 assert (wrong == 0) == (name == redop), (n, redop, name, wrong)
 
 
+@pytest.mark.parametrize("dtype", bench.DTYPES)
+def test_reduction_checks_are_exact_at_every_world(dtype):
+    """The sum of the old inputs, 4n + n(n+1)/2, passed bfloat16's exact integers (256) from 19
+    ranks on and float16's (2048) from 60: a 20-rank bfloat16 all-reduce, right on every backend,
+    read 117960 wrong. At worlds 1-64, for every -o and dtype bench offers, reducing the ranks'
+    inputs in the dtype itself, one rank at a time in either order (so every partial sum a ring
+    or tree may form is met), gives exactly what the check wants; and a world where no exact data
+    exists is refused (bfloat16 at 129 ranks; no Case either)."""
+    import torch
+    dt = getattr(torch, dtype)
+    g = torch.arange(60)
+    ops = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}
+    for n in range(1, 65):
+        for redop, fn in ops.items():
+            if redop == "avg" and not dt.is_floating_point:  # refused by bench
+                continue
+            m = bench.reduction_levels(redop, n, dt)
+            xs = [bench.reduction_input(redop, n, m, r, g) for r in range(n)]
+            assert all(bool((x.to(dt).double() == x.double()).all()) for x in xs), (n, redop)  # inputs exact
+            want = bench.reduction_want(redop, n, m, g)
+            for order in (xs, xs[::-1]):
+                acc = order[0].to(dt)
+                for x in order[1:]:
+                    acc = fn(acc, x.to(dt))
+                if redop == "avg":
+                    acc = acc / n
+                assert bool((acc.double() == want.double()).all()), (n, redop, acc[:6], want[:6])
+    for n in (20, 64):  # the Cases a 20-rank bench builds: their check passes the sum the dtype gives
+        cases = [bench.Case("allreduce", 4 * 40, dt, r, n, None) for r in range(n)]
+        xs = [case.x.clone() for case in cases]  # (the output is the input: in place)
+        for order in (xs, xs[::-1]):
+            acc = order[0].clone()
+            for x in order[1:]:
+                acc += x
+            for case in cases:
+                case.out.copy_(acc)
+            assert [case.wrong() for case in cases] == [0] * n, (n, acc[:6])
+    if dtype in ("bfloat16", "float16"):
+        n = bench.exact_integers(dt) // 2 + 1  # (a sum of at least 2 per rank)
+        assert bench.inexact_reduction("sum", n - 1, dt) is None and "the check would count" in \
+            bench.inexact_reduction("sum", n, dt)
+        with pytest.raises(ValueError, match=f"-o avg over {n} ranks in {dtype}"):
+            bench.Case("allreduce", 64, dt, 0, n, None, redop="avg")
+        assert bench.inexact_reduction("max", n, dt) is None
+
+
+def test_a_reduction_that_cannot_be_exact_is_refused_up_front(capsys):
+    """A world and dtype whose sums no data keeps exact is a usage error, not rows of #wrong."""
+    p = bench.parser()
+    with pytest.raises(SystemExit) as e:
+        bench.check(p, p.parse_args(["-g", "129", "-d", "bfloat16", "--ops", "allgather,reduce", "--instance", ""]))
+    assert e.value.code == 2 and "-o sum over 129 ranks in bfloat16" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("root", [0, 2])
 def test_bench_broadcast_takes_its_root(root):
     """-r: the root's input reaches every rank; the others start at -1."""
