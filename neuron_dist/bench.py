@@ -17,8 +17,12 @@ scatter's output, all-to-all's block for each peer; the whole buffer for the oth
 iteration preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x
 the collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, gather, scatter,
 all-to-all (n-1)/n; broadcast, reduce, send/recv 1), #wrong = mismatching elements over all
-ranks after one checked call (outputs start as NaN, so an element the call never wrote counts;
-reduce's and gather's output is the root's alone). As in nccl-tests, time, algbw, busbw and
+ranks in the worse of two checked calls, untimed: the first, and one after the timed calls with
+the data written afresh, as nccl-tests checks after its timed loop, so that a fault that shows
+only once a call's form is reused is seen (outputs start as NaN, so an element the call never
+wrote counts; reduce's and gather's output is the root's alone; each rank's reduction data is
+its own, the extremes at different ranks, and exact in the dtype: a world too large for that,
+as bfloat16 sums over 128 ranks, is refused). As in nccl-tests, time, algbw, busbw and
 #wrong come in two groups, out-of-place and in-place, each form timed and checked on its own:
 in place, all-gather's and gather's input is the rank's block of the output, reduce-scatter's
 and scatter's output the rank's block of the input (at the root for the rooted ones); all-reduce,
@@ -296,36 +300,41 @@ class Case:
             # (gather's output is the root's alone; the other ranks check nothing)
             self.out = torch.empty(c if op in ("reduce_scatter", "scatter") else 0 if op == "gather" and not root_of
                                    else C, dtype=dtype)
+        count = c if op in ("allgather", "gather") else 0 if op == "scatter" and not root_of else C
         if op in ("allgather", "gather"):  # rank r's block of the output
-            self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
+            self._values = lambda k: pat(rank)(k + rank * c)
         elif op == "alltoall":  # block j of rank r's input goes to rank j
-            self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
+            self._values = lambda k: k % 97 + 100 * rank
         elif op == "broadcast" and not root_of:
-            self.x = torch.full((C,), -1, dtype=dtype)
+            self._values = lambda k: k * 0 - 1
         elif op == "scatter":  # the root's block r, for rank r (the others send nothing)
-            self.x = self._filled(C, lambda k: (k % 5) + k // c + 1) if root_of else torch.empty(0, dtype=dtype)
+            self._values = lambda k: (k % 5) + k // c + 1
         else:
-            self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
+            self._values = pat(0 if op == "broadcast" else rank)
+        self.x = torch.empty(count, dtype=dtype)
         if op in ("allreduce", "broadcast", "reduce"):
             # reduce: only the root's buffer is the output (Gloo writes the others' too: no check there)
             self.out = self.x if op != "reduce" or root_of else self.x[:0]
-        else:  # (outside the timed loops: only the checked call needs it)
-            self.out.fill_(unwritten(dtype))
         if in_place and op in ("allgather", "gather") and self.out.numel():  # the input is this rank's block
-            self.x = self.out[rank * c:(rank + 1) * c].copy_(self.x)           # of the output
+            self.x = self.out[rank * c:(rank + 1) * c]                         # of the output
         elif in_place and (op == "reduce_scatter" or op == "scatter" and root_of):  # the output is this
             self.out = self.x[rank * c:(rank + 1) * c]                              # rank's block of the input
+        # the output is (a block of) the input: fill() writes no unwritten() values there
+        self._out_in_x = op in IN_PLACE_ONLY or in_place and (op == "reduce_scatter" or op == "scatter" and root_of)
         self.blocks = list(self.out.chunk(n)) if op == "gather" and root_of else \
             list(self.x.chunk(n)) if op == "scatter" and root_of else None  # the root's list of blocks
+        self.fill()
 
-    def _filled(self, count: int, values):
-        """A tensor of `count` elements of this case's dtype holding values(k) at index k,
-        computed a chunk of indices at a time."""
+    def fill(self) -> None:
+        """Give the checked call its data: the outputs unwritten() and the inputs their values,
+        computed a chunk of indices at a time. Once when the case is made, and again after the
+        timed calls (`_measure`), which left the right values in the outputs already and, in
+        the calls that reduce into their input, ran on zeros (reset)."""
         import torch
-        t = torch.empty(count, dtype=self.dtype)
-        for lo in range(0, count, CHUNK):
-            t[lo:lo + CHUNK] = values(torch.arange(lo, min(count, lo + CHUNK)))
-        return t
+        if not self._out_in_x:  # (first: an in-place all-gather's input is a block of its output)
+            self.out.fill_(unwritten(self.dtype))
+        for lo in range(0, self.x.numel(), CHUNK):
+            self.x[lo:lo + CHUNK] = self._values(torch.arange(lo, min(self.x.numel(), lo + CHUNK)))
 
     def want(self, k):
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
@@ -468,21 +477,29 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
 
 
 def _measure(case: Case, a, meta, pg, dist, torch) -> dict:
-    """One form of one row on one backend: the checked call (#wrong, summed over the ranks; the
-    algorithm its flight record names, None for Gloo's calls and send/recv), then the timed
-    ones. time_us, algbw and busbw are None where --added resolved no time ("-" in the table)."""
+    """One form of one row on one backend: a checked call (the algorithm its flight record names,
+    None for Gloo's calls and send/recv), the timed ones, then, untimed, the data written afresh
+    and a second checked call, as nccl-tests checks after its timed loop (BenchTime): a fault
+    that shows only once a form is reused (plans.py keeps state per form) passed a check of the
+    first call alone. `wrong` is the worse of the two checks, each summed over the ranks.
+    time_us, algbw and busbw are None where --added resolved no time ("-" in the table)."""
     before = last_record(pg)
     case.run()
     ran = ran_algorithm(pg, before) if case.g is None else None
-    bad = torch.tensor([case.wrong()], dtype=torch.int64)
-    dist.all_reduce(bad, group=meta)
+    first = torch.tensor([case.wrong()], dtype=torch.int64)
+    dist.all_reduce(first, group=meta)
     case.reset()
     t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
+    case.fill()
+    case.run()
+    last = torch.tensor([case.wrong()], dtype=torch.int64)
+    dist.all_reduce(last, group=meta)
+    bad = max(int(first), int(last))
     if math.isnan(t):
-        out = dict(time_us=None, algbw=None, busbw=None, wrong=int(bad))
+        out = dict(time_us=None, algbw=None, busbw=None, wrong=bad)
     else:
         algbw = case.size / t / 1e9
-        out = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[case.op](case.n), wrong=int(bad))
+        out = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[case.op](case.n), wrong=bad)
     if case.g is None:
         out["algorithm"] = ran
     return out
