@@ -39,7 +39,8 @@ count of an earlier row (a call moves at least one element per rank) are left ou
 send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
 see the same machine, and `ratio` is neuron's busbw over Gloo's, of the row's main form (out of
-place where the call has that form, else in place: the header's "gloo: out, else in place"). `ran` is the algorithm the
+place where the call has that form and --place allows it, else in place; the Gloo columns' header
+names the form that ran, "gloo: out of place" or "gloo: in place"). `ran` is the algorithm the
 backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
@@ -542,8 +543,9 @@ def worker(a) -> int:
         label = f"#{'':>11} {'':>11} {'':>8} {'out-of-place':^33} {'in-place':^33}"
         head = f"#{'size':>11} {'count':>11} {'type':>8}" + group * 2
         unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8}" + units * 2
-        if gloo is not None:  # Gloo runs the row's main form: out of place where the call has one
-            label += f" {'gloo: out, else in place':^25}"
+        if gloo is not None:  # Gloo runs the row's main form, which the header names (it read "gloo: out,
+            # else in place" whatever ran: under --place in, Gloo's all-gather ran in place)
+            label += f" {'gloo: ' + ('in place' if forms(op, a.place)[0] else 'out of place'):^25}"
             head += f" {'gloo us':>9} {'gloo bw':>7} {'ratio':>6}"
             unit += f" {'':>9} {'(GB/s)':>7} {'':>6}"
         head += f" {'ran':>6}"
