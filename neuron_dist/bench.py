@@ -17,8 +17,12 @@ scatter's output, all-to-all's block for each peer; the whole buffer for the oth
 iteration preceded by a barrier on a separate Gloo group), algbw = size / time, busbw = algbw x
 the collective's bus factor (all-reduce 2(n-1)/n; all-gather, reduce-scatter, gather, scatter,
 all-to-all (n-1)/n; broadcast, reduce, send/recv 1), #wrong = mismatching elements over all
-ranks after one checked call (outputs start as NaN, so an element the call never wrote counts;
-reduce's and gather's output is the root's alone). As in nccl-tests, time, algbw, busbw and
+ranks in the worse of two checked calls, untimed: the first, and one after the timed calls with
+the data written afresh, as nccl-tests checks after its timed loop, so that a fault that shows
+only once a call's form is reused is seen (outputs start as NaN, so an element the call never
+wrote counts; reduce's and gather's output is the root's alone; each rank's reduction data is
+its own, the extremes at different ranks, and exact in the dtype: a world too large for that,
+as bfloat16 sums over 128 ranks, is refused). As in nccl-tests, time, algbw, busbw and
 #wrong come in two groups, out-of-place and in-place, each form timed and checked on its own:
 in place, all-gather's and gather's input is the rank's block of the output, reduce-scatter's
 and scatter's output the rank's block of the input (at the root for the rooted ones); all-reduce,
@@ -35,7 +39,8 @@ count of an earlier row (a call moves at least one element per rank) are left ou
 send/recv at world 1 (no peer: no backend to measure).
 With `--vs gloo` Gloo runs the same sizes in the same processes, interleaved size by size so both
 see the same machine, and `ratio` is neuron's busbw over Gloo's, of the row's main form (out of
-place where the call has that form, else in place: the header's "gloo: out, else in place"). `ran` is the algorithm the
+place where the call has that form and --place allows it, else in place; the Gloo columns' header
+names the form that ran, "gloo: out of place" or "gloo: in place"). `ran` is the algorithm the
 backend ran (its flight record of the checked call; `-` for send/recv, which has none); under
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
@@ -86,7 +91,7 @@ IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")  # torch.distributed's call
 OUT_OF_PLACE_ONLY = ("alltoall", "sendrecv")  # no in-place form (torch stages one, NCCL has none for all-to-all)
 PLACES = ("both", "out", "in")  # --place
 REDOPS = ("sum", "prod", "min", "max", "avg")  # nccl-tests' -o
-DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # the check's values fit each exactly
+DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")  # check values exact (reduction_levels)
 # what the backend runs depends on these (None: unset, the default), so the JSON records them
 TUNING_VARS = ("NEURON_DIST_TUNING", "NEURON_DIST_ALGO")
 
@@ -192,6 +197,71 @@ def unwritten(dtype):
 
 
 CHUNK = 1 << 18  # elements per piece when Case fills an input or checks an output
+LEVELS = 5  # a reduction's base values a(g) = g % m + 2, m at most LEVELS (reduction_input)
+
+
+def exact_integers(dtype) -> int:
+    """The largest M such that every integer 0..M is exact in `dtype`: 2 / eps for a float type
+    (bfloat16 256, float16 2048, float32 2^24, float64 2^53), the largest value for an integer."""
+    import torch
+    return int(2 / torch.finfo(dtype).eps) if dtype.is_floating_point else torch.iinfo(dtype).max
+
+
+def reduction_levels(redop: str, n: int, dtype) -> int:
+    """m, the number of base values (2..m+1) of n ranks' reduction_input in `dtype`: LEVELS, or
+    for sum and avg, whose total n x a(g) must be exact (every input is positive, so no partial
+    sum of any order is larger), as many as keep it so; 0 where not even m = 1 does (bfloat16
+    above 128 ranks, float16 above 1024). The total was 4n + n(n+1)/2, past bfloat16's 256 from
+    19 ranks on (float16's 2048 from 60): any backend's right answer, rounded on the way, was
+    counted wrong."""
+    if redop not in ("sum", "avg"):
+        return LEVELS
+    return max(0, min(LEVELS, exact_integers(dtype) // n - 1))
+
+
+def inexact_reduction(redop: str, n: int, dtype) -> str | None:
+    """Why a `-o redop` check over n ranks cannot be exact in `dtype`, else None (bench's check
+    refuses such a run before any rank starts, and Case refuses to build one)."""
+    if reduction_levels(redop, n, dtype):
+        return None
+    return (f"-o {redop} over {n} ranks in {str(dtype).removeprefix('torch.')}: the check's sum, at least 2 "
+            f"per rank, passes {exact_integers(dtype)}, the largest integer up to which that type is exact, so "
+            f"the check would count rounding as wrong (take fewer ranks or a wider type, as float32)")
+
+
+def reduction_input(redop: str, n: int, m: int, r: int, g):
+    """Rank r's input, of n ranks, at global indices `g` (an index tensor) of a reduction (-o
+    redop): each rank's own data, as nccl-tests gives each rank, so that a wrong reduction cannot
+    pass. The inputs were (g % 5) + r + 1, rising with the rank: rank 0 held every minimum and
+    rank n-1 every maximum, so a MIN that returned rank 0's input passed; and PRODUCT put one 2
+    at each index, where MAX gives 2 as well.
+    sum, avg, min, max: a(g) = g % m + 2 plus d, where the ranks pair up (0 with 1, 2 with 3, ...)
+    and hold d = +1 and -1, which of the two alternating with g and from pair to pair (an odd
+    world's last three ranks hold +1, -1 and 0 in turn). The extremes a(g) +- 1 are thus held by
+    different ranks at different indices, no rank always holds the average, and the d cancel:
+    the sum is n x a(g) and the average a(g), exact. Every input is at least 1, so at two ranks
+    or more no input equals the sum (an in-place reduce-scatter left as its input is all wrong).
+    prod: e(g) = g % 3 ranks (at most n), starting at rank g mod n, hold a 2, the others 1: the
+    product 2^e(g) is 4 where MAX gives 2, and exact in every dtype."""
+    if redop == "prod":
+        return ((r - g) % n < (g % 3).clamp(max=n)).long() + 1
+    a = g % m + 2
+    if n == 1:
+        return a
+    if n % 2 and r >= n - 3:  # an odd world's last three ranks: +1, -1 and 0, in turn
+        q = (r - (n - 3) + g) % 3
+        return a + (q == 0).long() - (q == 1).long()
+    d = 1 - 2 * ((g + r // 2) % 2)  # a pair: +1 and -1, swapped at every index and pair to pair
+    return a + d if r % 2 == 0 else a - d
+
+
+def reduction_want(redop: str, n: int, m: int, g):
+    """What reducing the n ranks' reduction_input by `redop` gives at global indices `g`."""
+    if redop == "prod":
+        return 2 ** (g % 3).clamp(max=n)
+    a = g % m + 2
+    step = int(n > 1)  # (one rank: its own input)
+    return {"sum": n * a, "avg": a, "min": a - step, "max": a + step}[redop]
 
 
 class Case:
@@ -221,52 +291,57 @@ class Case:
         self.c = c
         self.count, self.size = c, C * es   # nccl-tests' paramcount (one rank's call), bytes
         pat = lambda r: lambda k: (k % 5) + r + 1   # rank r's input at index k (all but all-to-all)
-        if redop == "prod" and op in REDUCING:  # one rank holds a 2 at each index, the others 1:
-            pat = lambda r: lambda k: ((k + r) % n == 0) + 1  # a product of 2, exact in every dtype
+        if op in REDUCING:  # each rank's own data, the extremes held by different ranks (reduction_input)
+            self.m = reduction_levels(redop, n, dtype)
+            if not self.m:
+                raise ValueError(inexact_reduction(redop, n, dtype))
+            pat = lambda r: lambda k: reduction_input(redop, n, self.m, r, k)
         root_of = rank == root
         if op in ("allgather", "reduce_scatter", "alltoall", "sendrecv", "gather", "scatter"):
             # (gather's output is the root's alone; the other ranks check nothing)
             self.out = torch.empty(c if op in ("reduce_scatter", "scatter") else 0 if op == "gather" and not root_of
                                    else C, dtype=dtype)
+        count = c if op in ("allgather", "gather") else 0 if op == "scatter" and not root_of else C
         if op in ("allgather", "gather"):  # rank r's block of the output
-            self.x = self._filled(c, lambda k: pat(rank)(k + rank * c))
+            self._values = lambda k: pat(rank)(k + rank * c)
         elif op == "alltoall":  # block j of rank r's input goes to rank j
-            self.x = self._filled(C, lambda k: k % 97 + 100 * rank)
+            self._values = lambda k: k % 97 + 100 * rank
         elif op == "broadcast" and not root_of:
-            self.x = torch.full((C,), -1, dtype=dtype)
+            self._values = lambda k: k * 0 - 1
         elif op == "scatter":  # the root's block r, for rank r (the others send nothing)
-            self.x = self._filled(C, lambda k: (k % 5) + k // c + 1) if root_of else torch.empty(0, dtype=dtype)
+            self._values = lambda k: (k % 5) + k // c + 1
         else:
-            self.x = self._filled(C, pat(0 if op == "broadcast" else rank))
+            self._values = pat(0 if op == "broadcast" else rank)
+        self.x = torch.empty(count, dtype=dtype)
         if op in ("allreduce", "broadcast", "reduce"):
             # reduce: only the root's buffer is the output (Gloo writes the others' too: no check there)
             self.out = self.x if op != "reduce" or root_of else self.x[:0]
-        else:  # (outside the timed loops: only the checked call needs it)
-            self.out.fill_(unwritten(dtype))
         if in_place and op in ("allgather", "gather") and self.out.numel():  # the input is this rank's block
-            self.x = self.out[rank * c:(rank + 1) * c].copy_(self.x)           # of the output
+            self.x = self.out[rank * c:(rank + 1) * c]                         # of the output
         elif in_place and (op == "reduce_scatter" or op == "scatter" and root_of):  # the output is this
             self.out = self.x[rank * c:(rank + 1) * c]                              # rank's block of the input
+        # the output is (a block of) the input: fill() writes no unwritten() values there
+        self._out_in_x = op in IN_PLACE_ONLY or in_place and (op == "reduce_scatter" or op == "scatter" and root_of)
         self.blocks = list(self.out.chunk(n)) if op == "gather" and root_of else \
             list(self.x.chunk(n)) if op == "scatter" and root_of else None  # the root's list of blocks
+        self.fill()
 
-    def _filled(self, count: int, values):
-        """A tensor of `count` elements of this case's dtype holding values(k) at index k,
-        computed a chunk of indices at a time."""
+    def fill(self) -> None:
+        """Give the checked call its data: the outputs unwritten() and the inputs their values,
+        computed a chunk of indices at a time. Once when the case is made, and again after the
+        timed calls (`_measure`), which left the right values in the outputs already and, in
+        the calls that reduce into their input, ran on zeros (reset)."""
         import torch
-        t = torch.empty(count, dtype=self.dtype)
-        for lo in range(0, count, CHUNK):
-            t[lo:lo + CHUNK] = values(torch.arange(lo, min(count, lo + CHUNK)))
-        return t
+        if not self._out_in_x:  # (first: an in-place all-gather's input is a block of its output)
+            self.out.fill_(unwritten(self.dtype))
+        for lo in range(0, self.x.numel(), CHUNK):
+            self.x[lo:lo + CHUNK] = self._values(torch.arange(lo, min(self.x.numel(), lo + CHUNK)))
 
     def want(self, k):
         """The checked call's expected output at indices `k` (an index tensor), in its dtype."""
         n, r, c = self.n, self.rank, self.c
-        if self.op in REDUCING:  # over the ranks' inputs (k % 5) + rank + 1 at the global index
-            g, op = (k + r * c if self.op == "reduce_scatter" else k), self.redop
-            v = ((g % 5) * n + n * (n + 1) // 2 if op == "sum" else g % 5 + 1 if op == "min" else
-                 g % 5 + n if op == "max" else (g % 5) + (n + 1) / 2 if op == "avg"  # avg: a multiple of
-                 else g * 0 + 2)                                    # 0.5, exact in every float dtype
+        if self.op in REDUCING:  # over the ranks' reduction_input at the global index
+            v = reduction_want(self.redop, n, self.m, k + r * c if self.op == "reduce_scatter" else k)
         elif self.op in ("allgather", "gather"):
             v = (k % 5) + k // c + 1
         elif self.op == "scatter":  # the root's block r
@@ -403,21 +478,29 @@ def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = F
 
 
 def _measure(case: Case, a, meta, pg, dist, torch) -> dict:
-    """One form of one row on one backend: the checked call (#wrong, summed over the ranks; the
-    algorithm its flight record names, None for Gloo's calls and send/recv), then the timed
-    ones. time_us, algbw and busbw are None where --added resolved no time ("-" in the table)."""
+    """One form of one row on one backend: a checked call (the algorithm its flight record names,
+    None for Gloo's calls and send/recv), the timed ones, then, untimed, the data written afresh
+    and a second checked call, as nccl-tests checks after its timed loop (BenchTime): a fault
+    that shows only once a form is reused (plans.py keeps state per form) passed a check of the
+    first call alone. `wrong` is the worse of the two checks, each summed over the ranks.
+    time_us, algbw and busbw are None where --added resolved no time ("-" in the table)."""
     before = last_record(pg)
     case.run()
     ran = ran_algorithm(pg, before) if case.g is None else None
-    bad = torch.tensor([case.wrong()], dtype=torch.int64)
-    dist.all_reduce(bad, group=meta)
+    first = torch.tensor([case.wrong()], dtype=torch.int64)
+    dist.all_reduce(first, group=meta)
     case.reset()
     t = _time(case, a.iters, a.warmup, meta, dist, torch, a.loop, a.added)
+    case.fill()
+    case.run()
+    last = torch.tensor([case.wrong()], dtype=torch.int64)
+    dist.all_reduce(last, group=meta)
+    bad = max(int(first), int(last))
     if math.isnan(t):
-        out = dict(time_us=None, algbw=None, busbw=None, wrong=int(bad))
+        out = dict(time_us=None, algbw=None, busbw=None, wrong=bad)
     else:
         algbw = case.size / t / 1e9
-        out = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[case.op](case.n), wrong=int(bad))
+        out = dict(time_us=t * 1e6, algbw=algbw, busbw=algbw * BUS[case.op](case.n), wrong=bad)
     if case.g is None:
         out["algorithm"] = ran
     return out
@@ -460,8 +543,9 @@ def worker(a) -> int:
         label = f"#{'':>11} {'':>11} {'':>8} {'out-of-place':^33} {'in-place':^33}"
         head = f"#{'size':>11} {'count':>11} {'type':>8}" + group * 2
         unit = f"#{'(B)':>11} {'(elements)':>11} {'':>8}" + units * 2
-        if gloo is not None:  # Gloo runs the row's main form: out of place where the call has one
-            label += f" {'gloo: out, else in place':^25}"
+        if gloo is not None:  # Gloo runs the row's main form, which the header names (it read "gloo: out,
+            # else in place" whatever ran: under --place in, Gloo's all-gather ran in place)
+            label += f" {'gloo: ' + ('in place' if forms(op, a.place)[0] else 'out of place'):^25}"
             head += f" {'gloo us':>9} {'gloo bw':>7} {'ratio':>6}"
             unit += f" {'':>9} {'(GB/s)':>7} {'':>6}"
         head += f" {'ran':>6}"
@@ -840,6 +924,11 @@ def check(p: argparse.ArgumentParser, a) -> None:
         p.error(f"-o avg with -d {a.dtype}: an integer average is not exact (take a float type)")
     if a.redop == "avg" and a.vs == "gloo":
         p.error("-o avg with --vs gloo: Gloo has no AVG reduction")
+    if set(expand_ops(a.ops)) & set(REDUCING):
+        import torch
+        why = inexact_reduction(a.redop, world, getattr(torch, a.dtype))
+        if why:
+            p.error(why)
     if not launched:
         check_port(p, a.port)
     check_neuron_job(p, world, None if launched else "-g/--world")

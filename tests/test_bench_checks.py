@@ -213,6 +213,27 @@ def test_tables_mark_wrong_results(tmp_path):
     assert "| ddp | none (floor: no communication) | 1.0 | 1.0 | 1.00 | False |" in p.stdout
 
 
+def test_tables_per_core_bound_counts_the_lent_path(tmp_path):
+    """tables.py's per-core work bound of the 64 MiB all-reduce counted the slot path's three
+    copies of N/2 per rank (1.5 N / c + 0.5 N / a); since the eighteenth and thirty-first passes
+    both halves of the two-rank ring are lent (one process_vm_readv read of N/2 each), so a rank
+    copies N and reduces N/2, and four kept runs measured 101-104% of the old bound. With one
+    core's copy at 8 GB/s and add at 6 GB/s the bound is 1 / (1/8 + 0.5/6) = 4.80 GB/s (it
+    printed 3.69); the 5N DRAM bound (traffic 20 GB/s: 4.00 GB/s) is unchanged."""
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "membw.json").write_text(json.dumps({"rows": [
+        {"kind": "copy", "procs": 1, "agg_gbs": 8.0, "traffic_gbs": 16.0},
+        {"kind": "copy", "procs": 2, "agg_gbs": 10.0, "traffic_gbs": 20.0},
+        {"kind": "add", "procs": 1, "agg_gbs": 6.0, "traffic_gbs": 18.0}]}))
+    _cb(d, "cb_allreduce_neuron.json", [{"size": 64 * MiB, "busbw": 3.0, "time_us": 1.0, "wrong": 0}])
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(d)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "-> bound busbw 4.00 GB/s (5N model" in p.stdout and "= 75% of the bound" in p.stdout, p.stdout
+    assert "busbw <= 4.80 GB/s; measured = 62% of it." in p.stdout, p.stdout
+
+
 def test_summary_leaves_wrong_rows_out(tmp_path):
     """summary.py: a row with wrong elements, or a real backend's training row that disagrees,
     says nothing of speed: it is left out of the ranges and named under the table."""
