@@ -222,10 +222,13 @@ def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: d
     else:
         values["node_rank"] = sched.node_rank
     if not args.explicit("master_addr"):
-        if sched.master_addr is None:
+        if sched.master_addr is not None:
+            values["master_addr"] = sched.master_addr
+        elif sched.nnodes > 1:
             raise ConfigError(f"under {sched.name} the address of node 0 is unknown: pass --master-addr, or "
                               f"export MASTER_ADDR to every task (mpirun -x MASTER_ADDR=<first host>)")
-        values["master_addr"] = sched.master_addr
+        # else one node (`mpirun -np 1 neuronrun`): node 0 is this one, at the default address, as
+        # under `mpirun -np 1 torchrun`
     if values["rdzv_id"] == "none" and sched.job_id:
         values["rdzv_id"] = sched.job_id
 

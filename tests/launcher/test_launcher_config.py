@@ -229,6 +229,20 @@ def test_under_mpirun():
     assert (c.max_nodes, c.node_rank, c.rdzv_endpoint) == (2, 1, "head:29500")
 
 
+def test_under_a_one_process_mpirun_the_one_node_needs_no_address():
+    """`mpirun -np 1 neuronrun --nproc-per-node 2` was refused ("under mpi the address of node 0 is
+    unknown") where `mpirun -np 1 torchrun --nproc-per-node 2` runs: a world of one MPI process is
+    one node, node 0 is this one, and the default address serves, as without mpirun."""
+    mpi = {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    alone = cfg("--nproc-per-node", "2", "t.py")
+    for env in (mpi, {"PMI_SIZE": "1", "PMI_RANK": "0"}):
+        c = cfg("--nproc-per-node", "2", "t.py", **env)
+        assert (c.max_nodes, c.node_rank, c.master_addr, c.rdzv_backend, c.rdzv_endpoint) == (
+            1, 0, "127.0.0.1", alone.rdzv_backend, alone.rdzv_endpoint), env
+    assert cfg("--master-port", "29600", "t.py", **mpi).rdzv_endpoint == "127.0.0.1:29600"
+    assert cfg("t.py", MASTER_ADDR="head", **mpi).master_addr == "head"
+
+
 def test_rank_table_two_nodes_trn1_two_cores_per_rank():
     c = cfg("--nnodes", "2", "--node-rank", "0", "--master-addr", "10.1.1.1", "--master-port", "7000",
             "--instance", "trn1.32xlarge", "--cores-per-rank", "2", "--nproc-per-node", "auto", "t.py")

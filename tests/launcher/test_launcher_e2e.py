@@ -489,3 +489,19 @@ def test_the_users_own_mpi_settings_reach_the_rank(tmp_path):
     assert f"[rank0]: mpi vars {sorted(mine.items())}" in r.stdout, r.stdout[-3000:]
     if mpirun:
         assert "[rank0]: mpirun rc 0" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpirun not installed")
+def test_a_one_process_mpirun_runs_every_rank(tmp_path):
+    """`mpirun -np 1 neuronrun --nproc-per-node 2 script` on one node was refused ("under mpi the
+    address of node 0 is unknown") where `mpirun -np 1 torchrun --nproc-per-node 2` runs both ranks:
+    one MPI process is one node, at the default address."""
+    script = tmp_path / "argv.py"
+    script.write_text("import os, sys\nprint('ARGV', os.environ['RANK'], sys.argv[1:], flush=True)\n")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-np", "1", *extra, "--bind-to", "none", sys.executable, "-m", "neuronrun_launcher.run",
+           "--nproc-per-node", "2", str(script), "x"]
+    r = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for rank in (0, 1):
+        assert f"[rank{rank}]: ARGV {rank} ['x']" in r.stdout, (r.stdout + r.stderr)[-3000:]
