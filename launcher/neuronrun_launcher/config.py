@@ -233,6 +233,21 @@ def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: d
         values["rdzv_id"] = sched.job_id
 
 
+def _check_standalone(args: ParsedArgs, sched: scheduler.SchedulerInfo | None, min_nodes: int) -> None:
+    """--standalone is one node: each neuronrun holds a rendezvous of its own on a free port of its
+    own host, which no other node can join. With more nodes to wait for (srun/mpirun on several
+    nodes, --nnodes N) every node waited out the join time-out (600 s) and reported too few nodes."""
+    if min_nodes <= 1:
+        return
+    if sched is not None and not args.explicit("nnodes"):
+        raise ConfigError(f"--standalone is one node (a rendezvous of its own on this host), but {sched.name} says "
+                          f"{sched.nnodes} nodes: drop --standalone (neuronrun takes the nodes and node 0 from "
+                          f"{sched.name}), or pass --scheduler none to run one single-node job on each node")
+    raise ConfigError(f"--standalone is one node (a rendezvous of its own on this host), but --nnodes "
+                      f"{args.values['nnodes']} (from {args.sources['nnodes']}) asks for {min_nodes} or more: drop "
+                      f"one of them")
+
+
 def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
     values = dict(args.values)
     try:
@@ -265,6 +280,7 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
     backend, endpoint, rdzv_id = values["rdzv_backend"], values["rdzv_endpoint"], values["rdzv_id"]
     master_port = values["master_port"]
     if values["standalone"]:
+        _check_standalone(args, sched, min_nodes)
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())

@@ -229,6 +229,36 @@ def test_under_mpirun():
     assert (c.max_nodes, c.node_rank, c.rdzv_endpoint) == (2, 1, "head:29500")
 
 
+@pytest.mark.parametrize("argv, env, message", [
+    ([], SRUN, r"--standalone is one node \(a rendezvous of its own on this host\), but slurm says 2 nodes: drop "
+               r"--standalone .*or pass --scheduler none"),
+    ([], {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "1", "MASTER_ADDR": "head"}, "but mpi says 3 nodes"),
+    (["--nnodes", "2"], {}, r"but --nnodes 2 \(from command line\) asks for 2 or more: drop one of them"),
+    ([], {"NEURONRUN_NNODES": "2:4"}, r"but --nnodes 2:4 \(from \$NEURONRUN_NNODES\) asks for 2 or more"),
+])
+def test_standalone_with_several_nodes_is_refused_before_the_rendezvous(argv, env, message):
+    """--standalone under a multi-node srun or mpirun took the node count from the scheduler and
+    pointed each node at a rendezvous of its own (localhost:0): no node could ever join another's,
+    so each waited out the join time-out (600 s) and reported too few nodes. One node is all that
+    --standalone can run; more is a usage error, --dry-run's too."""
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(ConfigError, match=message):
+            cfg("--standalone", *argv, *dry, "t.py", **env)
+
+
+def test_standalone_on_one_node_of_a_scheduler_or_elastic_from_one_runs():
+    one = dict(SRUN, SLURM_NODEID="0", SLURM_NNODES="1", SLURM_NTASKS="1", SLURM_JOB_NODELIST="trn07")
+    for c in (cfg("--standalone", "t.py", **one), cfg("--standalone", "--nnodes", "1:2", "t.py")):
+        assert (c.min_nodes, c.rdzv_backend, c.rdzv_endpoint) == (1, "c10d", "localhost:0")
+
+
+def test_standalone_under_a_multi_node_srun_is_a_usage_error_at_once():
+    env = clean_env(SLURM_STEP_ID="0", SLURM_NODEID="0", SLURM_STEP_NODELIST="n[0-1]", SLURM_STEP_NUM_NODES="2",
+                    SLURM_STEP_NUM_TASKS="2", SLURM_JOB_ID="77")
+    r = neuronrun(["--standalone", "--rdzv-conf", "join_timeout=5", "t.py"], env=env, timeout=30)
+    assert r.returncode == 2 and "neuronrun: error: --standalone is one node" in r.stderr, r.stderr
+
+
 def test_under_a_one_process_mpirun_the_one_node_needs_no_address():
     """`mpirun -np 1 neuronrun --nproc-per-node 2` was refused ("under mpi the address of node 0 is
     unknown") where `mpirun -np 1 torchrun --nproc-per-node 2` runs: a world of one MPI process is
