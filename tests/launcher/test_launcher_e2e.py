@@ -438,6 +438,7 @@ def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
                       timeout=120)
     assert r.returncode != 0, r.stderr[-3000:]
     assert list(tmp.iterdir()) == [], r.stderr[-3000:]
+    assert f"port {port} is taken on this node" in r.stderr and "may be gone" not in r.stderr, r.stderr[-3000:]
 
 
 def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):

@@ -207,6 +207,25 @@ def test_a_lost_static_rendezvous_store_is_a_report_not_a_traceback(monkeypatch,
     assert "neuronrun: the rendezvous store failed (DistNetworkError: Broken pipe); the node that holds it" in err, err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--nproc-per-node", "1", "--master-port", "34050", "train.py"], "--master-port"),
+    (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:34050", "train.py"], "--rdzv-endpoint"),
+])
+def test_a_rendezvous_port_in_use_on_this_node_says_so(monkeypatch, scrubbed_environ, capsys, argv, flag):
+    """Node 0's agent hosts the static rendezvous' store: when its port is taken on this node,
+    torch raises DistNetworkError EADDRINUSE, and neuronrun said "the node that holds it (node 0,
+    --master-addr) may be gone" of the node it runs on. It now says the port is taken here and
+    which flag moves it."""
+    from torch.distributed import DistNetworkError
+    code = _launch_failing_with(monkeypatch, DistNetworkError(
+        "The server socket has failed to listen on any local network address. port: 34050, useIpv6: false, "
+        "code: -98, name: EADDRINUSE, message: address already in use"), argv)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "name: EADDRINUSE, message: address already in use): port 34050 is taken on this node" in err, err
+    assert f"pass another {flag}; no rank was started" in err and "may be gone" not in err, err
+
+
 def test_node_0_alone_in_a_static_rendezvous_says_the_others_never_came(monkeypatch, scrubbed_environ, capsys):
     """Node 0 holds the static rendezvous's store: its time-out waiting for the other nodes
     (torch's DistStoreError "waiting for clients") is too few nodes, not a store gone away (a
