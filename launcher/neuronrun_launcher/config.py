@@ -25,6 +25,9 @@ from .plan import NeuronPlan, check_host_port, join_host_port
 from .slots import PlacementError, assign_slots, check_cores_per_rank, parse_core_range
 
 DEFAULT_MASTER_PORT = 29500
+# The rendezvous backends torch registers itself (torch.distributed.elastic.rendezvous.registry);
+# packages may add their own under the "torchrun.handlers" entry point group (_rdzv_backends)
+TORCH_RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 _STD = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
 
 
@@ -233,6 +236,39 @@ def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: d
         values["rdzv_id"] = sched.job_id
 
 
+def _rdzv_backends() -> tuple[str, ...]:
+    """The backends torch's agent can start: its own and those of the packages that register one
+    under the "torchrun.handlers" entry point, as torch's registry loads them (read without
+    importing torch, so that --dry-run stays fast)."""
+    from importlib.metadata import entry_points
+
+    try:
+        plugins = tuple(sorted({ep.name for ep in entry_points(group="torchrun.handlers")}))
+    except Exception:  # noqa: BLE001 - a broken installed distribution: torch would skip it too
+        plugins = ()
+    return TORCH_RDZV_BACKENDS + plugins
+
+
+def _check_rdzv(args: ParsedArgs, backend: str, conf: str) -> None:
+    """--rdzv-backend and --rdzv-conf as torch's agent reads them, checked before anything starts
+    (--dry-run accepted `--rdzv-backend bogus` and `--rdzv-conf foo`, which torch refuses only once
+    the agent runs): a backend it knows, and comma-separated KEY=VALUE items with both parts, the
+    rule of torch's _parse_rendezvous_config."""
+    if backend not in TORCH_RDZV_BACKENDS:
+        known = _rdzv_backends()
+        if backend not in known:
+            raise ConfigError(f"--rdzv-backend {backend!r} (from {args.sources['rdzv_backend']}): expected one of "
+                              f"{', '.join(known)}")
+    if not conf.strip():
+        return
+    for item in conf.strip().split(","):
+        key, _, value = item.partition("=")
+        if not key.strip() or not value.strip():
+            raise ConfigError(f"--rdzv-conf {conf!r} (from {args.sources['rdzv_conf']}): {item.strip()!r} is not "
+                              f"KEY=VALUE; expected comma-separated KEY=VALUE items, e.g. join_timeout=900,"
+                              f"read_timeout=60")
+
+
 def _check_standalone(args: ParsedArgs, sched: scheduler.SchedulerInfo | None, min_nodes: int) -> None:
     """--standalone is one node: each neuronrun holds a rendezvous of its own on a free port of its
     own host, which no other node can join. With more nodes to wait for (srun/mpirun on several
@@ -278,6 +314,7 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
 
     # Rendezvous, as torchrun resolves it.
     backend, endpoint, rdzv_id = values["rdzv_backend"], values["rdzv_endpoint"], values["rdzv_id"]
+    _check_rdzv(args, backend, values["rdzv_conf"])
     master_port = values["master_port"]
     if values["standalone"]:
         _check_standalone(args, sched, min_nodes)

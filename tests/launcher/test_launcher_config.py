@@ -209,6 +209,43 @@ SRUN = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_N
         "SLURM_JOB_NODELIST": "trn[07-08]", "SLURM_JOB_ID": "4242"}
 
 
+@pytest.mark.parametrize("argv, env, message", [
+    (["--rdzv-backend", "bogus"], {}, r"--rdzv-backend 'bogus' \(from command line\): expected one of c10d, static, "
+                                      r"etcd, etcd-v2"),
+    ([], {"PET_RDZV_BACKEND": "C10D"}, r"--rdzv-backend 'C10D' \(from \$PET_RDZV_BACKEND\)"),
+    (["--rdzv-conf", "foo"], {}, r"--rdzv-conf 'foo' \(from command line\): 'foo' is not KEY=VALUE; expected "
+                                 r"comma-separated KEY=VALUE items"),
+    (["--rdzv-conf", "join_timeout="], {}, r"'join_timeout=' is not KEY=VALUE"),
+    (["--rdzv-conf", "join_timeout=5,,read_timeout=3"], {}, r"'' is not KEY=VALUE"),
+    ([], {"NEURONRUN_RDZV_CONF": "=5"}, r"--rdzv-conf '=5' \(from \$NEURONRUN_RDZV_CONF\): '=5' is not KEY=VALUE"),
+])
+def test_a_rendezvous_backend_or_conf_torch_would_refuse_is_refused_up_front(argv, env, message):
+    """--dry-run accepted `--rdzv-backend bogus` and `--rdzv-conf foo` (exit 0) although config.py
+    promises every mistake before launch; torch's agent refused them only once it ran. Both are
+    now checked as torch reads them, --dry-run included."""
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(ConfigError, match=message):
+            cfg(*argv, *dry, "t.py", **env)
+
+
+def test_every_backend_torch_registers_and_its_conf_are_taken(monkeypatch):
+    """torch's own backends, and one a package registers under the "torchrun.handlers" entry point
+    (torch's registry loads those too)."""
+    import importlib.metadata
+    plugin = importlib.metadata.EntryPoint("myrdzv", "mypkg:handler", "torchrun.handlers")
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [plugin] if group == "torchrun.handlers" else [])
+    assert cfg("--nnodes", "2", "--rdzv-backend", "myrdzv", "--rdzv-endpoint", "h:1", "t.py").rdzv_backend == "myrdzv"
+    with pytest.raises(ConfigError, match="expected one of c10d, static, etcd, etcd-v2, myrdzv"):
+        cfg("--rdzv-backend", "bogus", "t.py")
+    for backend in ("c10d", "static", "etcd", "etcd-v2"):
+        c = cfg("--nnodes", "2", "--rdzv-backend", backend, "--rdzv-endpoint", "h:1", "--rdzv-conf",
+                " join_timeout=5, read_timeout = 3 ", "t.py")
+        assert (c.rdzv_backend, c.rdzv_conf) == (backend, " join_timeout=5, read_timeout = 3 ")
+    r = neuronrun(["--dry-run", "--rdzv-conf", "foo", "t.py"])
+    assert r.returncode == 2 and "neuronrun: error: --rdzv-conf 'foo'" in r.stderr, r.stderr
+
+
 def test_under_srun_nothing_is_hand_computed():
     c = cfg("--nproc-per-node", "auto", "t.py", **SRUN)
     assert (c.max_nodes, c.node_rank, c.master_addr, c.rdzv_backend, c.rdzv_endpoint, c.rdzv_id) == (
