@@ -72,7 +72,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_spellings("--rdzv-endpoint"), "rendezvous endpoint host[:port]", ""),
     Flag(_spellings("--rdzv-id"), "job id shared by all nodes (default: $SLURM_JOB_ID under Slurm)", "none"),
     Flag(_spellings("--rdzv-conf"), "extra rendezvous settings key1=v1,key2=v2 (e.g. timeout=60)", ""),
-    Flag(_spellings("--standalone"), "single node: c10d rendezvous on a free local port", False, switch=True),
+    Flag(_spellings("--standalone"), "single node: c10d rendezvous on a free local port (several nodes, by "
+         "--nnodes or Slurm/MPI, are an error)", False, switch=True),
     Flag(_spellings("--local-addr"), "address this node advertises (default: its FQDN)", None),
     # --- torchrun: workers, restarts, logs ---------------------------------------------------
     Flag(_spellings("--max-restarts"), "restarts of the whole worker group before failing", 0, int),

@@ -25,6 +25,9 @@ from .plan import NeuronPlan, check_host_port, join_host_port
 from .slots import PlacementError, assign_slots, check_cores_per_rank, parse_core_range
 
 DEFAULT_MASTER_PORT = 29500
+# The rendezvous backends torch registers itself (torch.distributed.elastic.rendezvous.registry);
+# packages may add their own under the "torchrun.handlers" entry point group (_rdzv_backends)
+TORCH_RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 _STD = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")
 
 
@@ -222,12 +225,63 @@ def _apply_scheduler(args: ParsedArgs, sched: scheduler.SchedulerInfo, values: d
     else:
         values["node_rank"] = sched.node_rank
     if not args.explicit("master_addr"):
-        if sched.master_addr is None:
+        if sched.master_addr is not None:
+            values["master_addr"] = sched.master_addr
+        elif sched.nnodes > 1:
             raise ConfigError(f"under {sched.name} the address of node 0 is unknown: pass --master-addr, or "
                               f"export MASTER_ADDR to every task (mpirun -x MASTER_ADDR=<first host>)")
-        values["master_addr"] = sched.master_addr
+        # else one node (`mpirun -np 1 neuronrun`): node 0 is this one, at the default address, as
+        # under `mpirun -np 1 torchrun`
     if values["rdzv_id"] == "none" and sched.job_id:
         values["rdzv_id"] = sched.job_id
+
+
+def _rdzv_backends() -> tuple[str, ...]:
+    """The backends torch's agent can start: its own and those of the packages that register one
+    under the "torchrun.handlers" entry point, as torch's registry loads them (read without
+    importing torch, so that --dry-run stays fast)."""
+    from importlib.metadata import entry_points
+
+    try:
+        plugins = tuple(sorted({ep.name for ep in entry_points(group="torchrun.handlers")}))
+    except Exception:  # noqa: BLE001 - a broken installed distribution: torch would skip it too
+        plugins = ()
+    return TORCH_RDZV_BACKENDS + plugins
+
+
+def _check_rdzv(args: ParsedArgs, backend: str, conf: str) -> None:
+    """--rdzv-backend and --rdzv-conf as torch's agent reads them, checked before anything starts
+    (--dry-run accepted `--rdzv-backend bogus` and `--rdzv-conf foo`, which torch refuses only once
+    the agent runs): a backend it knows, and comma-separated KEY=VALUE items with both parts, the
+    rule of torch's _parse_rendezvous_config."""
+    if backend not in TORCH_RDZV_BACKENDS:
+        known = _rdzv_backends()
+        if backend not in known:
+            raise ConfigError(f"--rdzv-backend {backend!r} (from {args.sources['rdzv_backend']}): expected one of "
+                              f"{', '.join(known)}")
+    if not conf.strip():
+        return
+    for item in conf.strip().split(","):
+        key, _, value = item.partition("=")
+        if not key.strip() or not value.strip():
+            raise ConfigError(f"--rdzv-conf {conf!r} (from {args.sources['rdzv_conf']}): {item.strip()!r} is not "
+                              f"KEY=VALUE; expected comma-separated KEY=VALUE items, e.g. join_timeout=900,"
+                              f"read_timeout=60")
+
+
+def _check_standalone(args: ParsedArgs, sched: scheduler.SchedulerInfo | None, min_nodes: int) -> None:
+    """--standalone is one node: each neuronrun holds a rendezvous of its own on a free port of its
+    own host, which no other node can join. With more nodes to wait for (srun/mpirun on several
+    nodes, --nnodes N) every node waited out the join time-out (600 s) and reported too few nodes."""
+    if min_nodes <= 1:
+        return
+    if sched is not None and not args.explicit("nnodes"):
+        raise ConfigError(f"--standalone is one node (a rendezvous of its own on this host), but {sched.name} says "
+                          f"{sched.nnodes} nodes: drop --standalone (neuronrun takes the nodes and node 0 from "
+                          f"{sched.name}), or pass --scheduler none to run one single-node job on each node")
+    raise ConfigError(f"--standalone is one node (a rendezvous of its own on this host), but --nnodes "
+                      f"{args.values['nnodes']} (from {args.sources['nnodes']}) asks for {min_nodes} or more: drop "
+                      f"one of them")
 
 
 def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
@@ -260,8 +314,10 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
 
     # Rendezvous, as torchrun resolves it.
     backend, endpoint, rdzv_id = values["rdzv_backend"], values["rdzv_endpoint"], values["rdzv_id"]
+    _check_rdzv(args, backend, values["rdzv_conf"])
     master_port = values["master_port"]
     if values["standalone"]:
+        _check_standalone(args, sched, min_nodes)
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())

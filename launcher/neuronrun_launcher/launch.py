@@ -298,6 +298,15 @@ def store_watch(cfg: RunConfig, groups_dir: str, own_log_dir: str | None):
     return StoreWatch(groups_dir, endpoint, bound, lambda: _clean_up(groups_dir, own_log_dir))
 
 
+def port_taken(cfg: RunConfig) -> str:
+    """What to say when the static rendezvous' store cannot listen because its port is in use: the
+    port is taken on this node (node 0 hosts the store), not a node gone, and which flag moves it."""
+    flag = "--rdzv-endpoint" if cfg.sources.get("rdzv_endpoint", "default") != "default" else "--master-port"
+    port = cfg.rdzv_endpoint.rpartition(":")[2]
+    return (f"port {port} is taken on this node (another process listens on it: another job, or a neuronrun "
+            f"still running); pass another {flag}; no rank was started")
+
+
 def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -353,6 +362,10 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
             print(f"neuronrun: the rendezvous timed out ({type(err).__name__}: {text}): fewer than {cfg.min_nodes} "
                   f"nodes (--nnodes) joined it within its time-out (--rdzv-conf timeout=SECONDS); every rank on "
                   f"this node is stopped", file=sys.stderr, flush=True)
+            return 1
+        if "EADDRINUSE" in text or "address already in use" in text:  # this node is node 0 and cannot host it
+            print(f"neuronrun: the rendezvous store could not start ({type(err).__name__}: {text}): {port_taken(cfg)}",
+                  file=sys.stderr, flush=True)
             return 1
         print(f"neuronrun: the rendezvous store failed ({type(err).__name__}: {text}); the node that holds it "
               f"(node 0, --master-addr) may be gone; every rank on this node is stopped", file=sys.stderr, flush=True)

@@ -128,7 +128,8 @@ def from_mpi(env: Mapping[str, str]) -> SchedulerInfo:
             f"mpirun started {local_size} copies of neuronrun on one node; run one per node "
             f"(mpirun -N 1 / --map-by ppr:1:node) and let neuronrun start the ranks"
         )
-    # MPI publishes no host list; MASTER_ADDR (mpirun -x MASTER_ADDR) or --master-addr must say.
+    # MPI publishes no host list; MASTER_ADDR (mpirun -x MASTER_ADDR) or --master-addr must say
+    # (one node needs neither: config._apply_scheduler).
     return SchedulerInfo("mpi", size, rank, env.get("MASTER_ADDR") or None, (), None)
 
 

@@ -29,6 +29,7 @@ failed rank left running (see ``launch.sweep_groups``).
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 if __package__ in (None, ""):  # started by file path: make the package importable
@@ -50,10 +51,36 @@ def _plan(environ: dict[str, str]) -> tuple[NeuronPlan, int]:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
 
 
-# The process manager's variables of an mpirun/srun that started neuronrun (`mpirun -N 1
-# neuronrun ...`): they describe the launcher's MPI process, not its ranks, which are no MPI
-# processes; a rank that kept them would take itself for one (MPI transport, shared MPI ranks).
-MPI_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "OPAL_", "PRTE_")
+# What an MPI launcher (mpirun/prterun, MPICH's hydra, srun --mpi=pmi2/pmix) gives each process it
+# starts to make it one MPI process: its rank and world, and the handles of the launcher's daemon it
+# reports to. Under `mpirun -N 1 neuronrun ...` they describe the launcher's MPI process, not its
+# ranks, which are no MPI processes: a rank that kept them took itself for one (MPI transport, K
+# ranks sharing one MPI rank) and an MPI_Init in it would join the launcher's job. Only these go,
+# and only under such a launcher: the user's own configuration (OMPI_MCA_*, PMIX_MCA_*,
+# OMPI_ALLOW_RUN_AS_ROOT*, OPAL_PREFIX) reaches the ranks as under torchrun, so that a rank's own
+# `mpirun` runs as the user set it up (stripping every OMPI_/PMIX_/PMI_/OPAL_/PRTE_ variable made
+# that `mpirun`, as root, refuse to start).
+MPI_LAUNCHER_MARKS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")  # set in every process one starts
+MPI_PROCESS_VARS = re.compile(
+    r"OMPI_COMM_WORLD_|OMPI_WORLD_|OMPI_APP_CTX_|OMPI_(UNIVERSE_SIZE|NUM_APP_CTX|FIRST_RANKS|FILE_LOCATION"
+    r"|ARGV|COMMAND)$"
+    # mpirun's per-process MCA values; orte_*/ess*: Open MPI <= 4's daemon URIs, job id and vpid
+    r"|OMPI_MCA_(initial_wdir|num_procs|ess|ess_.*|orte_.*)$"
+    r"|PMIX_SERVER_|PMIX_DSTORE_|PMIX_(RANK|NAMESPACE|ID|APPNUM|HOSTNAME|VERSION|SECURITY_MODE|GDS_MODULE"
+    r"|BFROP_BUFFER_TYPE|PTL_MODULE|SYSTEM_TMPDIR|PARAM_FILE_PASSED)$"
+    r"|PMI_(?!MCA_)|MPI_LOCAL(RANKID|NRANKS)$"  # PMI-1/2 (hydra, srun --mpi=pmi2): PMI_RANK/SIZE/FD/JOBID/PORT...
+    r"|PRTE_(?!MCA_)")  # prterun's (PRTE_LAUNCHED, ...)
+
+
+def under_mpi_launcher(environ: dict[str, str]) -> bool:
+    """Whether neuronrun itself was started by an MPI launcher (its variables reach the ranks
+    through the agent, which copies neuronrun's environment)."""
+    return any(k in environ for k in MPI_LAUNCHER_MARKS)
+
+
+def mpi_process_var(name: str) -> bool:
+    """Whether ``name`` is one of an MPI launcher's per-process variables (MPI_PROCESS_VARS)."""
+    return MPI_PROCESS_VARS.match(name) is not None
 
 
 def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[str, str]:
@@ -61,7 +88,8 @@ def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[st
 
     The launcher already reconciled the user's exported Neuron variables with the plan,
     so the plan's values win here (the exported NEURON_RT_VISIBLE_CORES is the node's
-    pool, and each rank gets its own slice of it). ``plan``: already parsed from ``environ``."""
+    pool, and each rank gets its own slice of it). Under an MPI launcher the launcher's per-process
+    MPI variables are left out (MPI_PROCESS_VARS). ``plan``: already parsed from ``environ``."""
     if plan is None:
         plan, _ = _plan(environ)
     local_rank = int(environ["LOCAL_RANK"])
@@ -69,7 +97,9 @@ def rank_env(environ: dict[str, str], plan: NeuronPlan | None = None) -> dict[st
         master_addr, master_port = environ["MASTER_ADDR"], environ["MASTER_PORT"]
     except KeyError as exc:
         raise RuntimeError(f"{exc.args[0]} is not set; this program is started by neuronrun, not by hand") from None
-    env = {k: v for k, v in environ.items() if k not in (PLAN_VAR, GROUPS_VAR, AGENT_VAR) and not k.startswith(MPI_PREFIXES)}
+    drop_mpi = under_mpi_launcher(environ)
+    env = {k: v for k, v in environ.items()
+           if k not in (PLAN_VAR, GROUPS_VAR, AGENT_VAR) and not (drop_mpi and mpi_process_var(k))}
     env.update(neuron_env(plan, local_rank, master_addr, master_port))
     if plan.host_cpus and "OMP_NUM_THREADS" not in env:  # bound: one intra-op thread per CPU of the share
         env["OMP_NUM_THREADS"] = plan.omp_threads(local_rank)

@@ -209,6 +209,43 @@ SRUN = {"SLURM_STEP_ID": "0", "SLURM_NODEID": "1", "SLURM_NNODES": "2", "SLURM_N
         "SLURM_JOB_NODELIST": "trn[07-08]", "SLURM_JOB_ID": "4242"}
 
 
+@pytest.mark.parametrize("argv, env, message", [
+    (["--rdzv-backend", "bogus"], {}, r"--rdzv-backend 'bogus' \(from command line\): expected one of c10d, static, "
+                                      r"etcd, etcd-v2"),
+    ([], {"PET_RDZV_BACKEND": "C10D"}, r"--rdzv-backend 'C10D' \(from \$PET_RDZV_BACKEND\)"),
+    (["--rdzv-conf", "foo"], {}, r"--rdzv-conf 'foo' \(from command line\): 'foo' is not KEY=VALUE; expected "
+                                 r"comma-separated KEY=VALUE items"),
+    (["--rdzv-conf", "join_timeout="], {}, r"'join_timeout=' is not KEY=VALUE"),
+    (["--rdzv-conf", "join_timeout=5,,read_timeout=3"], {}, r"'' is not KEY=VALUE"),
+    ([], {"NEURONRUN_RDZV_CONF": "=5"}, r"--rdzv-conf '=5' \(from \$NEURONRUN_RDZV_CONF\): '=5' is not KEY=VALUE"),
+])
+def test_a_rendezvous_backend_or_conf_torch_would_refuse_is_refused_up_front(argv, env, message):
+    """--dry-run accepted `--rdzv-backend bogus` and `--rdzv-conf foo` (exit 0) although config.py
+    promises every mistake before launch; torch's agent refused them only once it ran. Both are
+    now checked as torch reads them, --dry-run included."""
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(ConfigError, match=message):
+            cfg(*argv, *dry, "t.py", **env)
+
+
+def test_every_backend_torch_registers_and_its_conf_are_taken(monkeypatch):
+    """torch's own backends, and one a package registers under the "torchrun.handlers" entry point
+    (torch's registry loads those too)."""
+    import importlib.metadata
+    plugin = importlib.metadata.EntryPoint("myrdzv", "mypkg:handler", "torchrun.handlers")
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [plugin] if group == "torchrun.handlers" else [])
+    assert cfg("--nnodes", "2", "--rdzv-backend", "myrdzv", "--rdzv-endpoint", "h:1", "t.py").rdzv_backend == "myrdzv"
+    with pytest.raises(ConfigError, match="expected one of c10d, static, etcd, etcd-v2, myrdzv"):
+        cfg("--rdzv-backend", "bogus", "t.py")
+    for backend in ("c10d", "static", "etcd", "etcd-v2"):
+        c = cfg("--nnodes", "2", "--rdzv-backend", backend, "--rdzv-endpoint", "h:1", "--rdzv-conf",
+                " join_timeout=5, read_timeout = 3 ", "t.py")
+        assert (c.rdzv_backend, c.rdzv_conf) == (backend, " join_timeout=5, read_timeout = 3 ")
+    r = neuronrun(["--dry-run", "--rdzv-conf", "foo", "t.py"])
+    assert r.returncode == 2 and "neuronrun: error: --rdzv-conf 'foo'" in r.stderr, r.stderr
+
+
 def test_under_srun_nothing_is_hand_computed():
     c = cfg("--nproc-per-node", "auto", "t.py", **SRUN)
     assert (c.max_nodes, c.node_rank, c.master_addr, c.rdzv_backend, c.rdzv_endpoint, c.rdzv_id) == (
@@ -227,6 +264,50 @@ def test_under_mpirun():
         cfg("t.py", **mpi)
     c = cfg("t.py", MASTER_ADDR="head", **mpi)
     assert (c.max_nodes, c.node_rank, c.rdzv_endpoint) == (2, 1, "head:29500")
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    ([], SRUN, r"--standalone is one node \(a rendezvous of its own on this host\), but slurm says 2 nodes: drop "
+               r"--standalone .*or pass --scheduler none"),
+    ([], {"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "1", "MASTER_ADDR": "head"}, "but mpi says 3 nodes"),
+    (["--nnodes", "2"], {}, r"but --nnodes 2 \(from command line\) asks for 2 or more: drop one of them"),
+    ([], {"NEURONRUN_NNODES": "2:4"}, r"but --nnodes 2:4 \(from \$NEURONRUN_NNODES\) asks for 2 or more"),
+])
+def test_standalone_with_several_nodes_is_refused_before_the_rendezvous(argv, env, message):
+    """--standalone under a multi-node srun or mpirun took the node count from the scheduler and
+    pointed each node at a rendezvous of its own (localhost:0): no node could ever join another's,
+    so each waited out the join time-out (600 s) and reported too few nodes. One node is all that
+    --standalone can run; more is a usage error, --dry-run's too."""
+    for dry in ([], ["--dry-run"]):
+        with pytest.raises(ConfigError, match=message):
+            cfg("--standalone", *argv, *dry, "t.py", **env)
+
+
+def test_standalone_on_one_node_of_a_scheduler_or_elastic_from_one_runs():
+    one = dict(SRUN, SLURM_NODEID="0", SLURM_NNODES="1", SLURM_NTASKS="1", SLURM_JOB_NODELIST="trn07")
+    for c in (cfg("--standalone", "t.py", **one), cfg("--standalone", "--nnodes", "1:2", "t.py")):
+        assert (c.min_nodes, c.rdzv_backend, c.rdzv_endpoint) == (1, "c10d", "localhost:0")
+
+
+def test_standalone_under_a_multi_node_srun_is_a_usage_error_at_once():
+    env = clean_env(SLURM_STEP_ID="0", SLURM_NODEID="0", SLURM_STEP_NODELIST="n[0-1]", SLURM_STEP_NUM_NODES="2",
+                    SLURM_STEP_NUM_TASKS="2", SLURM_JOB_ID="77")
+    r = neuronrun(["--standalone", "--rdzv-conf", "join_timeout=5", "t.py"], env=env, timeout=30)
+    assert r.returncode == 2 and "neuronrun: error: --standalone is one node" in r.stderr, r.stderr
+
+
+def test_under_a_one_process_mpirun_the_one_node_needs_no_address():
+    """`mpirun -np 1 neuronrun --nproc-per-node 2` was refused ("under mpi the address of node 0 is
+    unknown") where `mpirun -np 1 torchrun --nproc-per-node 2` runs: a world of one MPI process is
+    one node, node 0 is this one, and the default address serves, as without mpirun."""
+    mpi = {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    alone = cfg("--nproc-per-node", "2", "t.py")
+    for env in (mpi, {"PMI_SIZE": "1", "PMI_RANK": "0"}):
+        c = cfg("--nproc-per-node", "2", "t.py", **env)
+        assert (c.max_nodes, c.node_rank, c.master_addr, c.rdzv_backend, c.rdzv_endpoint) == (
+            1, 0, "127.0.0.1", alone.rdzv_backend, alone.rdzv_endpoint), env
+    assert cfg("--master-port", "29600", "t.py", **mpi).rdzv_endpoint == "127.0.0.1:29600"
+    assert cfg("t.py", MASTER_ADDR="head", **mpi).master_addr == "head"
 
 
 def test_rank_table_two_nodes_trn1_two_cores_per_rank():

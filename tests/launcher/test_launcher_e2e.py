@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -437,6 +438,7 @@ def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
                       timeout=120)
     assert r.returncode != 0, r.stderr[-3000:]
     assert list(tmp.iterdir()) == [], r.stderr[-3000:]
+    assert f"port {port} is taken on this node" in r.stderr and "may be gone" not in r.stderr, r.stderr[-3000:]
 
 
 def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
@@ -459,3 +461,48 @@ def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=90)
     assert [p.name for p in tmp.iterdir() if p.name.startswith("neuronrun")] == [], err[-3000:]
+
+
+def _mpirun() -> str | None:
+    return shutil.which("mpirun", path=os.path.dirname(sys.executable)) or shutil.which("mpirun")
+
+
+def test_the_users_own_mpi_settings_reach_the_rank(tmp_path):
+    """neuronrun dropped every OMPI_/PMIX_/PMI_/OPAL_/PRTE_ variable from each rank, the user's own
+    Open MPI configuration too, even when no MPI launcher had started it: as root, with
+    OMPI_ALLOW_RUN_AS_ROOT* exported, a rank's own `mpirun -np 1 hostname` exited 1 ("prterun has
+    detected an attempt to run as root") where it runs under torchrun. Only an MPI launcher's
+    per-process variables, and only under one, are dropped (worker.MPI_PROCESS_VARS)."""
+    mine = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_btl": "self,vader,tcp",
+            "OMPI_MCA_orte_base_help_aggregate": "0", "PMIX_MCA_gds": "hash", "OPAL_PREFIX": sys.prefix}
+    script = tmp_path / "mpichild.py"
+    script.write_text(textwrap.dedent('''
+        import os, subprocess, sys
+        print("mpi vars", sorted((k, v) for k, v in os.environ.items() if k.startswith(("OMPI_", "PMIX_", "OPAL_"))))
+        if sys.argv[1:]:
+            r = subprocess.run([sys.argv[1], "-np", "1", "hostname"], capture_output=True, text=True, timeout=60)
+            print("mpirun rc", r.returncode, (r.stdout + r.stderr).strip().splitlines()[:2], flush=True)
+    '''))
+    mpirun = _mpirun()
+    r = neuronrun(["--nproc-per-node", "1", str(script), *([mpirun] if mpirun else [])], env=clean_env(**mine),
+                  timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"[rank0]: mpi vars {sorted(mine.items())}" in r.stdout, r.stdout[-3000:]
+    if mpirun:
+        assert "[rank0]: mpirun rc 0" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpirun not installed")
+def test_a_one_process_mpirun_runs_every_rank(tmp_path):
+    """`mpirun -np 1 neuronrun --nproc-per-node 2 script` on one node was refused ("under mpi the
+    address of node 0 is unknown") where `mpirun -np 1 torchrun --nproc-per-node 2` runs both ranks:
+    one MPI process is one node, at the default address."""
+    script = tmp_path / "argv.py"
+    script.write_text("import os, sys\nprint('ARGV', os.environ['RANK'], sys.argv[1:], flush=True)\n")
+    extra = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    cmd = [_mpirun(), "-np", "1", *extra, "--bind-to", "none", sys.executable, "-m", "neuronrun_launcher.run",
+           "--nproc-per-node", "2", str(script), "x"]
+    r = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for rank in (0, 1):
+        assert f"[rank{rank}]: ARGV {rank} ['x']" in r.stdout, (r.stdout + r.stderr)[-3000:]

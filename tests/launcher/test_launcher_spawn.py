@@ -207,6 +207,25 @@ def test_a_lost_static_rendezvous_store_is_a_report_not_a_traceback(monkeypatch,
     assert "neuronrun: the rendezvous store failed (DistNetworkError: Broken pipe); the node that holds it" in err, err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--nproc-per-node", "1", "--master-port", "34050", "train.py"], "--master-port"),
+    (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "127.0.0.1:34050", "train.py"], "--rdzv-endpoint"),
+])
+def test_a_rendezvous_port_in_use_on_this_node_says_so(monkeypatch, scrubbed_environ, capsys, argv, flag):
+    """Node 0's agent hosts the static rendezvous' store: when its port is taken on this node,
+    torch raises DistNetworkError EADDRINUSE, and neuronrun said "the node that holds it (node 0,
+    --master-addr) may be gone" of the node it runs on. It now says the port is taken here and
+    which flag moves it."""
+    from torch.distributed import DistNetworkError
+    code = _launch_failing_with(monkeypatch, DistNetworkError(
+        "The server socket has failed to listen on any local network address. port: 34050, useIpv6: false, "
+        "code: -98, name: EADDRINUSE, message: address already in use"), argv)
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "name: EADDRINUSE, message: address already in use): port 34050 is taken on this node" in err, err
+    assert f"pass another {flag}; no rank was started" in err and "may be gone" not in err, err
+
+
 def test_node_0_alone_in_a_static_rendezvous_says_the_others_never_came(monkeypatch, scrubbed_environ, capsys):
     """Node 0 holds the static rendezvous's store: its time-out waiting for the other nodes
     (torch's DistStoreError "waiting for clients") is too few nodes, not a store gone away (a
@@ -269,3 +288,44 @@ def test_the_sweep_kills_a_ranks_leftovers_but_not_a_process_given_its_pid(tmp_p
         for p in (ours, other):
             p.kill()
             p.wait()
+
+
+# What a rank of `mpirun -N 1 neuronrun` inherits: Open MPI 5's mpirun/prterun's per-process variables
+# (as `mpirun -np 1 env` shows them), Open MPI <= 4's (ORTE: its daemon's URI, job id and vpid as MCA
+# values), MPICH's hydra / srun --mpi=pmi2's (PMI_*), and the user's own configuration beside them.
+MPI_PROCESS = {
+    "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_NODE_RANK": "0", "OMPI_UNIVERSE_SIZE": "2",
+    "OMPI_WORLD_SIZE": "2", "OMPI_WORLD_LOCAL_SIZE": "1", "OMPI_NUM_APP_CTX": "1", "OMPI_ARGV": "",
+    "OMPI_COMMAND": "neuronrun", "OMPI_FILE_LOCATION": "/tmp/ompi.1/1/1", "OMPI_MCA_initial_wdir": "/tmp",
+    "OMPI_MCA_num_procs": "2", "PMIX_RANK": "1", "PMIX_NAMESPACE": "prterun-vm-1@1", "PMIX_SECURITY_MODE": "native",
+    "PMIX_SERVER_URI4": "prterun-vm-1@0.0;tcp4://127.0.0.1:5", "PMIX_SERVER_TMPDIR": "/tmp/ompi.1",
+    "PMIX_GDS_MODULE": "shmem2,hash", "PMIX_BFROP_BUFFER_TYPE": "PMIX_BFROP_BUFFER_NON_DESC", "PMIX_HOSTNAME": "vm",
+    "PMIX_SYSTEM_TMPDIR": "/tmp", "PMIX_VERSION": "5.0.11", "PMIX_PARAM_FILE_PASSED": "1", "PRTE_LAUNCHED": "1",
+    "PRTE_SHARED_FS": "FALSE",
+    "OMPI_MCA_ess": "env", "OMPI_MCA_ess_base_jobid": "1234", "OMPI_MCA_ess_base_vpid": "1",
+    "OMPI_MCA_orte_hnp_uri": "1234.0;tcp://10.0.0.1:5", "OMPI_MCA_orte_local_daemon_uri": "1234.1;tcp://10.0.0.2:6",
+    "PMI_RANK": "1", "PMI_SIZE": "2", "PMI_FD": "7", "PMI_JOBID": "77.0", "PMI_PORT": "n0:5",
+    "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1",
+}
+USER_MPI_CONFIG = {"OMPI_MCA_btl": "self,vader,tcp", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+                   "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OPAL_PREFIX": "/opt/ompi", "PMIX_MCA_gds": "hash",
+                   "PRTE_MCA_prte_silence_shared_fs": "1"}
+
+
+def _rank_of_mpirun_neuronrun(environ: dict[str, str]) -> dict[str, str]:
+    plan = config_from_argv(["--nproc-per-node", "1", "t.py"], {}).plan
+    return worker.rank_env({**environ, worker.PLAN_VAR: plan.to_json(), "LOCAL_RANK": "0", "RANK": "0",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"})
+
+
+def test_under_an_mpi_launcher_a_rank_loses_its_process_variables_not_the_users_settings():
+    """A rank of `mpirun -N 1 neuronrun` is no MPI process: none of the launcher's per-process
+    variables may reach it (tests/test_transport_mpi.py runs that job), while the user's own MPI
+    configuration does; every OMPI_/PMIX_/PMI_/OPAL_/PRTE_ variable was dropped, that too."""
+    env = _rank_of_mpirun_neuronrun({**MPI_PROCESS, **USER_MPI_CONFIG})
+    assert [k for k in MPI_PROCESS if k in env] == []
+    assert {k: env.get(k) for k in USER_MPI_CONFIG} == USER_MPI_CONFIG
+    # no MPI launcher started neuronrun: whatever MPI variables the user set are theirs, and stay
+    mine = {**USER_MPI_CONFIG, "OMPI_MCA_orte_base_help_aggregate": "0", "PMI_FD": "9"}
+    assert {k: v for k, v in _rank_of_mpirun_neuronrun(mine).items() if k in mine} == mine
