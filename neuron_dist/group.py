@@ -609,21 +609,26 @@ class Group(HangDiagnosis):
         """This rank's slot (node, chip, cores) from the launcher's environment: published to
         the group so every rank builds the same topology, hence the same ring."""
         from . import topology
-        from .topology.placement import node_named
+        from .topology.placement import node_named, placement_before_hosts
         env = os.environ
         world_rank = int(env.get("RANK", self.rank))
         world = int(env.get("WORLD_SIZE", self.size))
-        local_rank = int(env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK", world_rank)))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
-        slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
         node_given = node_named(env)  # (the node variables placement reads)
+        local_rank = env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK"))
+        by_host = None  # the cores it takes by its local rank where its host decides that (see _build_topology)
+        if local_rank is None and not node_given:  # (tcp:// or file:// with rank and world size, say)
+            slot, by_host = placement_before_hosts(env, world_rank, world)
+        else:
+            local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
+            local_rank = int(world_rank if local_rank is None else local_rank)
+            slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
         # what this rank's model of the instance holds, not only its name: ranks that load
         # different descriptions under one name (a file, register_instance on some ranks,
         # versions of neuron_dist) built different rings and waited for each other at the first
         # collective; compared below with the other settings every rank must share
         model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
         digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
-        return {"slot": slot.to_dict(), "node_given": node_given, "model": digest}
+        return {"slot": slot.to_dict(), "node_given": node_given, "model": digest, "by_host": by_host}
 
     def _stay_until_read(self, store) -> None:
         """Before a set-up error every rank finds in the records: rank 0's process may host the
@@ -642,9 +647,20 @@ class Group(HangDiagnosis):
         Without a node number from the launcher (GROUP_RANK, NODE_ID, NODE_RANK), a rank's node
         was guessed as rank // LOCAL_WORLD_SIZE, which holds only for ranks laid out node by
         node; when the members' host names show several hosts, the hosts decide instead (nodes
-        numbered in order of first appearance)."""
+        numbered in order of first appearance). A rank with neither a node number nor LOCAL_RANK
+        (published `by_host`) is placed here, by its host (`placement.place_by_host`): taken for
+        local rank `rank` of `world_size`, every multi-host job started so was refused ("4
+        processes per node but ... only 2")."""
         from . import topology
+        from .topology.placement import place_by_host
         slots = [topology.Slot.from_dict(p["slot"]) for p in self.peers_info]
+        by_host = [p.get("by_host") for p in self.peers_info]
+        if any(m is not None for m in by_host):
+            try:
+                slots = place_by_host(slots, self.hosts, by_host)
+            except ValueError as e:
+                raise GroupError(f"[rank {self.rank}] group {self.name!r} cannot be placed: {e} (no LOCAL_RANK or "
+                                 f"node number was given, so each host's ranks share one node)") from None
         if len(set(self.hosts)) > 1 and not any(p.get("node_given") for p in self.peers_info):
             node_of = {h: i for i, h in enumerate(dict.fromkeys(self.hosts))}
             slots = [dataclasses.replace(s, node=node_of[h]) for s, h in zip(slots, self.hosts)]

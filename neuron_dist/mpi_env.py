@@ -24,7 +24,10 @@ LOCAL_WORLD_SIZE unset, the placement took all 128 ranks for one node and refuse
 processes per node but trn2.48xlarge ... has only 64"). The step's own per-node counts
 (SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE, compressed as "64(x2),3") at this node's
 index (SLURM_NODEID) give the local size, and SLURM_NODEID the node (as GROUP_RANK, torchrun's
-name for it) unless the environment already names one.
+name for it) unless the environment already names one. So too when the rank came from MPI's
+variables in an srun task: `srun --mpi=pmi2` sets PMI_RANK and PMI_SIZE, and no local numbers
+(MPI_LOCALRANKID is MPICH's mpiexec's), so the task's own SLURM_LOCALID and node counts apply;
+an MPI launcher's local numbers, where it gives them, still win (see `_this_srun_task`).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import re
 import socket
 import sys
 import warnings
+from typing import Mapping
 
 from .ports import free_port
 from .topology.placement import node_named
@@ -135,8 +139,9 @@ def not_an_mpi_rank(env=os.environ) -> str | None:
 
 def launcher_vars(env=os.environ) -> dict[str, str]:
     """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
-    only inside an srun task, where the node number comes too; none in a worker of torch's
-    elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`)."""
+    only inside an srun task, where the node number comes too, also for a rank numbered by
+    MPI's variables without local ones, as `srun --mpi=pmi2` starts it; none in a worker of
+    torch's elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`)."""
     if elastic_worker(env):
         return {}
     for rank, size, lrank, lsize in _SOURCES:
@@ -144,14 +149,38 @@ def launcher_vars(env=os.environ) -> dict[str, str]:
             if rank == "SLURM_PROCID" and not in_srun_task(env):
                 continue
             out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
+            if rank == "SLURM_PROCID" or (lrank not in env and lsize not in env and _this_srun_task(env, out)):
+                return dict(out, **_slurm_local_vars(env))
             if lrank in env:
                 out["LOCAL_RANK"] = env[lrank]
             if lsize in env and env[lsize].isdigit():
                 out["LOCAL_WORLD_SIZE"] = env[lsize]
-            if rank == "SLURM_PROCID":
-                out.update(_slurm_node_vars(env))
             return out
     return {}
+
+
+def _this_srun_task(env, found: Mapping[str, str]) -> bool:
+    """Whether Slurm's task variables describe this process, which an MPI launcher numbered
+    `found` (RANK, WORLD_SIZE) without local numbers of its own: `srun --mpi=pmi2` sets PMI_RANK
+    and PMI_SIZE but not MPICH's MPI_LOCALRANKID/MPI_LOCALNRANKS, and every task was taken for
+    one node ("4 processes per node but ... only 2"). It is that srun task when Slurm numbers it
+    alike. Not so under mpirun or mpiexec inside an allocation: their ranks inherit the
+    variables of the srun step that started the launcher's daemons (one task per node, each
+    rank SLURM_LOCALID=0), which is why the launcher's own local numbers, where given, win."""
+    return (in_srun_task(env) and env.get("SLURM_PROCID", "").strip() == found["RANK"].strip()
+            and env.get("SLURM_NTASKS", "").strip() == found["WORLD_SIZE"].strip())
+
+
+def _slurm_local_vars(env) -> dict[str, str]:
+    """An srun task's LOCAL_RANK (SLURM_LOCALID), LOCAL_WORLD_SIZE and GROUP_RANK (see
+    `_slurm_node_vars`; SLURM_NTASKS_PER_NODE, the request, where the step's counts are missing)."""
+    out = {}
+    if "SLURM_LOCALID" in env:
+        out["LOCAL_RANK"] = env["SLURM_LOCALID"]
+    if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+        out["LOCAL_WORLD_SIZE"] = env["SLURM_NTASKS_PER_NODE"]
+    out.update(_slurm_node_vars(env))
+    return out
 
 
 _MPI_STARTED_BY = 0  # the pid whose `mpi()` started MPI (it, and only it, finalizes MPI at exit)

@@ -312,6 +312,47 @@ def test_a_node_number_the_user_set_wins_over_slurms():
         assert "GROUP_RANK" not in got and got["LOCAL_WORLD_SIZE"] == "64", (var, got)
 
 
+# What MPI's launchers add to a task: `srun --mpi=pmi2` (Slurm's plugin: rank and size only), and
+# MPICH's mpiexec (Hydra, also its local numbers) and Open MPI's mpirun inside an allocation, whose
+# ranks inherit the Slurm variables of the step that started the launcher's daemons (one per node).
+_PMI2 = {"PMI_RANK": "64", "PMI_SIZE": "128", "PMI_JOBID": "77.0", "PMI_FD": "9"}
+_DAEMON_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1",
+                "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1",
+                "SLURM_NNODES": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+
+
+@pytest.mark.parametrize("env, want", [
+    (dict(_SRUN_128, **_PMI2),  # srun --mpi=pmi2 -N2 -n128: Slurm's per-node numbers, as without --mpi
+     {"RANK": "64", "WORLD_SIZE": "128", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "64", "GROUP_RANK": "1"}),
+    (dict(_SRUN_128, **_PMI2, SLURM_NTASKS_PER_NODE="64", SLURM_TASKS_PER_NODE="junk"),  # the request, at worst
+     {"RANK": "64", "WORLD_SIZE": "128", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "64", "GROUP_RANK": "1"}),
+    (dict(_DAEMON_STEP, PMI_RANK="3", PMI_SIZE="4", MPI_LOCALRANKID="1", MPI_LOCALNRANKS="2"),  # mpiexec
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
+    (dict(_DAEMON_STEP, OMPI_COMM_WORLD_RANK="3", OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="1",
+          OMPI_COMM_WORLD_LOCAL_SIZE="2", PMIX_RANK="3"),  # Open MPI's mpirun
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
+    (dict(_DAEMON_STEP, PMI_RANK="3", PMI_SIZE="4"),  # no local numbers, but Slurm's are another step's
+     {"RANK": "3", "WORLD_SIZE": "4"}),
+    (dict(_PMI2, MPI_LOCALRANKID="0", MPI_LOCALNRANKS="2"),  # mpiexec without Slurm: as it was
+     {"RANK": "64", "WORLD_SIZE": "128", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}),
+])
+def test_an_srun_pmi2_task_gets_its_nodes_numbers_and_an_mpi_launchers_own_win(env, want):
+    """`srun --mpi=pmi2` without torchrun: the PMI variables were read first, and with them
+    MPICH's local numbers, which Slurm does not set; so no LOCAL_* and no GROUP_RANK came, the
+    placement took the world for one node, and every task failed init_process_group ("4
+    processes per node but mini2 at LNC=1 has only 2 logical cores per node") where the same
+    tasks without the PMI variables ran. An MPI launcher's own local numbers still win: under
+    mpiexec or mpirun inside an allocation the Slurm variables are those of the launcher's
+    daemon step (SLURM_LOCALID=0 on every rank)."""
+    from neuron_dist import mpi_env
+    from neuron_dist.topology import placement_from_env
+    got = mpi_env.launcher_vars(env)
+    assert got == want
+    if "GROUP_RANK" in want:
+        slot = placement_from_env(dict(env, **got), 64, 128, 0, 64)
+        assert (slot.node, slot.chip, slot.cores) == (1, 0, (0,))
+
+
 @pytest.mark.parametrize("spec, counts", [("64(x2)", [64, 64]), ("64(x2),3", [64, 64, 3]), ("5", [5]),
                                           ("2,1(x3),4", [2, 1, 1, 1, 4]), ("", None), ("64(x)", None),
                                           ("x2", None), ("64(2)", None)])

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from pool import free_port
+from pool import free_port, run_scripts
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "init_method.py")
 
@@ -34,6 +34,29 @@ def test_init_method(scheme, tmp_path):
            "file": f"file://{tmp_path}/rendezvous"}[scheme]
     outs = _run_ranks(url)
     assert sorted(o.strip().splitlines()[-1] for o in outs) == ["ok rank 0 of 2", "ok rank 1 of 2"]
+
+
+_TWO_CORES = ('{"name": "twocores", "chips": 1, "physical_cores_per_chip": 2, "default_lnc": 1, "supported_lnc": [1],'
+              ' "graph": "single", "hbm_bandwidth": "800 GB/s", "efa_bandwidth": "100 Gbps", "multi_node": true}')
+
+
+def test_a_job_without_local_numbers_is_placed_by_its_hosts(tmp_path):
+    """4 ranks on two hosts, 2 each, of an instance with 2 cores per node, started with tcp://,
+    rank and world size only (no LOCAL_*, no node number): every rank failed init_process_group
+    with "4 processes per node but twocores at LNC=1 has only 2 logical cores per node" where
+    Gloo ran, though the hosts decide the node then. Each host's ranks are now its node's local
+    ranks 0 and 1."""
+    (tmp_path / "twocores.json").write_text(_TWO_CORES)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "SLURM_")) and k not in
+           ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
+            "MASTER_ADDR", "MASTER_PORT", "NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES",
+            "NEURON_LOGICAL_NC_CONFIG")}
+    env["NEURON_DIST_INSTANCE"] = str(tmp_path / "twocores.json")
+    url = f"tcp://127.0.0.1:{free_port()}"
+    outs = run_scripts("hosts_place_ranks.py", [[r, url] for r in range(4)], env=env)
+    for r, (code, out) in enumerate(outs):
+        assert code == 0 and f"rank {r}: placed [(0, (0,)), (0, (1,)), (1, (0,)), (1, (1,))] sum [4.0, 4.0, 4.0]" \
+            in out, out[-3000:]
 
 
 def test_plain_mpirun():

@@ -366,6 +366,50 @@ def test_hosts_decide_the_nodes_when_no_launcher_numbered_them():
     assert [s.node for s in Group._build_topology(g)[0].slots] == [0, 0, 1, 1]
 
 
+@pytest.mark.parametrize("hosts, extra, want", [
+    (["a", "a", "b", "b"], {}, [(0, (0,)), (0, (1,)), (1, (0,)), (1, (1,))]),
+    (["a", "b", "a", "b"], {}, [(0, (0,)), (1, (0,)), (0, (1,)), (1, (1,))]),  # hosts in turn
+    (["a", "a", "b", "b"], {"LOCAL_WORLD_SIZE": "2"}, [(0, (0,)), (0, (1,)), (1, (0,)), (1, (1,))]),
+    (["a", "b", "c", "d"], {"NEURON_RT_NUM_CORES": "2"}, [(n, (0, 1)) for n in range(4)]),
+    (["a", "a", "b", "b"], {"NEURON_RT_VISIBLE_CORES": "1"}, "ranks 0 and 1 both use core 1 on node 0"),
+    (["a", "b", "b", "b"], {}, "ranks 1, 2, 3 run on host b: 3 processes on one node, but mini2 at LNC=1 has "
+                               "only 2 logical cores per node"),
+    (["a", "a", "b", "b"], {"NEURON_RT_NUM_CORES": "2"}, "ranks 0, 1 run on host a: 2 processes x 2 cores"),
+])
+def test_ranks_without_local_numbers_are_placed_by_their_hosts(monkeypatch, tmp_path, hosts, extra, want):
+    """A job started with rank and world size only (tcp:// or file:// init, a launcher of its
+    own: no LOCAL_RANK, no node number) was placed as local rank `rank` of `world_size`, and 4
+    ranks on two hosts of an instance with 2 cores per node failed at init ("4 processes per
+    node but mini2 at LNC=1 has only 2 logical cores per node"; with LOCAL_WORLD_SIZE=2 alone
+    "bad rank numbers: rank 2 of 4, local rank 2 of 2"), where Gloo ran. The hosts decide now:
+    a rank's position among its host's ranks is its local rank."""
+    import types
+    from neuron_dist.group import Group, GroupError
+    (tmp_path / "mini2.json").write_text(
+        '{"name": "mini2", "chips": 1, "physical_cores_per_chip": 2, "default_lnc": 1, "supported_lnc": [1],'
+        ' "graph": "single", "hbm_bandwidth": "800 GB/s", "efa_bandwidth": "100 Gbps", "multi_node": true}')
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK", "NEURON_RT_VISIBLE_CORES",
+                "NEURON_RT_NUM_CORES", "NEURON_LOGICAL_NC_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NEURON_DIST_INSTANCE", str(tmp_path / "mini2.json"))
+    for k, v in extra.items():
+        monkeypatch.setenv(k, v)
+    peers = [Group._placement_info(types.SimpleNamespace(rank=r, size=4)) for r in range(4)]
+    assert all(p["by_host"] is not None and not p["node_given"] for p in peers)
+    g = types.SimpleNamespace(rank=0, name="default_pg", hosts=hosts, peers_info=peers)
+    if isinstance(want, str):
+        with pytest.raises((GroupError, ValueError), match=want):
+            Group._build_topology(g)
+        return
+    topo, order = Group._build_topology(g)
+    assert [(s.node, s.cores) for s in topo.slots] == want
+    assert sorted(order) == [0, 1, 2, 3]
+    monkeypatch.setenv("LOCAL_RANK", "0")  # a launcher's local rank: placed by the environment, as before
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert Group._placement_info(types.SimpleNamespace(rank=0, size=4))["by_host"] is None
+
+
 def test_an_unknown_instance_in_the_environment_names_the_variable():
     """'unknown instance trn9' did not say where the name came from."""
     from neuron_dist.topology import placement_from_env

@@ -10,7 +10,9 @@ Neuron conventions followed here:
   * `NEURON_LOGICAL_NC_CONFIG` is the LNC (default: the instance's, 2 on trn2/trn3, 1 elsewhere);
   * the node of a rank is `GROUP_RANK` (torchrun) or `NODE_ID`/`NODE_RANK`, the first one set
     (an integer >= 0; another value is an error naming the variable), else
-    rank // local_world_size.
+    rank // local_world_size; with neither a node variable nor LOCAL_RANK, the rank's host
+    (its node and local rank are then decided once the group knows its members' hosts:
+    `placement_before_hosts`, `place_by_host`).
 `NEURON_DIST_INSTANCE` names the instance model (default trn2.48xlarge); it may be a path to a
 .json/.toml description (see instances.load_instance).
 
@@ -120,6 +122,57 @@ def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local
     if not (0 <= rank < world_size) or not (0 <= local_rank < local_world_size):
         raise ValueError(f"bad rank numbers: rank {rank} of {world_size}, local rank "
                          f"{local_rank} of {local_world_size}")
+    return _place(env, rank // local_world_size, local_rank, local_world_size)
+
+
+def placement_before_hosts(env: Mapping[str, str], rank: int, world_size: int) -> tuple[Slot, int]:
+    """For a rank no launcher numbered on its node (no node variable and no LOCAL_RANK: a tcp://
+    or file:// job given rank and world size, a launcher of its own), whose node and local
+    rank only the hosts of its group's members decide (`place_by_host`): what its settings
+    decide alone, checked now (instance, LNC, NEURON_RT_VISIBLE_CORES, NEURON_RT_NUM_CORES).
+    Taking the rank for local rank `rank` of `world_size` on one node refused every multi-host
+    such job ("4 processes per node but ... only 2") before the hosts were known. Returns the
+    slot of local rank 0 of 1 on node 0 and the cores a rank takes by its local rank (M), or
+    0 where NEURON_RT_VISIBLE_CORES names them."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"bad rank numbers: rank {rank} of {world_size}")
+    slot = _place(env, 0, 0, 1)
+    return slot, 0 if env.get("NEURON_RT_VISIBLE_CORES") else len(slot.cores)
+
+
+def place_by_host(slots: Sequence[Slot], hosts: Sequence[str], by_host: Sequence[int | None]) -> list[Slot]:
+    """The slots of a group once its members' hosts are known: rank r with `by_host[r]` None
+    keeps `slots[r]` (its environment placed it); another (see `placement_before_hosts`) is
+    on the node of its host (hosts numbered in order of first appearance), its local rank its
+    position among its host's ranks, and takes `by_host[r]` consecutive cores from local rank
+    x M (0: its own `slots[r].cores`). Checked as `placement_from_env` checks a launcher's
+    numbers: no more ranks on a host than the node's logical cores."""
+    out = list(slots)
+    on_host: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts):
+        on_host.setdefault(h, []).append(r)
+    node_of = {h: i for i, h in enumerate(on_host)}
+    for r, m in enumerate(by_host):
+        if m is None:
+            continue
+        s, here = slots[r], on_host[hosts[r]]
+        instance = get_instance(s.instance)
+        ncores, local = instance.cores(s.lnc), here.index(r)
+        if len(here) * max(m, 1) > ncores:
+            raise ValueError(f"ranks {_ranks(here)} run on host {hosts[r]}: {len(here)} processes"
+                             f"{f' x {m} cores (NEURON_RT_NUM_CORES)' if m > 1 else ''} on one node, but "
+                             f"{instance.name} at LNC={s.lnc} has only {ncores} logical cores per node")
+        out[r] = make_slot(instance, node_of[hosts[r]], range(local * m, local * m + m) if m else s.cores, s.lnc)
+    return out
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{ranks[0]}, {ranks[1]}, ..., {ranks[-1]}"
+
+
+def _place(env: Mapping[str, str], default_node: int, local_rank: int, local_world_size: int) -> Slot:
+    """The Slot of local rank `local_rank` of `local_world_size` on the environment's node, else
+    on `default_node`, with the environment's instance, LNC and cores."""
     try:
         instance = get_instance(env.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
     except ValueError as e:
@@ -134,7 +187,7 @@ def placement_from_env(env: Mapping[str, str], rank: int, world_size: int, local
         raise ValueError(f"{local_world_size} processes per node but {instance.name} at LNC={lnc} "
                          f"has only {ncores} logical cores per node")
     node = _node_from_env(env)
-    node = rank // local_world_size if node is None else node
+    node = default_node if node is None else node
     vis = env.get("NEURON_RT_VISIBLE_CORES")
     if vis:
         cores = parse_visible_cores(vis)
