@@ -265,6 +265,63 @@ def test_cli_show_and_predict(tmp_path, capsys, monkeypatch):
     assert "valid: ring" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("inst, nodes, ppn, m, how", [
+    ("trn2.48xlarge", 1, 4, 4, "env"), ("trn2.48xlarge", 2, 8, 8, "flag"), ("trn1.32xlarge", 1, 16, 2, "flag"),
+    ("trn2.48xlarge", 1, 8, 2, "env")])
+def test_cli_predict_places_ranks_as_neuronrun_cores_per_rank(capsys, monkeypatch, inst, nodes, ppn, m, how):
+    """A review's probe: `neuronrun --nproc-per-node 4 --cores-per-rank 4` on trn2 puts a rank on
+    each of 4 chips and the backend runs `ring` for a 1 MiB all-reduce, but predict placed 4 ranks
+    on one chip and said `direct` (it had no --cores-per-rank and ignored NEURON_RT_NUM_CORES).
+    Its algorithm column is now the backend's choice on the backend's own placement
+    (placement_from_env, as group creation builds it) at every size."""
+    from neuron_dist.topology import GroupTopology, placement_from_env
+    from neuron_dist.topology.__main__ import main
+    monkeypatch.delenv("NEURON_DIST_ALGO", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.delenv("NEURON_RT_NUM_CORES", raising=False)
+    sizes = [1 << k for k in range(10, 31, 2)]
+    args = ["predict", "allreduce", "--instance", inst, "--nodes", str(nodes), "--ppn", str(ppn),
+            "--sizes", ",".join(map(str, sizes))]
+    if how == "env":
+        monkeypatch.setenv("NEURON_RT_NUM_CORES", str(m))
+    else:
+        args += ["--cores-per-rank", str(m)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    said = [l.split()[-1] for l in out.splitlines() if not l.startswith("#")]
+    env = {"NEURON_DIST_INSTANCE": inst, "NEURON_RT_NUM_CORES": str(m)}
+    world = nodes * ppn
+    slots = tuple(placement_from_env(dict(env, GROUP_RANK=str(r // ppn)), r, world, r % ppn, ppn)
+                  for r in range(world))
+    job = GroupTopology(get_instance(inst), slots).validate()
+    assert job == place(inst, nodes, ppn, cores_per_rank=m)
+    assert said == [backend_choose("allreduce", s, job) for s in sizes], said
+    assert f"{m} cores per rank" in out.splitlines()[0], out
+    one_core = [backend_choose("allreduce", s, place(inst, nodes, ppn)) for s in sizes]
+    assert said != one_core  # what it said before: a different placement, other algorithms
+
+
+def test_cli_predict_refuses_cores_per_rank_neuronrun_refuses(capsys, monkeypatch):
+    """--cores-per-rank (or NEURON_RT_NUM_CORES) is checked as neuronrun checks it: it must
+    divide the cores of a chip or be a multiple of them, and fit the node; without --ppn the
+    node's cores are shared out M at a time (neuronrun's --nproc-per-node auto)."""
+    from neuron_dist.topology.__main__ import main
+    monkeypatch.delenv("NEURON_RT_NUM_CORES", raising=False)
+    base = ["predict", "allreduce", "--instance", "trn2.48xlarge", "--sizes", "8K"]
+    for extra, msg in ((["--cores-per-rank", "3"], "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip"),
+                       (["--cores-per-rank", "0"], "--cores-per-rank: cores per rank must be at least 1"),
+                       (["--cores-per-rank", "128"], "has 64 logical cores per node"),
+                       (["--cores-per-rank", "8", "--ppn", "9"], "9 ranks x 8 cores")):
+        assert main(base + extra) == 2
+        assert msg in capsys.readouterr().err, extra
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "x")
+    assert main(base) == 2 and "NEURON_RT_NUM_CORES='x'" in capsys.readouterr().err
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "8")
+    assert main(base) == 0 and "(8 ranks per node, 8 cores per rank, LNC=2, 8 ranks)" in capsys.readouterr().out
+    assert main(base + ["--cores-per-rank", "1"]) == 0  # the flag wins over the environment
+    assert "(64 ranks per node, LNC=2, 64 ranks)" in capsys.readouterr().out
+
+
 def test_cli_runs_as_module():
     r = subprocess.run([sys.executable, "-m", "neuron_dist.topology", "list"],
                        capture_output=True, text=True, check=True)
