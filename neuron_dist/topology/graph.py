@@ -321,11 +321,45 @@ def ring_grid(topo: GroupTopology) -> Grid:
     return Grid((topo.size,), tuple(coords), ("ring",))
 
 
+def _node_coords(topo: GroupTopology, split: bool):
+    """(shape, coordinates of each group node, kinds) of the node part of a grid: one dimension
+    over the nodes, or with `split` [nodes of a domain] x [domains] (None where the group's nodes
+    are not the same number in each of several NeuronLink domains)."""
+    nodes = topo.nodes
+    if not split:
+        return (len(nodes),), {n: (i,) for i, n in enumerate(nodes)}, ("node",)
+    D = topo.instance.domain_nodes
+    per: dict[int, list[int]] = {}
+    for n in nodes:
+        per.setdefault(n // D, []).append(n)
+    sizes = {len(v) for v in per.values()}
+    if D == 1 or len(per) < 2 or len(sizes) != 1 or sizes == {1}:
+        return None
+    coords = {n: (i, j) for j, dom in enumerate(sorted(per)) for i, n in enumerate(per[dom])}
+    return (sizes.pop(), len(per)), coords, ("node", "domain")
+
+
+def _bandwidth_price(topo: GroupTopology, grid: Grid) -> float:
+    """Seconds per byte of a large all-reduce on `grid`, by the cost model's own terms."""
+    from .cost import _grid_terms  # cost imports this module
+    return sum(steps * beta for steps, _, beta in _grid_terms(topo, grid, True, True))
+
+
+@functools.lru_cache(maxsize=256)  # pure in topo; cost.applicable asks at every choice, pricing grids
 def torus_grid(topo: GroupTopology) -> Grid | None:
     """The group as [cores of a chip] x [torus dimensions] x [nodes] when every placed chip holds
     the same number of ranks and every node the same chips: the full torus in its own
     dimensions; otherwise the chips of a node as one ring (`chip_order`). None when the group is
-    not such a product (the caller falls back to `ring_grid`)."""
+    not such a product (the caller falls back to `ring_grid`).
+
+    Across several NeuronLink domains (UltraServers) holding the same number of the group's
+    nodes each, the nodes are [nodes of a domain] x [domains]: one line over every node crossed
+    EFA at two domain boundaries and each of its steps waited on the slowest hop (trn2u, 8 nodes
+    x 4 ranks, 64 MiB all-reduce: 3.29 ms modelled); split, the in-domain lines run over
+    NeuronLink and only the last dimension, on the smallest blocks, crosses EFA (1.84 ms). Kept
+    unless the model prices it dearer for large messages, where the torus runs: with two nodes
+    of each of many domains the single line can be (up to 11% at 1 GiB, 8 domains), as half its
+    lines cross EFA at each boundary where every domain line does."""
     inst = topo.instance
     per = _by_chip(topo, range(topo.size))
     ks = {len(v) for v in per.values()}
@@ -335,22 +369,31 @@ def torus_grid(topo: GroupTopology) -> Grid | None:
         return None
     k = ks.pop()
     chips = chipsets.pop()
-    coords: list = [None] * topo.size
     full_torus = len(chips) == inst.chips and inst.graph in ("torus", "ring") and inst.chips > 1
-    if full_torus:
-        shape = (k, *inst.torus_dims, len(nodes))
-        kinds = ("core", *"xyw"[:len(inst.torus_dims)], "node")
-        for (n, c), rs in per.items():
-            for i, r in enumerate(rs):
-                coords[r] = (i, *inst.chip_coords(c), nodes.index(n))
-    else:
-        order = chip_order(inst, frozenset(chips))
-        shape = (k, len(order), len(nodes))
-        kinds = ("core", "chips", "node")
-        for (n, c), rs in per.items():
-            for i, r in enumerate(rs):
-                coords[r] = (i, order.index(c), nodes.index(n))
-    g = _squeeze(shape, coords, kinds)
+    order = None if full_torus else chip_order(inst, frozenset(chips))
+
+    def build(node_shape, node_at, node_kinds) -> Grid:
+        coords: list = [None] * topo.size
+        if full_torus:
+            shape = (k, *inst.torus_dims, *node_shape)
+            kinds = ("core", *"xyw"[:len(inst.torus_dims)], *node_kinds)
+            for (n, c), rs in per.items():
+                for i, r in enumerate(rs):
+                    coords[r] = (i, *inst.chip_coords(c), *node_at[n])
+        else:
+            shape = (k, len(order), *node_shape)
+            kinds = ("core", "chips", *node_kinds)
+            for (n, c), rs in per.items():
+                for i, r in enumerate(rs):
+                    coords[r] = (i, order.index(c), *node_at[n])
+        return _squeeze(shape, coords, kinds)
+
+    g = build(*_node_coords(topo, False))
+    split = _node_coords(topo, True)
+    if split is not None:
+        g2 = build(*split)
+        if _bandwidth_price(topo, g2) <= _bandwidth_price(topo, g) * (1 + 1e-9):
+            g = g2
     return g if g.shape else None
 
 

@@ -76,6 +76,79 @@ def test_torus_grid_shapes():
     assert torus_grid(place("trn2", 1, 7)) is None
 
 
+def _one_node_line(topo, g):
+    """`g` with its node dimensions ([nodes of a domain] x [domains]) merged back into one line
+    over the group's nodes in order: the torus grid before the split."""
+    if "domain" not in g.kinds:
+        return g
+    from neuron_dist.topology import Grid
+    d = g.kinds.index("node")
+    m = g.shape[d]
+    return Grid(g.shape[:d] + (m * g.shape[d + 1],) + g.shape[d + 2:],
+                tuple(c[:d] + (c[d] + m * c[d + 1],) + c[d + 2:] for c in g.coords),
+                g.kinds[:d] + ("node",) + g.kinds[d + 2:])
+
+
+def _price(topo, g, nbytes):
+    from neuron_dist.topology.cost import _grid_terms
+    return sum(s * (a + b * nbytes) for s, a, b in _grid_terms(topo, g, True, True))
+
+
+def test_torus_grid_splits_nodes_by_ultraserver():
+    """A review's probe (p11): on 8 trn2u nodes (two UltraServers of 4) the torus grid's node
+    dimension was one ring 0-1-...-7 that crosses EFA twice, every step waiting on an EFA hop:
+    3.29 ms modelled for a 64 MiB all-reduce at 4 ranks a node, where [nodes of an UltraServer]
+    x [UltraServers] costs 1.84 ms by the same model. The split grid runs now, and the backend's
+    choice is still the cheapest algorithm."""
+    from neuron_dist.topology.select import backend_algorithms
+    topo = place("trn2u.48xlarge", 8, 4)
+    g = torus_grid(topo)
+    assert (g.shape, g.kinds) == ((4, 4, 2), ("core", "node", "domain"))
+    assert [c[1:] for c in g.coords[::4]] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
+    assert estimate("allreduce", "torus", 64 * MB, topo) == pytest.approx(1.84e-3, rel=0.01)
+    assert _price(topo, _one_node_line(topo, g), 64 * MB) == pytest.approx(3.29e-3, rel=0.01)
+    assert torus_grid(place("trn2u.48xlarge", 4, 64)).kinds == ("core", "x", "y", "node")  # one domain
+    assert torus_grid(place("trn2u.48xlarge", 6, 16)).kinds == ("core", "chips", "node")  # 4 + 2 nodes
+    assert torus_grid(place("trn3", 8, 64)).shape == (4, 16, 4, 2)
+    for name, nodes, ppn in (("trn2u.48xlarge", 8, 4), ("trn2u.48xlarge", 8, 64), ("trn3", 12, 16),
+                             ("trn3-gen2", 72, 4)):
+        topo = place(name, nodes, ppn)
+        for coll in ("allreduce", "allgather", "reduce_scatter"):
+            algos = [a for a in backend_algorithms(coll) if a in AVAILABLE[coll]]
+            for nbytes in (64 * KB, MB, 64 * MB, 1 << 30):
+                t = {a: estimate(coll, a, nbytes, topo) for a in algos}
+                assert t[backend_choose(coll, nbytes, topo)] == min(t.values()), (name, nodes, ppn, coll, nbytes)
+        assert backend_choose("allreduce", 1 << 30, topo) == "torus"
+
+
+def test_torus_grid_split_only_where_the_model_prices_it_cheaper():
+    """Two nodes in each of many UltraServers: the one line over the nodes crosses EFA with half
+    its lines at each boundary, the domain lines with all of them, and the model prices the
+    split dearer at 1 GiB (up to 11% at 8 domains): the grid is the cheaper of the two for large
+    messages, and no dearer than the one line at any of the listed sizes where it splits."""
+    from neuron_dist.topology import GroupTopology
+    from neuron_dist.topology.placement import make_slot
+    inst = get_instance("trn2u.48xlarge")
+    split = kept = 0
+    for per_domain in ((0, 1), (0, 2), (0, 1, 2), (1, 2, 3), (0, 1, 2, 3)):
+        for domains in (2, 3, 8):
+            for ppn in (1, 2, 4, 16):
+                nodes = [j * 4 + o for j in range(domains) for o in per_domain]
+                topo = GroupTopology(inst, tuple(make_slot(inst, n, [i], 2) for n in nodes
+                                                 for i in range(ppn))).validate()
+                g = torus_grid(topo)
+                line = _one_node_line(topo, g)
+                assert _price(topo, g, 1 << 30) <= _price(topo, line, 1 << 30) * (1 + 1e-9)
+                if "domain" in g.kinds:
+                    split += 1
+                    assert g.shape[-2:] == (len(per_domain), domains)
+                    assert all(_price(topo, g, s) < _price(topo, line, s) for s in (64 * KB, MB, 64 * MB))
+                else:
+                    kept += 1
+                    assert len(per_domain) == 2 and domains > 2, (per_domain, domains, ppn)
+    assert split > 40 and kept > 0, (split, kept)
+
+
 # ---- cost model --------------------------------------------------------------------------------
 GROUPS = [("trn2.48xlarge", 1, 64), ("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 1, 32),
           ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 64), ("trn3-gen2", 4, 16),
