@@ -117,6 +117,49 @@ def two_node_placement(rank, world):
     return checks
 
 
+def ultraserver_domains(rank, world):
+    """A subgroup whose 4 ranks are told they sit on trn2u nodes 0, 1, 4 and 5: two nodes of
+    each of two UltraServers. The torus runs on [nodes of an UltraServer] x [UltraServers] (it
+    ran one line 0-1-4-5 over every node) and each reducing collective, torus forced, gives what
+    Gloo gives over the same ranks."""
+    import rankctx
+    from neuron_dist.topology import torus_grid
+    if world != 4:
+        return 1
+    with env(NEURON_DIST_INSTANCE="trn2u.48xlarge", LOCAL_WORLD_SIZE=1, LOCAL_RANK=0,
+             GROUP_RANK=(0, 1, 4, 5)[rank]):
+        g = dist.new_group(list(range(world)))
+    grid = torus_grid(g.group.topology)
+    assert (grid.shape, grid.kinds) == ((2, 2), ("node", "domain")), grid
+    checks = 0
+    for coll in ("allreduce", "allgather", "reduce_scatter"):
+        with env(NEURON_DIST_ALGO=f"{coll}:torus"):
+            for dtype in (torch.float32, torch.int64):
+                for count in (0, 1, 5, 1001, 200_003):
+                    what = f"trn2u nodes 0,1,4,5 {coll}:torus {dtype} n={count}"
+                    if coll == "allreduce":
+                        x = values(rank, count, dtype, "sum", 31)
+                        a, b = x.clone(), x.clone()
+                        dist.all_reduce(a, group=g)
+                        dist.all_reduce(b, group=rankctx.GLOO)
+                    elif coll == "allgather":
+                        x = values(rank, count, dtype, "sum", 32)
+                        a, b = (torch.empty(count * world, dtype=dtype) for _ in range(2))
+                        dist.all_gather_into_tensor(a, x, group=g)
+                        dist.all_gather_into_tensor(b, x, group=rankctx.GLOO)
+                    else:
+                        x = values(rank, count * world, dtype, "sum", 33)
+                        a, b = (torch.empty(count, dtype=dtype) for _ in range(2))
+                        dist.reduce_scatter_tensor(a, x, group=g)
+                        dist.reduce_scatter_tensor(b, x, group=rankctx.GLOO)
+                    same(a, b, what)
+                    checks += 1
+    used = {(r["collective"], r["algorithm"]) for r in g.group.report()}
+    assert {("allreduce", "torus"), ("allgather", "torus"), ("reduce_scatter", "torus")} <= used, used
+    dist.destroy_process_group(g)
+    return checks
+
+
 def forced_unknown(rank, world):
     with env(NEURON_DIST_ALGO="allreduce:warp"):
         try:

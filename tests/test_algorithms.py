@@ -5,7 +5,7 @@ import pytest
 
 @pytest.mark.parametrize("world", (2, 3, 4))
 @pytest.mark.parametrize("case", ["every_algorithm", "two_node_placement", "forced_unknown", "model_policy",
-                                  "host_policy", "reductions_agree_bitwise"])
+                                  "host_policy", "reductions_agree_bitwise", "ultraserver_domains"])
 def test_algorithms(pools, case, world):
     assert all(pools(world).run(f"cases_algorithms:{case}"))
 

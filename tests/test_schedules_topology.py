@@ -132,6 +132,26 @@ def test_traffic_only_between_neighbours(name, nodes, ppn, lnc):
             assert all(link_kind(topo, s, d) != "network" for s, d in res.pairs())
 
 
+@pytest.mark.parametrize("name,nodes,ppn", [("trn2u.48xlarge", 8, 4), ("trn2u.48xlarge", 8, 16),
+                                             ("trn2u.48xlarge", 12, 2), ("trn3", 8, 4), ("trn3-gen2", 72, 1)])
+def test_torus_across_ultraservers_crosses_efa_between_domains_only(name, nodes, ppn):
+    """A job over several UltraServers (NeuronLink domains of D nodes): the torus ran one line
+    over all nodes, 0-1-...-7 on 8 trn2u nodes, whose steps 3->4 and 7->0 cross EFA, so every
+    step waited on EFA. Its grid is now [nodes of a domain] x [domains]: the schedules still
+    reduce and gather right, and EFA carries only the last dimension's traffic, between nodes
+    at the same place in their domains (node n and n +- k*D)."""
+    topo = place(name, nodes, ppn)
+    D = topo.instance.domain_nodes
+    for b, check in [(torus_allreduce, check_allreduce), (torus_allgather, check_allgather),
+                     (torus_reduce_scatter, check_reduce_scatter)]:
+        for count in (1, 5):
+            res = check(b, topo, count)
+            efa = [(s, d) for s, d in res.pairs() if link_kind(topo, s, d) == "network"]
+            far = [(s, d) for s, d in efa if (topo.slots[s].node - topo.slots[d].node) % D]
+            assert efa and not far, (b.__name__, far[:4])
+            assert all(link_kind(topo, s, d) is not None for s, d in res.pairs())
+
+
 def test_bytes_recorded_and_ring_volume():
     topo = place("trn2", 1, 8)
     res = check_allreduce(torus_allreduce, topo, 8 * 64)

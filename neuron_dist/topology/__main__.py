@@ -3,10 +3,13 @@
   show INSTANCE [--lnc N] [--svg FILE]
       the instance's chips, cores and links, every figure with its source, and the node's
       Hamiltonian ring(s) drawn over the chip graph to an SVG file (default INSTANCE-rings.svg)
-  predict COLLECTIVE --instance NAME [--nodes N] [--ppn K] [--lnc N] [--sizes 8K,1M,64M]
-          [--algo NAME]
+  predict COLLECTIVE --instance NAME [--nodes N] [--ppn K] [--lnc N] [--cores-per-rank M]
+          [--sizes 8K,1M,64M] [--algo NAME]
       an nccl-tests-like table of modelled time, algbw and busbw, with the algorithm the backend
       would choose at each size (or the one given with --algo); NEURON_DIST_ALGO is honoured.
+      The ranks are placed as neuronrun lays them out: M consecutive logical cores each
+      (default $NEURON_RT_NUM_CORES, else 1), so --cores-per-rank 4 at LNC=2 on trn2 is one
+      rank per chip; --ppn defaults to every logical core divided by M.
       '-' where there is nothing to show: every column of a one-rank group, and a barrier's
       bandwidths (it moves no data).
   list
@@ -91,6 +94,34 @@ def cmd_show(args) -> int:
     return 0
 
 
+def cores_per_rank(arg: int | None, env_value: str | None, inst, lnc: int) -> int:
+    """Logical cores per rank as neuronrun takes them: --cores-per-rank, else $NEURON_RT_NUM_CORES,
+    else 1. Predict modelled one core per rank while the backend placed such a job one rank per
+    chip (trn2 LNC=2, M=4: 'direct' predicted at 1 MiB, 'ring' run). Like neuronrun, M must
+    divide the cores per chip or be a multiple of them (no rank straddles a chip)."""
+    where = "--cores-per-rank" if arg is not None else f"NEURON_RT_NUM_CORES={env_value!r}"
+    if arg is not None:
+        m = arg
+    elif env_value and env_value.strip():
+        try:
+            m = int(env_value)
+        except ValueError:
+            raise ValueError(f"{where}: expected a positive number of cores per rank") from None
+    else:
+        return 1
+    if m < 1:
+        raise ValueError(f"{where}: cores per rank must be at least 1, not {m}")
+    k, total = inst.cores_per_chip(lnc), inst.cores(lnc)
+    if k % m and m % k:
+        raise ValueError(f"{where}: {m} cores per rank do not fit {k} logical cores per chip on "
+                         f"{inst.name} at LNC={lnc}; it must divide {k} or be a multiple of it "
+                         f"(as neuronrun requires)")
+    if m > total:
+        raise ValueError(f"{where}: {m} cores per rank, but {inst.name} at LNC={lnc} has {total} "
+                         f"logical cores per node")
+    return m
+
+
 def cmd_predict(args) -> int:
     coll = normalise_collective(args.collective)
     job_instance = args.instance is None  # the job's own (NEURON_DIST_INSTANCE), not one named here
@@ -105,8 +136,9 @@ def cmd_predict(args) -> int:
         raise ValueError(f"{'--lnc' if args.lnc is not None else f'NEURON_LOGICAL_NC_CONFIG={lnc_env!r}'}: {e}") from None
     if args.ppn is not None and args.ppn < 1:  # 0 is not "every core": that is --ppn left out
         raise ValueError(f"--ppn must be at least 1, not {args.ppn} (leave it out for every logical core)")
-    ppn = inst.cores(lnc) if args.ppn is None else args.ppn
-    topo = place(inst, args.nodes, ppn, lnc)
+    m = cores_per_rank(args.cores_per_rank, os.environ.get("NEURON_RT_NUM_CORES"), inst, lnc)
+    ppn = inst.cores(lnc) // m if args.ppn is None else args.ppn
+    topo = place(inst, args.nodes, ppn, lnc, cores_per_rank=m)
     # what the backend would run: its algorithms only, NEURON_DIST_ALGO checked as it checks it
     forced = backend_forced(os.environ.get(ENV_ALGO))
     if args.algo:
@@ -120,7 +152,8 @@ def cmd_predict(args) -> int:
     for nbytes in args.sizes:
         algo = backend_choose(coll, nbytes, topo, forced)
         rows.append((nbytes, algo, estimate(coll, algo, nbytes, topo)))
-    print(f"# {coll} on {args.nodes} x {inst.name} ({ppn} ranks per node, LNC={lnc}, {n} ranks); "
+    per_rank = f", {m} cores per rank" if m > 1 else ""
+    print(f"# {coll} on {args.nodes} x {inst.name} ({ppn} ranks per node{per_rank}, LNC={lnc}, {n} ranks); "
           f"modelled device time")
     print(f"# {'size(B)':>12} {'count':>12} {'type':>6} {'time(us)':>10} {'algbw(GB/s)':>12} "
           f"{'busbw(GB/s)':>12}  algorithm")
@@ -161,6 +194,8 @@ def main(argv=None) -> int:
     pr.add_argument("--nodes", type=int, default=1)
     pr.add_argument("--ppn", type=int, help="ranks per node (default: every logical core)")
     pr.add_argument("--lnc", type=int)
+    pr.add_argument("--cores-per-rank", type=int,
+                    help="logical cores per rank, as neuronrun's (default: $NEURON_RT_NUM_CORES, else 1)")
     pr.add_argument("--sizes", type=parse_sizes, default="8K,64K,1M,16M,64M,512M")
     pr.add_argument("--algo")
     sub.add_parser("list")

@@ -196,19 +196,132 @@ def hamiltonian_cycles(inst: InstanceModel) -> tuple[tuple[int, ...], ...]:
 
 
 def _cycle_score(inst: InstanceModel, node: int, order: Sequence[int]):
+    """(busiest link's seconds per byte, slowest hop's latency, hop count) of the ring `order`
+    of chips on one node: the order `chip_order` minimises."""
     if len(order) < 2:
-        return (0.0, 0)
+        return (0.0, 0.0, 0)
     flows = [((node, order[i]), (node, order[(i + 1) % len(order)])) for i in range(len(order))]
-    _, beta = pattern_cost(inst, flows)
+    alpha, beta = pattern_cost(inst, flows)
     hops = sum(len(route(inst, a, b)[0]) for a, b in flows)
-    return (beta, hops)
+    return (beta, alpha, hops)
+
+
+class _Rings:
+    """`_cycle_score` for rings over a fixed chip set, from a table of every pair's route (links
+    as integers), for the searches of `chip_order` (an order's score is a few list updates)."""
+
+    def __init__(self, inst: InstanceModel, chips: Sequence[int]):
+        ids: dict[tuple, int] = {}
+        self.bw: list[float] = []
+        self.path: dict[tuple[int, int], tuple[int, ...]] = {}
+        self.lat: dict[tuple[int, int], float] = {}
+        for a in chips:
+            for b in chips:
+                if a != b:
+                    links, self.lat[a, b] = route(inst, (0, a), (0, b))
+                    for l in links:
+                        if l not in ids:
+                            ids[l] = len(ids)
+                            self.bw.append(link_bandwidth(inst, l))
+                    self.path[a, b] = tuple(ids[l] for l in links)
+        self.links = len(ids)
+
+    def score(self, order: Sequence[int]):
+        load = [0] * self.links
+        alpha, hops = 0.0, 0
+        for i, a in enumerate(order):
+            e = (a, order[(i + 1) % len(order)])
+            alpha = max(alpha, self.lat[e])
+            hops += len(self.path[e])
+            for l in self.path[e]:
+                load[l] += 1
+        return (max(n / bw for n, bw in zip(load, self.bw) if n), alpha, hops)
+
+    def best(self, chips: Sequence[int], bound):
+        """The best ring through all `chips` (the first fixed) by branch and bound: every part of
+        the score only grows as a path grows, and each chip still to leave needs at least its
+        shortest hop, so a path that cannot score better than `bound` (the best ring known) is
+        cut. (order, score), or None when nothing beats `bound`. Both directions are searched:
+        dimension-order routes differ, so a ring and its reverse may load different links."""
+        first, n = chips[0], len(chips)
+        load = [0] * self.links
+        path, left = [first], set(chips[1:])
+        short = {a: min(len(self.path[a, b]) for b in chips if b != a) for a in chips}
+        best: list = [None, bound]
+
+        def extend(a: int, b: int, beta: float, alpha: float, hops: int):
+            e = self.path[a, b]
+            for l in e:
+                load[l] += 1
+            beta = max([beta] + [load[l] / self.bw[l] for l in e])
+            return beta, max(alpha, self.lat[a, b]), hops + len(e)
+
+        def undo(a: int, b: int):
+            for l in self.path[a, b]:
+                load[l] -= 1
+
+        def dfs(beta: float, alpha: float, hops: int, rest: int):
+            """Extend `path`; `rest`: the shortest hops onward of the chips not on it."""
+            v = path[-1]
+            if len(path) == n:
+                key = extend(v, first, beta, alpha, hops)
+                undo(v, first)
+                if key < best[1]:
+                    best[:] = [tuple(path), key]
+                return
+            for c in sorted(left, key=lambda c: len(self.path[v, c])):  # short hops first: early bounds
+                key = extend(v, c, beta, alpha, hops)
+                if key[:2] + (key[2] + rest,) < best[1]:  # rest: the hops c and the chips left need at least
+                    path.append(c)
+                    left.discard(c)
+                    dfs(*key, rest - short[c])
+                    left.add(c)
+                    path.pop()
+                undo(v, c)
+
+        dfs(0.0, 0.0, 0, sum(short[c] for c in chips[1:]))
+        return None if best[0] is None else (best[0], best[1])
+
+    def two_opt(self, order: Sequence[int], key, max_passes: int = 8):
+        """Improve a ring by reversing segments (2-opt), taking the first better ring found,
+        until no reversal helps (or `max_passes`). A reversal is scored whole (routes are not
+        symmetric: its inner steps change links), and only where its two new steps take fewer
+        hops than the two they replace, or as many with a shorter longest one."""
+        order, n = list(order), len(order)
+        h = {e: len(p) for e, p in self.path.items()}
+        for _ in range(max_passes):
+            better = False
+            for i in range(1, n - 1):
+                for j in range(i + 1, n):
+                    a, b, c, d = order[i - 1], order[i], order[j], order[(j + 1) % n]
+                    if d == a:
+                        continue  # the whole ring but one chip: the same ring reversed
+                    old, new = (h[a, b], h[c, d]), (h[a, c], h[b, d])
+                    if (sum(new), max(new)) >= (sum(old), max(old)):
+                        continue
+                    cand = order[:i] + order[i:j + 1][::-1] + order[j + 1:]
+                    k = self.score(cand)
+                    if k < key:
+                        order, key, better = cand, k, True
+            if not better:
+                break
+        return tuple(order), key
+
+
+EXHAUSTIVE_CHIPS = 9  # up to this many chips chip_order searches every ring (a few ms of CPU, 17 ms at worst)
 
 
 @functools.lru_cache(maxsize=None)
 def chip_order(inst: InstanceModel, chips: frozenset) -> tuple[int, ...]:
     """A cyclic order of `chips` (on one node) that minimises the busiest link's load, then the
-    total hop count: the node's Hamiltonian cycles restricted to the chips, and a Hamiltonian
-    cycle of the chips' own subgraph where one exists."""
+    slowest hop, then the total hop count. Candidates: the node's Hamiltonian cycles restricted to
+    the chips, a Hamiltonian cycle of the chips' own subgraph where one exists, the chips in
+    order; then, for up to EXHAUSTIVE_CHIPS chips, every ring (branch and bound from the best
+    candidate), above that the best candidate improved by 2-opt. The candidates alone missed
+    better rings of subsets without a Hamiltonian cycle of their own: chips 0, 2, ..., 14 of a
+    trn2 node (the DP groups of an 8x8 mesh at LNC 2) got a ring with a 3-hop step and 12 hops
+    where one with at most 2 hops a step, 10 in all, loads no link more (64 KiB ring
+    all-reduce modelled 63.5 us against 42.5)."""
     chips_l = sorted(chips)
     if len(chips_l) <= 2 or inst.graph in ("single", "switch"):
         return tuple(chips_l)
@@ -218,7 +331,15 @@ def chip_order(inst: InstanceModel, chips: frozenset) -> tuple[int, ...]:
         if sub is not None and len(sub) == len(chips_l):
             cands.append(tuple(sub))
     cands.append(tuple(chips_l))
-    return min(cands, key=lambda o: _cycle_score(inst, 0, o))
+    rings = _Rings(inst, chips_l)
+    order = min(cands, key=rings.score)
+    key = rings.score(order)
+    if key[2] == len(chips_l) and key[0] * inst.link_bandwidth <= 1 + 1e-9:
+        return order  # every step one link, no link used twice: no ring does better
+    if len(chips_l) <= EXHAUSTIVE_CHIPS:
+        found = rings.best(chips_l, key)
+        return found[0] if found else order
+    return rings.two_opt(order, key)[0]
 
 
 def _by_chip(topo: GroupTopology, ranks: Sequence[int]):
@@ -321,11 +442,45 @@ def ring_grid(topo: GroupTopology) -> Grid:
     return Grid((topo.size,), tuple(coords), ("ring",))
 
 
+def _node_coords(topo: GroupTopology, split: bool):
+    """(shape, coordinates of each group node, kinds) of the node part of a grid: one dimension
+    over the nodes, or with `split` [nodes of a domain] x [domains] (None where the group's nodes
+    are not the same number in each of several NeuronLink domains)."""
+    nodes = topo.nodes
+    if not split:
+        return (len(nodes),), {n: (i,) for i, n in enumerate(nodes)}, ("node",)
+    D = topo.instance.domain_nodes
+    per: dict[int, list[int]] = {}
+    for n in nodes:
+        per.setdefault(n // D, []).append(n)
+    sizes = {len(v) for v in per.values()}
+    if D == 1 or len(per) < 2 or len(sizes) != 1 or sizes == {1}:
+        return None
+    coords = {n: (i, j) for j, dom in enumerate(sorted(per)) for i, n in enumerate(per[dom])}
+    return (sizes.pop(), len(per)), coords, ("node", "domain")
+
+
+def _bandwidth_price(topo: GroupTopology, grid: Grid) -> float:
+    """Seconds per byte of a large all-reduce on `grid`, by the cost model's own terms."""
+    from .cost import _grid_terms  # cost imports this module
+    return sum(steps * beta for steps, _, beta in _grid_terms(topo, grid, True, True))
+
+
+@functools.lru_cache(maxsize=256)  # pure in topo; cost.applicable asks at every choice, pricing grids
 def torus_grid(topo: GroupTopology) -> Grid | None:
     """The group as [cores of a chip] x [torus dimensions] x [nodes] when every placed chip holds
     the same number of ranks and every node the same chips: the full torus in its own
     dimensions; otherwise the chips of a node as one ring (`chip_order`). None when the group is
-    not such a product (the caller falls back to `ring_grid`)."""
+    not such a product (the caller falls back to `ring_grid`).
+
+    Across several NeuronLink domains (UltraServers) holding the same number of the group's
+    nodes each, the nodes are [nodes of a domain] x [domains]: one line over every node crossed
+    EFA at two domain boundaries and each of its steps waited on the slowest hop (trn2u, 8 nodes
+    x 4 ranks, 64 MiB all-reduce: 3.29 ms modelled); split, the in-domain lines run over
+    NeuronLink and only the last dimension, on the smallest blocks, crosses EFA (1.84 ms). Kept
+    unless the model prices it dearer for large messages, where the torus runs: with two nodes
+    of each of many domains the single line can be (up to 11% at 1 GiB, 8 domains), as half its
+    lines cross EFA at each boundary where every domain line does."""
     inst = topo.instance
     per = _by_chip(topo, range(topo.size))
     ks = {len(v) for v in per.values()}
@@ -335,22 +490,31 @@ def torus_grid(topo: GroupTopology) -> Grid | None:
         return None
     k = ks.pop()
     chips = chipsets.pop()
-    coords: list = [None] * topo.size
     full_torus = len(chips) == inst.chips and inst.graph in ("torus", "ring") and inst.chips > 1
-    if full_torus:
-        shape = (k, *inst.torus_dims, len(nodes))
-        kinds = ("core", *"xyw"[:len(inst.torus_dims)], "node")
-        for (n, c), rs in per.items():
-            for i, r in enumerate(rs):
-                coords[r] = (i, *inst.chip_coords(c), nodes.index(n))
-    else:
-        order = chip_order(inst, frozenset(chips))
-        shape = (k, len(order), len(nodes))
-        kinds = ("core", "chips", "node")
-        for (n, c), rs in per.items():
-            for i, r in enumerate(rs):
-                coords[r] = (i, order.index(c), nodes.index(n))
-    g = _squeeze(shape, coords, kinds)
+    order = None if full_torus else chip_order(inst, frozenset(chips))
+
+    def build(node_shape, node_at, node_kinds) -> Grid:
+        coords: list = [None] * topo.size
+        if full_torus:
+            shape = (k, *inst.torus_dims, *node_shape)
+            kinds = ("core", *"xyw"[:len(inst.torus_dims)], *node_kinds)
+            for (n, c), rs in per.items():
+                for i, r in enumerate(rs):
+                    coords[r] = (i, *inst.chip_coords(c), *node_at[n])
+        else:
+            shape = (k, len(order), *node_shape)
+            kinds = ("core", "chips", *node_kinds)
+            for (n, c), rs in per.items():
+                for i, r in enumerate(rs):
+                    coords[r] = (i, order.index(c), *node_at[n])
+        return _squeeze(shape, coords, kinds)
+
+    g = build(*_node_coords(topo, False))
+    split = _node_coords(topo, True)
+    if split is not None:
+        g2 = build(*split)
+        if _bandwidth_price(topo, g2) <= _bandwidth_price(topo, g) * (1 + 1e-9):
+            g = g2
     return g if g.shape else None
 
 

@@ -76,6 +76,152 @@ def test_torus_grid_shapes():
     assert torus_grid(place("trn2", 1, 7)) is None
 
 
+def _ring_steps(inst, order):
+    """(1 / busiest link's seconds per byte, links of the longest step, links in all) of a ring
+    of chips on one node."""
+    flows = [((0, a), (0, b)) for a, b in zip(order, order[1:] + order[:1])]
+    steps = [len(route(inst, a, b)[0]) for a, b in flows]
+    return (round(1 / pattern_cost(inst, flows)[1]), max(steps), sum(steps))
+
+
+def test_chip_order_of_a_mesh_subgroup_is_the_best_ring():
+    """A review's probe (p2c): the DP groups of an 8x8 DeviceMesh on one trn2 node at LNC 2
+    (ranks 0, 8, ..., 56: chips 0, 2, ..., 14) got the ring (0, 12, 8, 4, 10, 6, 2, 14): a
+    3-hop step, 12 hops, where (0, 2, 6, 10, 14, 12, 8, 4) takes at most 2 hops a step, 10 in
+    all, and loads no link more; its 64 KiB ring all-reduce was modelled 63.5 us against 42.5."""
+    from neuron_dist.topology import GroupTopology
+    from neuron_dist.topology.graph import chip_order
+    for name in ("trn2.48xlarge", "trn1.32xlarge"):
+        inst = get_instance(name)
+        got = chip_order(inst, frozenset(range(0, 16, 2)))
+        assert _ring_steps(inst, got) == _ring_steps(inst, (0, 2, 6, 10, 14, 12, 8, 4)), (name, got)
+    full = place("trn2.48xlarge", 1, 64)
+    dp = GroupTopology(full.instance, tuple(full.slots[r] for r in range(0, 64, 8)))
+    assert estimate("allreduce", "ring", 64 * KB, dp) == pytest.approx(42.5e-6, rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["trn2.48xlarge", "trn1.32xlarge", "inf2.48xlarge", "inf2.24xlarge"])
+def test_chip_order_matches_brute_force_on_small_subsets(name):
+    """For up to 9 chips chip_order searches every ring: on random subsets of 3-8 chips its
+    (busiest link, slowest hop, hops) is the least of all cyclic orders (first chip fixed; both
+    directions, as routes are not symmetric). The candidates alone missed the best by busiest
+    link then hops on 65 of 240 trn2 subsets (p2)."""
+    import itertools
+    import random
+    from neuron_dist.topology.graph import _cycle_score, chip_order
+    inst = get_instance(name)
+    rng = random.Random(7)
+    for k in range(3, min(8, inst.chips) + 1):
+        for _ in range(6 if k < 8 else 2):
+            chips = sorted(rng.sample(range(inst.chips), k))
+            got = chip_order(inst, frozenset(chips))
+            assert sorted(got) == chips
+            best = min(_cycle_score(inst, 0, (chips[0],) + p) for p in itertools.permutations(chips[1:]))
+            assert _cycle_score(inst, 0, got) == best, (name, chips, got)
+
+
+def test_chip_order_improves_larger_subsets_and_stays_fast():
+    """Above 9 chips the best candidate is improved by 2-opt: chips 0, 3, 5, 6, 8, 10-14 of a
+    trn2 node had a 3-hop step and 16 hops, now at most 2 a step and 14. The search stays
+    cheap at group creation: the worst of 9 chips (exhaustive) and 10 to 64 chips of an 8x8
+    torus node (2-opt) in CPU time, well under a second on a loaded machine (a few ms to tens
+    of ms when idle)."""
+    import dataclasses
+    import random
+    import time
+    from neuron_dist.topology.graph import chip_order
+    inst = get_instance("trn2.48xlarge")
+    got = chip_order(inst, frozenset((0, 3, 5, 6, 8, 10, 11, 12, 13, 14)))
+    assert _ring_steps(inst, got) == (inst.link_bandwidth, 2, 14), got
+    big = dataclasses.replace(inst, name="test.torus8x8", chips=64, torus_dims=(8, 8))  # not registered: passed as is
+    rng = random.Random(2)
+    cases = [(inst, frozenset(rng.sample(range(16), 9))) for _ in range(10)]
+    cases += [(big, frozenset(rng.sample(range(64), k))) for k in (9, 10, 20, 32, 48, 63) for _ in range(2)]
+    cases.append((big, frozenset(range(64))))
+    worst = 0.0
+    for m, chips in cases:
+        chip_order(m, chips)  # routes cached (group creation finds them cached after the first group)
+        chip_order.cache_clear()
+        t0 = time.process_time()
+        order = chip_order(m, chips)
+        worst = max(worst, time.process_time() - t0)
+        assert sorted(order) == sorted(chips)
+    assert worst < 1.0, worst
+
+
+def _one_node_line(topo, g):
+    """`g` with its node dimensions ([nodes of a domain] x [domains]) merged back into one line
+    over the group's nodes in order: the torus grid before the split."""
+    if "domain" not in g.kinds:
+        return g
+    from neuron_dist.topology import Grid
+    d = g.kinds.index("node")
+    m = g.shape[d]
+    return Grid(g.shape[:d] + (m * g.shape[d + 1],) + g.shape[d + 2:],
+                tuple(c[:d] + (c[d] + m * c[d + 1],) + c[d + 2:] for c in g.coords),
+                g.kinds[:d] + ("node",) + g.kinds[d + 2:])
+
+
+def _price(topo, g, nbytes):
+    from neuron_dist.topology.cost import _grid_terms
+    return sum(s * (a + b * nbytes) for s, a, b in _grid_terms(topo, g, True, True))
+
+
+def test_torus_grid_splits_nodes_by_ultraserver():
+    """A review's probe (p11): on 8 trn2u nodes (two UltraServers of 4) the torus grid's node
+    dimension was one ring 0-1-...-7 that crosses EFA twice, every step waiting on an EFA hop:
+    3.29 ms modelled for a 64 MiB all-reduce at 4 ranks a node, where [nodes of an UltraServer]
+    x [UltraServers] costs 1.84 ms by the same model. The split grid runs now, and the backend's
+    choice is still the cheapest algorithm."""
+    from neuron_dist.topology.select import backend_algorithms
+    topo = place("trn2u.48xlarge", 8, 4)
+    g = torus_grid(topo)
+    assert (g.shape, g.kinds) == ((4, 4, 2), ("core", "node", "domain"))
+    assert [c[1:] for c in g.coords[::4]] == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1)]
+    assert estimate("allreduce", "torus", 64 * MB, topo) == pytest.approx(1.84e-3, rel=0.01)
+    assert _price(topo, _one_node_line(topo, g), 64 * MB) == pytest.approx(3.29e-3, rel=0.01)
+    assert torus_grid(place("trn2u.48xlarge", 4, 64)).kinds == ("core", "x", "y", "node")  # one domain
+    assert torus_grid(place("trn2u.48xlarge", 6, 16)).kinds == ("core", "chips", "node")  # 4 + 2 nodes
+    assert torus_grid(place("trn3", 8, 64)).shape == (4, 16, 4, 2)
+    for name, nodes, ppn in (("trn2u.48xlarge", 8, 4), ("trn2u.48xlarge", 8, 64), ("trn3", 12, 16),
+                             ("trn3-gen2", 72, 4)):
+        topo = place(name, nodes, ppn)
+        for coll in ("allreduce", "allgather", "reduce_scatter"):
+            algos = [a for a in backend_algorithms(coll) if a in AVAILABLE[coll]]
+            for nbytes in (64 * KB, MB, 64 * MB, 1 << 30):
+                t = {a: estimate(coll, a, nbytes, topo) for a in algos}
+                assert t[backend_choose(coll, nbytes, topo)] == min(t.values()), (name, nodes, ppn, coll, nbytes)
+        assert backend_choose("allreduce", 1 << 30, topo) == "torus"
+
+
+def test_torus_grid_split_only_where_the_model_prices_it_cheaper():
+    """Two nodes in each of many UltraServers: the one line over the nodes crosses EFA with half
+    its lines at each boundary, the domain lines with all of them, and the model prices the
+    split dearer at 1 GiB (up to 11% at 8 domains): the grid is the cheaper of the two for large
+    messages, and no dearer than the one line at any of the listed sizes where it splits."""
+    from neuron_dist.topology import GroupTopology
+    from neuron_dist.topology.placement import make_slot
+    inst = get_instance("trn2u.48xlarge")
+    split = kept = 0
+    for per_domain in ((0, 1), (0, 2), (0, 1, 2), (1, 2, 3), (0, 1, 2, 3)):
+        for domains in (2, 3, 8):
+            for ppn in (1, 2, 4, 16):
+                nodes = [j * 4 + o for j in range(domains) for o in per_domain]
+                topo = GroupTopology(inst, tuple(make_slot(inst, n, [i], 2) for n in nodes
+                                                 for i in range(ppn))).validate()
+                g = torus_grid(topo)
+                line = _one_node_line(topo, g)
+                assert _price(topo, g, 1 << 30) <= _price(topo, line, 1 << 30) * (1 + 1e-9)
+                if "domain" in g.kinds:
+                    split += 1
+                    assert g.shape[-2:] == (len(per_domain), domains)
+                    assert all(_price(topo, g, s) < _price(topo, line, s) for s in (64 * KB, MB, 64 * MB))
+                else:
+                    kept += 1
+                    assert len(per_domain) == 2 and domains > 2, (per_domain, domains, ppn)
+    assert split > 40 and kept > 0, (split, kept)
+
+
 # ---- cost model --------------------------------------------------------------------------------
 GROUPS = [("trn2.48xlarge", 1, 64), ("trn2.48xlarge", 2, 64), ("trn1.32xlarge", 1, 32),
           ("trn2u.48xlarge", 4, 64), ("trn2.48xlarge", 1, 8), ("trn3", 4, 64), ("trn3-gen2", 4, 16),
@@ -263,6 +409,63 @@ def test_cli_show_and_predict(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("NEURON_DIST_ALGO", "allreduce:bogus")
     assert main(["predict", "allreduce"]) == 2
     assert "valid: ring" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("inst, nodes, ppn, m, how", [
+    ("trn2.48xlarge", 1, 4, 4, "env"), ("trn2.48xlarge", 2, 8, 8, "flag"), ("trn1.32xlarge", 1, 16, 2, "flag"),
+    ("trn2.48xlarge", 1, 8, 2, "env")])
+def test_cli_predict_places_ranks_as_neuronrun_cores_per_rank(capsys, monkeypatch, inst, nodes, ppn, m, how):
+    """A review's probe: `neuronrun --nproc-per-node 4 --cores-per-rank 4` on trn2 puts a rank on
+    each of 4 chips and the backend runs `ring` for a 1 MiB all-reduce, but predict placed 4 ranks
+    on one chip and said `direct` (it had no --cores-per-rank and ignored NEURON_RT_NUM_CORES).
+    Its algorithm column is now the backend's choice on the backend's own placement
+    (placement_from_env, as group creation builds it) at every size."""
+    from neuron_dist.topology import GroupTopology, placement_from_env
+    from neuron_dist.topology.__main__ import main
+    monkeypatch.delenv("NEURON_DIST_ALGO", raising=False)
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.delenv("NEURON_RT_NUM_CORES", raising=False)
+    sizes = [1 << k for k in range(10, 31, 2)]
+    args = ["predict", "allreduce", "--instance", inst, "--nodes", str(nodes), "--ppn", str(ppn),
+            "--sizes", ",".join(map(str, sizes))]
+    if how == "env":
+        monkeypatch.setenv("NEURON_RT_NUM_CORES", str(m))
+    else:
+        args += ["--cores-per-rank", str(m)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    said = [l.split()[-1] for l in out.splitlines() if not l.startswith("#")]
+    env = {"NEURON_DIST_INSTANCE": inst, "NEURON_RT_NUM_CORES": str(m)}
+    world = nodes * ppn
+    slots = tuple(placement_from_env(dict(env, GROUP_RANK=str(r // ppn)), r, world, r % ppn, ppn)
+                  for r in range(world))
+    job = GroupTopology(get_instance(inst), slots).validate()
+    assert job == place(inst, nodes, ppn, cores_per_rank=m)
+    assert said == [backend_choose("allreduce", s, job) for s in sizes], said
+    assert f"{m} cores per rank" in out.splitlines()[0], out
+    one_core = [backend_choose("allreduce", s, place(inst, nodes, ppn)) for s in sizes]
+    assert said != one_core  # what it said before: a different placement, other algorithms
+
+
+def test_cli_predict_refuses_cores_per_rank_neuronrun_refuses(capsys, monkeypatch):
+    """--cores-per-rank (or NEURON_RT_NUM_CORES) is checked as neuronrun checks it: it must
+    divide the cores of a chip or be a multiple of them, and fit the node; without --ppn the
+    node's cores are shared out M at a time (neuronrun's --nproc-per-node auto)."""
+    from neuron_dist.topology.__main__ import main
+    monkeypatch.delenv("NEURON_RT_NUM_CORES", raising=False)
+    base = ["predict", "allreduce", "--instance", "trn2.48xlarge", "--sizes", "8K"]
+    for extra, msg in ((["--cores-per-rank", "3"], "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip"),
+                       (["--cores-per-rank", "0"], "--cores-per-rank: cores per rank must be at least 1"),
+                       (["--cores-per-rank", "128"], "has 64 logical cores per node"),
+                       (["--cores-per-rank", "8", "--ppn", "9"], "9 ranks x 8 cores")):
+        assert main(base + extra) == 2
+        assert msg in capsys.readouterr().err, extra
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "x")
+    assert main(base) == 2 and "NEURON_RT_NUM_CORES='x'" in capsys.readouterr().err
+    monkeypatch.setenv("NEURON_RT_NUM_CORES", "8")
+    assert main(base) == 0 and "(8 ranks per node, 8 cores per rank, LNC=2, 8 ranks)" in capsys.readouterr().out
+    assert main(base + ["--cores-per-rank", "1"]) == 0  # the flag wins over the environment
+    assert "(64 ranks per node, LNC=2, 64 ranks)" in capsys.readouterr().out
 
 
 def test_cli_runs_as_module():
