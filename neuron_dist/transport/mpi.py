@@ -19,6 +19,23 @@ waiting on it. A peer's ABORT frame is kept aside too (`check_peer`): frames are
 and one whose payload never completes (a rendezvous send its failed sender left unprogressed in
 MPI_Finalize) would hide the ABORT behind it.
 
+A send this rank gave up on (its op failed or timed out, or a destroy gave up on it) cannot be
+taken back: Open MPI cannot cancel a send, and a rendezvous send's payload is read from the
+caller's tensor only when the peer posts its receive, maybe long after the caller got the error
+and reused the tensor. So each frame has an index, its place among the frames of its (source,
+destination) pair: both ends count them alike, since MPI matches the messages of one source and
+tag in the order sent. An ABORT frame's `chunk` field says how many of the frames sent before it
+were still open (not complete) then, and the receiver refuses those (`_refused`), failing with
+the sender's cause instead of handing out what may be the caller's later data. Frames whose
+sends had completed are delivered (a message sent before the failure). The ABORT has reached the
+receiver before MPI reads such a payload (it is sent before the failed call returns), but MPI
+may not have taken it in yet, so a payload above MPI's eager sizes is handed out only after a
+look for it (`_take_abort`). The common path's cost: a counter per frame at each end, and two
+Iprobes after each such payload. Rejected: copying every payload into transport memory (a copy
+per frame, and the memory of every open send: 16 MiB for a 16 MiB isend), copying at failure
+time (MPI reads the address it was given), MPI_Cancel (Open MPI cannot cancel a send; MPI-4.1
+deprecates it).
+
 The engine thread drives MPI while the caller's threads may call it too, so MPI must run at
 MPI_THREAD_MULTIPLE (mpi4py's default); a lower level is refused at set-up.
 """
@@ -41,6 +58,10 @@ log = logging.getLogger("neuron_dist.transport")
 # the peer matches it or at MPI_Finalize (a segfault at exit). Kept for the process's life.
 _LIVE_AT_CLOSE: list = []
 BYE_WAIT_S = 2.0  # how long a closing group waits for its peers' BYEs (`_take_byes`)
+# payloads this small are copied by MPI when they are sent (eager; every MPI's eager limit is
+# larger: Open MPI's 4 KiB over shared memory, 64 KiB over TCP), never read from the caller's
+# tensor later: `recv` looks for an ABORT behind only the larger ones (`_refused`)
+EAGER_BYTES = 1024
 
 
 def _mpi():
@@ -99,10 +120,13 @@ class MpiTransport(Transport):
         ub = self.comm.Get_attr(MPI.TAG_UB) or 32767
         self.tag = zlib.crc32(ctx.job_id.encode()) % (ub + 1)
         self.inbox: dict[int, deque] = {p: deque()for p in self.peers}  # [header, buf, req]
-        self.sends: list = []  # (request, keep-alive objects, peer)
+        self.sends: list = []  # (request, keep-alive objects, peer, frame index)
         self.status = MPI.Status()
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
-        self.aborted: dict[int, list] = {}  # peer -> its ABORT frame's [header, buf, req], also queued (`check_peer`)
+        self.aborted: dict[int, list] = {}  # peer -> its ABORT frame's inbox item, also queued (`check_peer`)
+        self.sent = dict.fromkeys(self.peers, 0)  # peer -> frames sent it so far: the next one's index
+        self.taken = dict.fromkeys(self.peers, 0)  # peer -> frames taken in from it so far (headers probed)
+        self.refuse_from: dict[int, int] = {}  # peer -> index of its first frame still open at its ABORT
         self.closed = False
         self._woken = False  # set by wake(): the wait in progress, or the next, returns
         self._quiet_since, self._nap = None, 20e-6  # the waits' episode: since when nothing moved, its nap
@@ -120,46 +144,69 @@ class MpiTransport(Transport):
     def _poll(self) -> bool:
         """Complete what can be completed; post receives for newly arrived headers."""
         self._alive()
-        MPI, moved = self.MPI, False
+        moved = False
         if self.sends:
             still = [s for s in self.sends if not s[0].Test()]
             moved = len(still) != len(self.sends)
             self.sends = still
         for p in self.peers:
-            src = self.world[p]
-            while self.comm.Iprobe(source=src, tag=self.tag, status=self.status):
-                if self.status.Get_count(MPI.BYTE) != frame.HEADER_SIZE:
-                    raise frame.FrameError(f"rank {self.rank}: a {self.status.Get_count(MPI.BYTE)}-byte message "
-                                           f"from rank {p} where a frame header was due")
-                hb = bytearray(frame.HEADER_SIZE)
-                self.comm.Recv([hb, MPI.BYTE], source=src, tag=self.tag)
-                h = frame.unpack(hb)
-                if h.token != self.token or h.src != p or h.dst != self.rank:
-                    raise frame.FrameError(f"rank {self.rank}: frame from MPI rank {src} claims rank {h.src} -> "
-                                           f"{h.dst} with {'the wrong' if h.token != self.token else 'the'} token")
-                if h.kind == frame.Kind.BYE:
-                    self.finished.add(p)
-                    moved = True
-                    continue
-                buf = torch.empty(h.nbytes, dtype=torch.uint8)
-                req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
-                self.inbox[p].append([h, buf, req])
-                if h.kind == frame.Kind.ABORT:
-                    self.aborted.setdefault(p, self.inbox[p][-1])
-                moved = True
+            moved |= self._take_in(p)
         if moved:
             self._quiet_since = None
+        return moved
+
+    def _take_in(self, p: int) -> bool:
+        """Take in the frame headers that have arrived from peer `p`, posting a receive for
+        each one's payload; whether there was any."""
+        MPI, src, moved = self.MPI, self.world[p], False
+        while self.comm.Iprobe(source=src, tag=self.tag, status=self.status):
+            if self.status.Get_count(MPI.BYTE) != frame.HEADER_SIZE:
+                raise frame.FrameError(f"rank {self.rank}: a {self.status.Get_count(MPI.BYTE)}-byte message "
+                                       f"from rank {p} where a frame header was due")
+            hb = bytearray(frame.HEADER_SIZE)
+            self.comm.Recv([hb, MPI.BYTE], source=src, tag=self.tag)
+            h = frame.unpack(hb)
+            if h.token != self.token or h.src != p or h.dst != self.rank:
+                raise frame.FrameError(f"rank {self.rank}: frame from MPI rank {src} claims rank {h.src} -> "
+                                       f"{h.dst} with {'the wrong' if h.token != self.token else 'the'} token")
+            index = self.taken[p]
+            self.taken[p] = index + 1
+            moved = True
+            if h.kind == frame.Kind.BYE:
+                self.finished.add(p)
+                continue
+            buf = torch.empty(h.nbytes, dtype=torch.uint8)
+            req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
+            item = [h, buf, req, index]
+            self.inbox[p].append(item)
+            if h.kind == frame.Kind.ABORT and p not in self.aborted:
+                self.aborted[p] = item
+                self.refuse_from[p] = index - min(h.chunk, index)  # `chunk`: its frames still open (`send`)
         return moved
 
     def send(self, peer, header, payload):
         self._alive()
         MPI, dst = self.MPI, self.world[peer]
+        index = self.sent[peer]
+        self.sent[peer] = index + 1
+        if header.kind == frame.Kind.ABORT:
+            header = header._replace(chunk=self._open_before(peer, index))
         hb = header.pack()
-        reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb, peer)]
+        reqs = [(self.comm.Isend([hb, MPI.BYTE], dest=dst, tag=self.tag), hb, peer, index)]
         if payload.nbytes:
-            reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload, peer))
+            reqs.append((self.comm.Isend([memory_of(payload), MPI.BYTE], dest=dst, tag=self.tag), payload, peer,
+                         index))
         self.sends.extend(reqs)
         return True
+
+    def _open_before(self, peer: int, index: int) -> int:
+        """How many of the frames sent `peer` before frame `index` (this rank's ABORT) are counted
+        open: from the oldest whose send has not completed on. The group tells its caller of
+        the failure only after its ABORT frames are sent, so a frame that is complete now was read
+        before the caller could reuse its tensor; the later ones, completed or not, are refused
+        with it (the peer fails anyway, and frames are taken in order)."""
+        self.sends = [s for s in self.sends if not s[0].Test()]
+        return index - min((s[3] for s in self.sends if s[2] == peer), default=index)
 
     def recv(self, peer):
         self._alive()
@@ -173,8 +220,33 @@ class MpiTransport(Transport):
             if not item[2].Test():
                 return None
             item[2] = None
+            if item[0].nbytes > EAGER_BYTES:  # MPI may have read it after its sender gave up
+                self._take_abort(peer)
+        if self.refuse_from:
+            self._refused(peer, item)
         self._quiet_since = None
         return item[0], item[1]
+
+    def _take_abort(self, peer: int) -> None:
+        """Take in what `peer` sent after the frame whose payload just completed: an ABORT it
+        sent while that send was open went out before MPI read the payload (it was sent before
+        the failed call returned), but MPI takes in what arrived a bounded number of messages per
+        progress call, and an Iprobe that finds nothing progresses once before saying so: so
+        look until two looks in a row find nothing."""
+        misses = 0
+        while misses < 2:
+            misses = 0 if self._take_in(peer) else misses + 1
+
+    def _refused(self, peer: int, item: list) -> None:
+        """Raise if `item` is a frame from `peer` whose send was still open when `peer`'s copy of
+        the group failed (its ABORT's count, `_open_before`): MPI may have read its payload from
+        the caller's tensor after the caller got the error and reused it."""
+        start = self.refuse_from.get(peer)
+        if start is None or item[3] < start or item is self.aborted[peer]:
+            return
+        raise frame.PeerAborted(f"{self._aborted(peer)} [its {item[0].describe()} was refused here: that send had "
+                                f"not completed when rank {peer} failed, so MPI may have read it from memory its "
+                                f"caller reused since]")
 
     def release(self, peer):
         q = self.inbox[peer]
@@ -244,9 +316,11 @@ class MpiTransport(Transport):
             return f"rank {peer} closed its MPI transport"
         # an ABORT the executor may never reach: the frame before it in the queue may never
         # complete (its sender failed and left), so the peer's cause is read here
-        item = self.aborted.get(peer)
-        if item is None:
-            return None
+        return self._aborted(peer) if peer in self.aborted else None
+
+    def _aborted(self, peer: int) -> str:
+        """That `peer` aborted the group, with the cause its ABORT frame carries once it is in."""
+        item = self.aborted[peer]
         if item[2] is None or item[2].Test():
             item[2] = None
             return f"rank {peer} aborted the group: {frame.abort_reason(item[1])}"
