@@ -319,6 +319,12 @@ def _parts(tensors) -> str:
     return _layout([f"{_dtype_name(t.dtype)}[{t.numel()}]" for t in tensors])
 
 
+def _same_shapes(tensors) -> bool:
+    """Whether a list form's blocks share one shape: only then does torch's wrapper compare the
+    call's shapes across ranks (ProcessGroupWrapper's check_same_size), and so does the debug check."""
+    return all(t.shape == tensors[0].shape for t in tensors) if tensors else True
+
+
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     if len(tensors) == 1:
         return tensors[0].dtype
@@ -408,9 +414,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self.group.rank
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
-                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0) -> NeuronWork:
+                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:
+        """Check (the debug check: `call` is the user's call form and the tensors it compares,
+        see debug._called), number and queue one op."""
         if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
-            debug.check(self, kind, desc, nbytes, dtype, peer)
+            debug.check(self, kind, desc, nbytes, dtype, peer, call)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm, tag=tag)
         if opts is not None:
@@ -424,20 +432,20 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None, name: str | None = None, detail: str = "", out_at_start=None):
+                    opts=None, name: str | None = None, detail: str = "", out_at_start=None, call=None):
         """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
         before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
         use), `after` once it has finished (AVG, copy-back); `out_at_start`, if given, returns OUT
         as the op starts (a buffer in the group's kept scratch, which a call may take only then).
         `name` replaces the collective's in the description; `detail` is added to its arguments
-        (see Plans.get)."""
+        (see Plans.get); `call`: the user's call form and tensors, for the debug check (_submit)."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts,
-                              out_at_start)
+                              out_at_start, call)
 
     def _run_plan(self, plan: Plan, kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
-                  before, after, outputs, nbytes: int, opts, out_at_start=None) -> NeuronWork:
+                  before, after, outputs, nbytes: int, opts, out_at_start=None, call=None) -> NeuronWork:
         """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
         g = self.group
 
@@ -458,7 +466,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 if after:
                     after()
 
-        return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
+        return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts, call=call)
 
     # -- all-reduce ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None, timeout=None):
@@ -488,7 +496,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             _check_tensor(t._values(), "allreduce", r)  # its error: the device or dtype (coalesced or not)
         _check_op("sum", t.dtype, "allreduce", r)  # (a dtype only moved bit for bit: float8, uint16, ...)
         sparse.allreduce(self, t)
-        return self._empty_work([t])
+        return self._empty_work([t], "allreduce")
 
     def _allreduce_common(self, tensors, opts) -> NeuronWork | None:
         """The common all-reduce, `dist.all_reduce` of one contiguous dense CPU tensor with any op
@@ -535,7 +543,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
         if not tensors:  # nothing to reduce, as the other coalesced forms: still ordered after earlier ops
-            return self._empty_work([])
+            return self._empty_work([], "allreduce_coalesced")
         return self._allreduce_flat(tensors, opts, "allreduce_coalesced")
 
     def _allreduce_flat(self, tensors, opts, what):
@@ -564,8 +572,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     off += t.numel()
 
         n = buf.numel()
+        # (torch's wrapper compares no shapes of a coalesced call: its lists may differ in layout)
         return self._collective("allreduce", Kind.ALLREDUCE, {"count": n}, buf, buf, dtype,
-                                op_name, before, after, tensors, n * buf.element_size(), opts=opts)
+                                op_name, before, after, tensors, n * buf.element_size(), opts=opts,
+                                call=(what, tensors if what == "allreduce" else ()))
 
     # -- broadcast -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None, timeout=None):
@@ -583,7 +593,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         after = None if sends or buf.data_ptr() == t.data_ptr() or t.numel() == 0 else \
             (lambda: t.copy_(buf.view_as(t)))
         return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
-                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
+                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts,
+                                call=("broadcast", [t]))
 
     def _broadcast_common(self, t, opts) -> NeuronWork | None:
         """`dist.broadcast` of one contiguous dense CPU tensor: broadcast's checks and plan
@@ -613,7 +624,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             output_tensors, input_tensors, opts = [output_tensors], [input_tensors], None
         inp = _one(input_tensors, "allgather", self._r)
         outs = _one(output_tensors, "allgather", self._r)
-        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts)
+        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts,
+                                     call=("allgather", [inp] if _same_shapes(outs) else ()))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """`output_lists[r][j]` receives rank r's `input_list[j]` (torch's and Gloo's layout)."""
@@ -626,23 +638,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"[rank {self._r}] {what}: output list {r} has {len(lst)} tensors for "
                                  f"{len(inputs)} inputs")
         if not inputs:
-            return self._empty_work([])
+            return self._empty_work([], what)
         per_input = [[lst[j] for lst in output_lists] for j in range(len(inputs))]
         return self._allgather_lists(per_input, inputs, what, outputs=[t for lst in output_lists for t in lst],
                                      opts=opts)
 
-    def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
+    def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None, call=None):
         for inp, outs in zip(inputs, output_lists):
             _check_tensor(inp, what, self._r)
             self._check_per_rank(outs, inp, what, "output", "input")
         if len(inputs) != len(output_lists):
             raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
-        return self._allgather_packed(inputs, output_lists, what, outputs, opts)
+        return self._allgather_packed(inputs, output_lists, what, outputs, opts, call or (what, ()))
 
-    def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None):
+    def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None, call=None):
         """All-gather several inputs in one collective: each rank's block is its inputs packed
         back to back; the result is unpacked into each output (list of per-rank tensors or one
-        flat tensor per input)."""
+        flat tensor per input). `call`: the debug check's (see _submit); default `what`, no shapes."""
         n = self.group.size
         detail = _parts(inputs) if len(inputs) > 1 else ""
         # inputs of several dtypes (a coalesced all-gather, which Gloo takes) move as bytes: an
@@ -674,7 +686,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
                                 after=after, outputs=outputs, nbytes=c * n * dtype.itemsize,
-                                opts=opts, detail=detail)
+                                opts=opts, detail=detail, call=call or (what, ()))
 
     def all_gather_single(self, output, input, opts=None):
         if type(opts) is _AllgatherOptions:
@@ -682,7 +694,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if work is not None:
                 return work
         self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
-        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts)
+        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts,
+                                      ("all_gather_into_tensor", [input]))
 
     _allgather_base = all_gather_single
 
@@ -745,7 +758,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         outputs, inputs = self._coalesced_pairs(outputs, inputs, "allgather_into_tensor_coalesced", gather=True)
         if not inputs:
-            return self._empty_work(outputs)
+            return self._empty_work(outputs, "allgather_into_tensor_coalesced")
         return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -761,7 +774,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._check_blocks(ins, out, "reduce_scatter")
         # input j is rank j's block: blocks may differ in size from rank to rank (as with Gloo)
         return self._reduce_scatter_packed([out], [torch.cat([t.reshape(-1) for t in ins])], opts,
-                                           "reduce_scatter", counts=tuple(t.numel() for t in ins))
+                                           "reduce_scatter", counts=tuple(t.numel() for t in ins),
+                                           call=("reduce_scatter", [out] if _same_shapes(ins) else ()))
 
     def _check_blocks(self, blocks, mine, what: str) -> None:
         """`blocks` must be one per rank, of `mine`'s dtype, this rank's with `mine`'s element count."""
@@ -782,7 +796,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if work is not None:
                 return work
         self._check_whole_part(input, output, "reduce_scatter_tensor", "input", "output")
-        return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor")
+        return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor",
+                                           call=("reduce_scatter_tensor", [input, output]))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -813,7 +828,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         what = "reduce_scatter_tensor_coalesced"
         outputs, inputs = self._coalesced_pairs(outputs, inputs, what, gather=False)
         if not inputs:
-            return self._empty_work(outputs)
+            return self._empty_work(outputs, what)
         dtypes = list(dict.fromkeys(i.dtype for i in inputs))  # in order of first use: the same on every rank
         if len(dtypes) == 1:
             return self._reduce_scatter_packed(outputs, inputs, opts, what)
@@ -832,11 +847,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None):
+    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None, call=None):
         """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the
         r-th piece of every input, packed back to back. `counts`: each rank's block size, when
         they differ (one input, its blocks back to back); `work_outputs`: the Work's result, if
-        not `outputs`."""
+        not `outputs`; `call`: the debug check's (see _submit), default `what`, no shapes."""
         n = self.group.size
         dtype = _same_dtype(inputs + outputs, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
@@ -869,7 +884,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": counts}, inp, out, dtype,
                                 op_name, before, after, outputs if work_outputs is None else work_outputs,
-                                sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail)
+                                sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail,
+                                call=call or (what, ()))
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None, op=None, timeout=None):
@@ -888,8 +904,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             after = lambda: t.copy_(out.view_as(t))
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
         return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
-                                op_name,
-                                after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
+                                op_name, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts,
+                                call=("reduce", [t]))
 
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(input_tensors, torch.Tensor):  # gather(output_tensors, input_tensor, root)
@@ -922,7 +938,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), None,
                                 inp.dtype, after=after if outs else None, outputs=outs,
                                 nbytes=c * n * inp.element_size(), opts=opts,
-                                out_at_start=receive_buffer if outs else None)
+                                out_at_start=receive_buffer if outs else None, call=("gather", [inp]))
 
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output_tensor, input_tensors, root)
@@ -951,7 +967,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
         return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
                                 out_t.dtype, before=before, after=after, outputs=[out_t],
-                                nbytes=c * n * out_t.element_size(), opts=opts)
+                                nbytes=c * n * out_t.element_size(), opts=opts, call=("scatter", [out_t]))
 
     # -- all-to-all ----------------------------------------------------------------------------
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -974,7 +990,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += o.numel()
 
         return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs,
-                              opts)
+                              opts, "all_to_all")
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         output_split_sizes, input_split_sizes = _sizes(output_split_sizes), _sizes(input_split_sizes)
@@ -993,7 +1009,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         direct = _outputs_apart(output, inp)
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
         after = None if direct else (lambda: output.copy_(out.view(output.shape)))
-        return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
+        return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts, "all_to_all_single")
 
     alltoall_base = all_to_all_single
 
@@ -1030,23 +1046,25 @@ class NeuronProcessGroup(dist.ProcessGroup):
                              f"non-negative numbers summing to dim 0 ({rows})")
         return [s * row for s in splits]
 
-    def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None):
-        nbytes = sum(send) * dtype.itemsize
+    def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None, what="all_to_all_single"):
+        nbytes = sum(send) * dtype.itemsize  # (its shapes may differ per rank, by the splits: none compared)
         return self._collective("alltoall", Kind.ALLTOALL, dict(counts=tuple(send), recv_counts=tuple(recv)),
-                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts)
+                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts,
+                                call=(what, ()))
 
     # -- barrier -------------------------------------------------------------------------------
     def barrier(self, opts=None):
         if opts is not None and not hasattr(opts, "asyncOp"):  # barrier(timeout)
             opts = _options(dist.BarrierOptions, timeout=opts)
         empty = torch.empty(0, dtype=torch.uint8)
-        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts)
+        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts,
+                                call=("barrier", ()))
 
-    def _empty_work(self, outputs) -> NeuronWork:
-        """A Work for a call with nothing to move (still ordered after earlier ops)."""
+    def _empty_work(self, outputs, what: str) -> NeuronWork:
+        """A Work for `what`, a call with nothing to move (still ordered after earlier ops)."""
         empty = torch.empty(0, dtype=torch.uint8)
         return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=list(outputs),
-                                algorithm="dissemination")
+                                algorithm="dissemination", call=(what, ()))
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):
