@@ -223,10 +223,11 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
 
 
 def _common_tensor(t) -> bool:
-    """Whether `t` takes a common path (_allreduce_common and its kin): a contiguous dense CPU
-    tensor, the debug check off. Anything else takes the general path, which checks it."""
+    """Whether `t` may take a common path (_allreduce_common and its kin): a contiguous dense CPU
+    tensor (and the group's debug check off, see NeuronProcessGroup._checked). Anything else
+    takes the general path, which checks it."""
     return isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_nested and t.is_cpu and \
-        type(t).__torch_dispatch__ is _PLAIN_DISPATCH and t.is_contiguous() and not debug.enabled()
+        type(t).__torch_dispatch__ is _PLAIN_DISPATCH and t.is_contiguous()
 
 
 def _common_op(rop) -> str | None:
@@ -349,6 +350,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
+        self._detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -413,11 +415,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _r(self) -> int:
         return self.group.rank
 
+    def _checked(self) -> bool:
+        """Whether this group's collectives go through the debug check (debug.enabled: the
+        environment, or torch's debug level as this group was made)."""
+        return debug.enabled(self._detail)
+
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:
         """Check (the debug check: `call` is the user's call form and the tensors it compares,
         see debug._called), number and queue one op."""
-        if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+        if self._checked():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
             debug.check(self, kind, desc, nbytes, dtype, peer, call)
         op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
                 dtype=dtype, algorithm=algorithm, tag=tag)
@@ -508,7 +515,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         debug check on, any other argument form, an unsupported dtype: its error comes from
         there)."""
         t = tensors[0]
-        if not _common_tensor(t):
+        if self._checked() or not _common_tensor(t):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -600,7 +607,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         """`dist.broadcast` of one contiguous dense CPU tensor: broadcast's checks and plan
         looked up (as _allreduce_common), the plan `broadcast` makes. None: the general path."""
         root = opts.rootRank
-        if not _common_tensor(t) or not 0 <= root < self.group.size:
+        if self._checked() or not _common_tensor(t) or not 0 <= root < self.group.size:
             return None
         dtype, n = t.dtype, t.numel()
         nbytes = n * dtype.itemsize
@@ -705,7 +712,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (as _allreduce_common). The input may be the output's block (FSDP2's in-place call);
         elsewhere inside the output it is copied first, as there. None: the general path."""
         g = self.group
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 output.numel() != inp.numel() * g.size:
             return None
         dtype, c = inp.dtype, inp.numel()
@@ -807,7 +814,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         `_reduce_scatter_packed` makes, looked up (as _allreduce_common). None: the general path
         (an output inside the input is staged there)."""
         g = self.group
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or not _outputs_apart(output, inp):
             return None
         op_name = _common_op(opts.reduceOp)
@@ -1019,7 +1026,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         path makes, looked up (as _allreduce_common). None: the general path."""
         g = self.group
         n = g.size
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or \
                 not _outputs_apart(output, inp):
             return None

@@ -1,6 +1,7 @@
 """Collective fingerprint check: catch mismatched calls across ranks before they run.
 
-With TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's own switch) or NEURON_DIST_CHECK=1, every collective
+With TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's own switch, also set by dist.set_debug_level before
+a group is made) or NEURON_DIST_CHECK=1, every collective
 is preceded by a small fixed-size all-gather of its fingerprint (collective, dtype, byte count,
 reduce op, root, and the call's description; the form of the user's call and its tensors' dtypes
 and shapes, as torch's ProcessGroupWrapper compares them under Gloo) over the same group, in the
@@ -29,20 +30,40 @@ _FIELDS = struct.Struct("<qqqqq")   # kind, dtype code, nbytes (-1: not compared
 _TEXT = 240
 FP_BYTES = _FIELDS.size + _TEXT
 _state = threading.local()
-_ENABLED: bool | None = None
+_ENABLED: bool | None = None  # the environment's answer, read once per process
+_FORCED: bool | None = None   # set_enabled's
 
 
-def enabled() -> bool:
+def enabled(detail: bool = False) -> bool:
+    """Whether a group's calls are checked: forced by set_enabled, else TORCH_DISTRIBUTED_DEBUG=
+    DETAIL or NEURON_DIST_CHECK in the environment, or `detail`, the group's own reading of
+    torch's debug level when it was made (torch_detail)."""
     global _ENABLED
+    if _FORCED is not None:
+        return _FORCED
     if _ENABLED is None:
         _ENABLED = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or env_flag("NEURON_DIST_CHECK")
-    return _ENABLED
+    return _ENABLED or detail
+
+
+def torch_detail() -> bool:
+    """Whether torch's debug level is DETAIL: TORCH_DISTRIBUTED_DEBUG as torch read it, or set
+    since by `dist.set_debug_level(dist.DebugLevel.DETAIL)`, which the environment alone missed
+    (Gloo's groups made after it are checked). Read as each group is made, when torch decides
+    whether to wrap a Gloo group in its ProcessGroupWrapper, and kept by the group: one call of
+    torch's per group, none per collective."""
+    import torch.distributed as dist
+    try:
+        return dist.get_debug_level() == dist.DebugLevel.DETAIL
+    except (AttributeError, RuntimeError):  # a torch built without distributed debug levels
+        return False
 
 
 def set_enabled(on: bool | None) -> None:
-    """Force the check on or off (None: back to the environment). For tests and tools."""
-    global _ENABLED
-    _ENABLED = on
+    """Force the check on or off for every group (None: back to the environment and torch's
+    level). For tests and tools."""
+    global _FORCED
+    _FORCED = on
 
 
 def _normalised(kind: Kind, desc: str) -> str:
@@ -105,7 +126,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None,
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
     `call`: the user's call form and tensors (see _called)."""
-    if not enabled() or kind == Kind.P2P or peer is not None or getattr(_state, "busy", False):
+    if not enabled(pg._detail) or kind == Kind.P2P or peer is not None or getattr(_state, "busy", False):
         return
     from .group import GroupError
     g = pg.group

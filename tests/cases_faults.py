@@ -509,6 +509,38 @@ def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0, members=None
     return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=usable, runtime_error=isdist)
 
 
+def torch_debug_level(rank, world):
+    """dist.set_debug_level(DebugLevel.DETAIL) before a group is made turns on the debug check for
+    that group, as it wraps Gloo's in torch's ProcessGroupWrapper (only the environment was
+    read, once per process); the group keeps what it read, and a group made after the level
+    is set back is not checked. Returns (the checked group's error, the unchecked one's)."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    was = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        checked = dist.new_group(timeout=timedelta(seconds=10))
+    finally:
+        dist.set_debug_level(was)
+    plain = dist.new_group(timeout=timedelta(seconds=10))
+    said = []
+    try:
+        for g in (checked, plain):
+            try:  # as many bytes on every rank, by shapes that differ: only the check sees it
+                dist.all_reduce(torch.ones((2, 3) if rank == 0 else (3, 2)), group=g)
+                said.append("ran")
+            except RuntimeError as e:
+                said.append(str(e))
+        t = torch.ones(4)
+        dist.all_reduce(t, group=checked)  # skipped alike on every rank: still usable
+        assert (t == world).all(), t
+    finally:
+        dist.destroy_process_group(checked)
+        dist.destroy_process_group(plain)
+    return said
+
+
 def check_passes_shapes_that_may_differ(rank, world):
     """Under the debug check, calls whose shapes legitimately differ per rank run, as under
     torch's wrapper for Gloo: a list all-gather of blocks of several shapes (each rank's own),

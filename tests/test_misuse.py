@@ -120,6 +120,15 @@ def test_fingerprint_check_passes_shapes_that_may_differ(pools):
     assert all(pools(3).run("cases_faults:check_passes_shapes_that_may_differ"))
 
 
+def test_torch_set_debug_level_detail_turns_the_check_on_for_groups_made_after(pools):
+    """dist.set_debug_level(dist.DebugLevel.DETAIL) did not turn the check on (only the
+    environment was read, once per process): a group made under it is checked, one made after
+    the level is set back is not."""
+    for r, (checked, plain) in enumerate(pools(2).run("cases_faults:torch_debug_level")):
+        assert checked.startswith(f"[rank {r}] Detected mismatch between collectives"), checked
+        assert plain == "ran", plain
+
+
 def test_fingerprint_check_three_ranks(pools):
     res = pools(3).run("cases_faults:misuse_mismatch", case="op", check=True, timeout_s=TIMEOUT)
     assert all("Detected mismatch" in x["msg"] and x["usable"] for x in res), res
