@@ -405,7 +405,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _set_default_timeout = set_timeout
 
     def _get_sequence_number_for_group(self) -> int:
-        return self.group.issued  # collectives this rank has issued on the group: equal across ranks
+        return self.group.issued  # the user's collectives issued on the group (a debug check's exchange
+        # not counted, as Gloo's under torch's wrapper): equal across ranks
 
     def _set_sequence_number_for_group(self) -> None:
         pass  # every rank's numbering starts at 0 when the group is made
@@ -424,10 +425,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:
         """Check (the debug check: `call` is the user's call form and the tensors it compares,
         see debug._called), number and queue one op."""
+        checks, checked = "", False
         if self._checked():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
-            debug.check(self, kind, desc, nbytes, dtype, peer, call)
-        op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
-                dtype=dtype, algorithm=algorithm, tag=tag)
+            checks = debug.checking()  # this op is the check's own all-gather, for that call
+            if not checks:
+                checked = debug.check(self, kind, desc, nbytes, dtype, peer, call)
+        op = Op(kind, f"the debug check of {checks}" if checks else desc, make_exe, finish, outputs, peer=peer,
+                direction=direction, nbytes=nbytes, dtype=dtype, algorithm=algorithm, tag=tag)
+        if checks or checked:  # numbered as the user's call it checks, or had checked (Group.submit)
+            op.checks, op.checked = checks, checked
         if opts is not None:
             if getattr(opts, "asyncOp", True) is False:
                 op.sync = True  # the caller waits at once: run it on this thread whatever its size

@@ -122,33 +122,41 @@ def describe(fp: bytes) -> str:
     return text or f"kind {kind} dtype {CODE_DTYPE.get(dtype)} {nbytes} bytes"
 
 
-def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None, call=None) -> None:
+def checking() -> str:
+    """The description of the call whose fingerprints this thread is exchanging ("" if none): the
+    adapter names the exchange after it, and numbers it with it, so that a failure of the
+    exchange (a rank that never called, a time-out) names the user's call, not an all-gather
+    of fingerprints, and the sequence numbers the user sees count the user's calls."""
+    return getattr(_state, "busy", "")
+
+
+def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None, call=None) -> bool:
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
-    `call`: the user's call form and tensors (see _called)."""
-    if not enabled(pg._detail) or kind == Kind.P2P or peer is not None or getattr(_state, "busy", False):
-        return
+    `call`: the user's call form and tensors (see _called). True: the fingerprints agreed."""
+    if not enabled(pg._detail) or kind == Kind.P2P or peer is not None or checking():
+        return False
     from .group import GroupError
     g = pg.group
     mine = fingerprint(kind, desc, nbytes, dtype, g.size, call)
     inp = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
     out = torch.empty(FP_BYTES * g.size, dtype=torch.uint8)
-    _state.busy = True
+    _state.busy = desc
     try:
         pg.all_gather_single(out, inp).wait()  # dist.all_gather_into_tensor's call (not itself checked: busy)
     finally:
-        _state.busy = False
+        _state.busy = ""
     raw = out.numpy().tobytes()
     fps = [raw[r * FP_BYTES:(r + 1) * FP_BYTES] for r in range(g.size)]
     keys = [fp[:_FIELDS.size] for fp in fps]
     if all(k == keys[0] for k in keys):
-        return
+        return True
     groups: dict[bytes, list[int]] = {}
     for r, k in enumerate(keys):
         groups.setdefault(k, []).append(r)
     # each rank as the group names it everywhere: "rank 0 (global rank 1)" in a subgroup
     detail = "; ".join(f"{', '.join(g.who(r) for r in rs)} called {describe(fps[rs[0]])}" for rs in groups.values())
     raise GroupError(f"[{g.who(g.rank)}] Detected mismatch between collectives on ranks (group {g.name!r}, "
-                     f"seq {g.issued - 1}): {detail}. Every rank of a group must call the same collective "
+                     f"seq {g.issued}): {detail}. Every rank of a group must call the same collective "
                      f"with the same sizes, shapes, dtype, reduce op and root, in the same order; the collective "
                      f"was not run on any rank.")

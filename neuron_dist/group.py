@@ -491,7 +491,8 @@ class Group(HangDiagnosis):
         self.broken: BaseException | None = None
         self.closed = False
         self._abort = False
-        self._seq = 0
+        self._seq = 0    # collectives numbered, for their frames
+        self._calls = 0  # the user's collectives numbered (a debug check's exchange shares its call's)
         t0 = time.perf_counter()
         # -- what this rank can check alone, before any store traffic ------------------------
         # a bad setting is published to the peers below, so they fail with it at once (they
@@ -706,7 +707,11 @@ class Group(HangDiagnosis):
                 if not p2p:
                     op.seq = self._seq
                     self._seq += 1
-                    op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
+                    op.call = self._calls
+                    if not op.checks:  # (a check's exchange: its call, next, takes the number)
+                        self._calls += 1
+                    op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm,
+                                       call=op.call, checks=op.checks.split("(")[0])
                     self.records.append(op.record)
                 # an unmarked receive may wait on a send this caller has yet to issue: it only takes
                 # what has already arrived here, and the engine waits for the rest
@@ -964,11 +969,12 @@ class Group(HangDiagnosis):
 
     @property
     def issued(self) -> int:
-        """How many collectives this group has numbered: the next one's sequence number."""
-        return self._seq
+        """How many of the user's collectives this group has numbered: the next one's sequence
+        number, as errors show it (a debug check's exchange is numbered with its call)."""
+        return self._calls
 
     def _name(self, op: Op) -> str:
-        return op.desc if op.is_p2p else f"{op.desc} (seq {op.seq})"
+        return op.desc if op.is_p2p else f"{op.desc} (seq {op.call})"
 
     def who(self, r: int) -> str:
         """Member `r` as errors name it: "rank 1", or "rank 1 (global rank 3)" in a subgroup."""
