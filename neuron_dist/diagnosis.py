@@ -202,7 +202,7 @@ class HangDiagnosis:
         if op.is_p2p:
             return f"{said.text} {self._p2p_hint(op)}"
         if said.lost:
-            return (f"{said.text} Check that the processes of ranks {said.lost} still run (not stopped by "
+            return (f"{said.text} Check that the processes of ranks {self._ranks(said.lost)} still run (not stopped by "
                     f"SIGSTOP or a debugger) and that their hosts are reachable")
         if said.inside == list(range(self.size)) and not said.mixed:  # nobody missing: not the order
             got = sum(_received(op).values())
@@ -225,6 +225,11 @@ class HangDiagnosis:
             sender = self.who(op.peer) if op.direction == "recv" and op.peer is not None else "a rank of the group"
             want = f"{sender} sends {me} a message with {tag}, of at most {size}"
         return f"Check that {want}, and that it does not block first in a call that waits on this rank"
+
+    def _ranks(self, ranks: list[int]) -> str:
+        """Members as the diagnosis lists them: "[1, 2]", or "[0 (global rank 1), 1 (global rank 2)]"
+        in a subgroup, whose numbers read as global ranks blamed the wrong processes (see who)."""
+        return "[" + ", ".join(self.who(r).removeprefix("rank ") for r in ranks) + "]"
 
     def _took_part(self, op: Op) -> dict[int, tuple[int, str, int]]:
         """Peer -> (seq, kind, call number) of the latest collective this rank knows it entered, from what
@@ -289,27 +294,27 @@ class HangDiagnosis:
                       and (r not in lost or took[r][0] >= op.seq)]
 
             def calls(ranks):
-                return ", ".join(f"rank {r}: {took[r][1]} seq {took[r][2]}" for r in ranks)
+                return ", ".join(f"{self.who(r)}: {took[r][1]} seq {took[r][2]}" for r in ranks)
             if unread:
-                parts.append(f"The progress of ranks {unread} is unknown: {why};")
+                parts.append(f"The progress of ranks {self._ranks(unread)} is unknown: {why};")
             if missing:  # a record is as old as its rank's last heartbeat: a rank frozen (SIGSTOP, a
                 # debugger) just after entering the call is not in it yet, so say how old it is
                 age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in missing))
-                parts.append(f"Ranks {missing} had not entered {_what(op)} seq {op.call} by their "
+                parts.append(f"Ranks {self._ranks(missing)} had not entered {_what(op)} seq {op.call} by their "
                              f"progress records (the oldest {age:.1f}s old);")
             if stale:
                 age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in stale))
-                parts.append(f"the progress records of ranks {stale} (the oldest {age:.1f}s old) predate calls "
-                             f"they took part in ({calls(stale)});")
+                parts.append(f"the progress records of ranks {self._ranks(stale)} (the oldest {age:.1f}s old) "
+                             f"predate calls they took part in ({calls(stale)});")
             if quiet:
-                parts.append(f"ranks {quiet} published no progress record, though they took part in calls "
+                parts.append(f"ranks {self._ranks(quiet)} published no progress record, though they took part in calls "
                              f"({calls(quiet)});")
             if lost:
                 parts.append("their processes may be frozen or stopped (SIGSTOP, a debugger), or their hosts "
                              "unreachable;")
             if silent:
-                parts.append(f"ranks {silent} published no progress record;")
-            parts.append(f"ranks {inside} had entered it.")
+                parts.append(f"ranks {self._ranks(silent)} published no progress record;")
+            parts.append(f"ranks {self._ranks(inside)} had entered it.")
             parts[0] = parts[0][:1].upper() + parts[0][1:]  # (whichever of the above comes first)
             # ranks that chose different algorithms for one call may send to disjoint peers (a
             # ring beside a hierarchical grid): no frame meets its checksum, all wait
@@ -318,14 +323,15 @@ class HangDiagnosis:
             mixed = len(set(ran.values())) > 1
             if mixed:
                 parts.append("The ranks run it by different algorithms ("
-                             + ", ".join(f"rank {r}: {a}" for r, a in sorted(ran.items()))
+                             + ", ".join(f"{self.who(r)}: {a}" for r, a in sorted(ran.items()))
                              + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
                 p = peers[r]
-                parts.append(f"Rank {r} last ran" + (" (by that old record)" if r in stale else "")
+                parts.append(f"{self.who(r).capitalize()} last ran" + (" (by that old record)" if r in stale else "")
                              + f": {fmt(p['recent'])} (next seq {p.get('calls', p['issued'])}"
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
-        parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
+        me = self.who(self.rank).capitalize()  # "Rank 0 (global rank 1)" in a subgroup
+        parts.append(f"{me} (this rank) last ran: {fmt(mine['recent'])}.")
         return _Said(" ".join(parts), lost, inside, mixed)
 
     def dump(self) -> str:

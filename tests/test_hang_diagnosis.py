@@ -8,6 +8,10 @@ def test_absent_rank_is_named(pools, world):
     assert all(pools(world).run("cases_hang:absent_rank"))
 
 
+def test_absent_rank_of_a_subgroup_is_named_with_its_global_rank(pools):
+    assert all(pools(3).run("cases_hang:absent_rank_in_a_subgroup"))
+
+
 @pytest.mark.parametrize("world", (2, 3))
 def test_absent_rank_is_named_by_the_users_call_under_the_debug_check(pools, world):
     assert all(pools(world).run("cases_hang:absent_rank_under_the_check"))
@@ -89,6 +93,9 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
         rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
         records = [Record(0, "allreduce", 20, "float32", "ring", "running")]
 
+        def who(self, r):
+            return f"rank {r}"
+
         def _peer_records(self):
             return {1: record("ring"), 2: record(other)}, [], ""
 
@@ -139,6 +146,9 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
                    Record(1, "broadcast", 32, "float32", "ring", "done"),
                    Record(2, "allreduce", 1 << 20, "float32", "ring", "running")]
         mailbox = SimpleNamespace(early={}, held={})
+
+        def who(self, r):
+            return f"rank {r}"
 
         def _peer_records(self):
             return {1: record(1), 2: record(1), 3: record(1)}, [], ""
