@@ -223,10 +223,11 @@ def _check_tensor(t, what: str, rank: int, written: bool = False) -> None:
 
 
 def _common_tensor(t) -> bool:
-    """Whether `t` takes a common path (_allreduce_common and its kin): a contiguous dense CPU
-    tensor, the debug check off. Anything else takes the general path, which checks it."""
+    """Whether `t` may take a common path (_allreduce_common and its kin): a contiguous dense CPU
+    tensor (and the group's debug check off, see NeuronProcessGroup._checked). Anything else
+    takes the general path, which checks it."""
     return isinstance(t, torch.Tensor) and t.layout is torch.strided and not t.is_nested and t.is_cpu and \
-        type(t).__torch_dispatch__ is _PLAIN_DISPATCH and t.is_contiguous() and not debug.enabled()
+        type(t).__torch_dispatch__ is _PLAIN_DISPATCH and t.is_contiguous()
 
 
 def _common_op(rop) -> str | None:
@@ -319,6 +320,12 @@ def _parts(tensors) -> str:
     return _layout([f"{_dtype_name(t.dtype)}[{t.numel()}]" for t in tensors])
 
 
+def _same_shapes(tensors) -> bool:
+    """Whether a list form's blocks share one shape: only then does torch's wrapper compare the
+    call's shapes across ranks (ProcessGroupWrapper's check_same_size), and so does the debug check."""
+    return all(t.shape == tensors[0].shape for t in tensors) if tensors else True
+
+
 def _same_dtype(tensors, what: str, rank: int) -> torch.dtype:
     if len(tensors) == 1:
         return tensors[0].dtype
@@ -343,6 +350,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
+        self._detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -397,7 +405,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
     _set_default_timeout = set_timeout
 
     def _get_sequence_number_for_group(self) -> int:
-        return self.group.issued  # collectives this rank has issued on the group: equal across ranks
+        return self.group.issued  # the user's collectives issued on the group (a debug check's exchange
+        # not counted, as Gloo's under torch's wrapper): equal across ranks
 
     def _set_sequence_number_for_group(self) -> None:
         pass  # every rank's numbering starts at 0 when the group is made
@@ -407,12 +416,24 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _r(self) -> int:
         return self.group.rank
 
+    def _checked(self) -> bool:
+        """Whether this group's collectives go through the debug check (debug.enabled: the
+        environment, or torch's debug level as this group was made)."""
+        return debug.enabled(self._detail)
+
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
-                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0) -> NeuronWork:
-        if debug.enabled():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
-            debug.check(self, kind, desc, nbytes, dtype, peer)
-        op = Op(kind, desc, make_exe, finish, outputs, peer=peer, direction=direction, nbytes=nbytes,
-                dtype=dtype, algorithm=algorithm, tag=tag)
+                dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:
+        """Check (the debug check: `call` is the user's call form and the tensors it compares,
+        see debug._called), number and queue one op."""
+        checks, checked = "", False
+        if self._checked():  # TORCH_DISTRIBUTED_DEBUG=DETAIL: fingerprints agree
+            checks = debug.checking()  # this op is the check's own all-gather, for that call
+            if not checks:
+                checked = debug.check(self, kind, desc, nbytes, dtype, peer, call)
+        op = Op(kind, f"the debug check of {checks}" if checks else desc, make_exe, finish, outputs, peer=peer,
+                direction=direction, nbytes=nbytes, dtype=dtype, algorithm=algorithm, tag=tag)
+        if checks or checked:  # numbered as the user's call it checks, or had checked (Group.submit)
+            op.checks, op.checked = checks, checked
         if opts is not None:
             if getattr(opts, "asyncOp", True) is False:
                 op.sync = True  # the caller waits at once: run it on this thread whatever its size
@@ -424,20 +445,20 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None, name: str | None = None, detail: str = "", out_at_start=None):
+                    opts=None, name: str | None = None, detail: str = "", out_at_start=None, call=None):
         """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
         before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
         use), `after` once it has finished (AVG, copy-back); `out_at_start`, if given, returns OUT
         as the op starts (a buffer in the group's kept scratch, which a call may take only then).
         `name` replaces the collective's in the description; `detail` is added to its arguments
-        (see Plans.get)."""
+        (see Plans.get); `call`: the user's call form and tensors, for the debug check (_submit)."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts,
-                              out_at_start)
+                              out_at_start, call)
 
     def _run_plan(self, plan: Plan, kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
-                  before, after, outputs, nbytes: int, opts, out_at_start=None) -> NeuronWork:
+                  before, after, outputs, nbytes: int, opts, out_at_start=None, call=None) -> NeuronWork:
         """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
         g = self.group
 
@@ -458,7 +479,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 if after:
                     after()
 
-        return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts)
+        return self._submit(kind, plan.desc, start, finish, outputs, nbytes, dtype, algo, opts=opts, call=call)
 
     # -- all-reduce ----------------------------------------------------------------------------
     def allreduce(self, tensors, opts=None, timeout=None):
@@ -488,7 +509,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             _check_tensor(t._values(), "allreduce", r)  # its error: the device or dtype (coalesced or not)
         _check_op("sum", t.dtype, "allreduce", r)  # (a dtype only moved bit for bit: float8, uint16, ...)
         sparse.allreduce(self, t)
-        return self._empty_work([t])
+        return self._empty_work([t], "allreduce")
 
     def _allreduce_common(self, tensors, opts) -> NeuronWork | None:
         """The common all-reduce, `dist.all_reduce` of one contiguous dense CPU tensor with any op
@@ -500,7 +521,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         debug check on, any other argument form, an unsupported dtype: its error comes from
         there)."""
         t = tensors[0]
-        if not _common_tensor(t):
+        if self._checked() or not _common_tensor(t):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -535,7 +556,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors, opts=None):
         tensors = list(tensors)
         if not tensors:  # nothing to reduce, as the other coalesced forms: still ordered after earlier ops
-            return self._empty_work([])
+            return self._empty_work([], "allreduce_coalesced")
         return self._allreduce_flat(tensors, opts, "allreduce_coalesced")
 
     def _allreduce_flat(self, tensors, opts, what):
@@ -564,8 +585,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     off += t.numel()
 
         n = buf.numel()
+        # (torch's wrapper compares no shapes of a coalesced call: its lists may differ in layout)
         return self._collective("allreduce", Kind.ALLREDUCE, {"count": n}, buf, buf, dtype,
-                                op_name, before, after, tensors, n * buf.element_size(), opts=opts)
+                                op_name, before, after, tensors, n * buf.element_size(), opts=opts,
+                                call=(what, tensors if what == "allreduce" else ()))
 
     # -- broadcast -----------------------------------------------------------------------------
     def broadcast(self, tensors, opts=None, timeout=None):
@@ -583,13 +606,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
         after = None if sends or buf.data_ptr() == t.data_ptr() or t.numel() == 0 else \
             (lambda: t.copy_(buf.view_as(t)))
         return self._collective("broadcast", Kind.BROADCAST, dict(count=buf.numel(), root=root), buf, buf,
-                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
+                                t.dtype, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts,
+                                call=("broadcast", [t]))
 
     def _broadcast_common(self, t, opts) -> NeuronWork | None:
         """`dist.broadcast` of one contiguous dense CPU tensor: broadcast's checks and plan
         looked up (as _allreduce_common), the plan `broadcast` makes. None: the general path."""
         root = opts.rootRank
-        if not _common_tensor(t) or not 0 <= root < self.group.size:
+        if self._checked() or not _common_tensor(t) or not 0 <= root < self.group.size:
             return None
         dtype, n = t.dtype, t.numel()
         nbytes = n * dtype.itemsize
@@ -613,7 +637,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             output_tensors, input_tensors, opts = [output_tensors], [input_tensors], None
         inp = _one(input_tensors, "allgather", self._r)
         outs = _one(output_tensors, "allgather", self._r)
-        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts)
+        return self._allgather_lists([outs], [inp], "allgather", outputs=list(outs), opts=opts,
+                                     call=("allgather", [inp] if _same_shapes(outs) else ()))
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         """`output_lists[r][j]` receives rank r's `input_list[j]` (torch's and Gloo's layout)."""
@@ -626,23 +651,23 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 raise ValueError(f"[rank {self._r}] {what}: output list {r} has {len(lst)} tensors for "
                                  f"{len(inputs)} inputs")
         if not inputs:
-            return self._empty_work([])
+            return self._empty_work([], what)
         per_input = [[lst[j] for lst in output_lists] for j in range(len(inputs))]
         return self._allgather_lists(per_input, inputs, what, outputs=[t for lst in output_lists for t in lst],
                                      opts=opts)
 
-    def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None):
+    def _allgather_lists(self, output_lists, inputs, what, outputs, opts=None, call=None):
         for inp, outs in zip(inputs, output_lists):
             _check_tensor(inp, what, self._r)
             self._check_per_rank(outs, inp, what, "output", "input")
         if len(inputs) != len(output_lists):
             raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
-        return self._allgather_packed(inputs, output_lists, what, outputs, opts)
+        return self._allgather_packed(inputs, output_lists, what, outputs, opts, call or (what, ()))
 
-    def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None):
+    def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None, call=None):
         """All-gather several inputs in one collective: each rank's block is its inputs packed
         back to back; the result is unpacked into each output (list of per-rank tensors or one
-        flat tensor per input)."""
+        flat tensor per input). `call`: the debug check's (see _submit); default `what`, no shapes."""
         n = self.group.size
         detail = _parts(inputs) if len(inputs) > 1 else ""
         # inputs of several dtypes (a coalesced all-gather, which Gloo takes) move as bytes: an
@@ -674,7 +699,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
                                 after=after, outputs=outputs, nbytes=c * n * dtype.itemsize,
-                                opts=opts, detail=detail)
+                                opts=opts, detail=detail, call=call or (what, ()))
 
     def all_gather_single(self, output, input, opts=None):
         if type(opts) is _AllgatherOptions:
@@ -682,7 +707,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if work is not None:
                 return work
         self._check_whole_part(output, input, "all_gather_into_tensor", "output", "input")
-        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts)
+        return self._allgather_packed([input], [output], "all_gather_into_tensor", [output], opts,
+                                      ("all_gather_into_tensor", [input]))
 
     _allgather_base = all_gather_single
 
@@ -692,7 +718,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (as _allreduce_common). The input may be the output's block (FSDP2's in-place call);
         elsewhere inside the output it is copied first, as there. None: the general path."""
         g = self.group
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 output.numel() != inp.numel() * g.size:
             return None
         dtype, c = inp.dtype, inp.numel()
@@ -745,7 +771,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         outputs, inputs = self._coalesced_pairs(outputs, inputs, "allgather_into_tensor_coalesced", gather=True)
         if not inputs:
-            return self._empty_work(outputs)
+            return self._empty_work(outputs, "allgather_into_tensor_coalesced")
         return self._allgather_packed(inputs, outputs, "allgather_into_tensor_coalesced", outputs, opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -761,7 +787,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._check_blocks(ins, out, "reduce_scatter")
         # input j is rank j's block: blocks may differ in size from rank to rank (as with Gloo)
         return self._reduce_scatter_packed([out], [torch.cat([t.reshape(-1) for t in ins])], opts,
-                                           "reduce_scatter", counts=tuple(t.numel() for t in ins))
+                                           "reduce_scatter", counts=tuple(t.numel() for t in ins),
+                                           call=("reduce_scatter", [out] if _same_shapes(ins) else ()))
 
     def _check_blocks(self, blocks, mine, what: str) -> None:
         """`blocks` must be one per rank, of `mine`'s dtype, this rank's with `mine`'s element count."""
@@ -782,7 +809,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if work is not None:
                 return work
         self._check_whole_part(input, output, "reduce_scatter_tensor", "input", "output")
-        return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor")
+        return self._reduce_scatter_packed([output], [input], opts, "reduce_scatter_tensor",
+                                           call=("reduce_scatter_tensor", [input, output]))
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -792,7 +820,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         `_reduce_scatter_packed` makes, looked up (as _allreduce_common). None: the general path
         (an output inside the input is staged there)."""
         g = self.group
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or not _outputs_apart(output, inp):
             return None
         op_name = _common_op(opts.reduceOp)
@@ -813,7 +841,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         what = "reduce_scatter_tensor_coalesced"
         outputs, inputs = self._coalesced_pairs(outputs, inputs, what, gather=False)
         if not inputs:
-            return self._empty_work(outputs)
+            return self._empty_work(outputs, what)
         dtypes = list(dict.fromkeys(i.dtype for i in inputs))  # in order of first use: the same on every rank
         if len(dtypes) == 1:
             return self._reduce_scatter_packed(outputs, inputs, opts, what)
@@ -832,11 +860,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None):
+    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None, call=None):
         """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the
         r-th piece of every input, packed back to back. `counts`: each rank's block size, when
         they differ (one input, its blocks back to back); `work_outputs`: the Work's result, if
-        not `outputs`."""
+        not `outputs`; `call`: the debug check's (see _submit), default `what`, no shapes."""
         n = self.group.size
         dtype = _same_dtype(inputs + outputs, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
@@ -869,7 +897,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
         return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": counts}, inp, out, dtype,
                                 op_name, before, after, outputs if work_outputs is None else work_outputs,
-                                sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail)
+                                sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail,
+                                call=call or (what, ()))
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None, op=None, timeout=None):
@@ -888,8 +917,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             after = lambda: t.copy_(out.view_as(t))
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
         return self._collective("reduce", Kind.REDUCE, dict(count=buf.numel(), root=root), buf, outs, t.dtype,
-                                op_name,
-                                after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts)
+                                op_name, after=after, outputs=[t], nbytes=t.numel() * t.element_size(), opts=opts,
+                                call=("reduce", [t]))
 
     def gather(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(input_tensors, torch.Tensor):  # gather(output_tensors, input_tensor, root)
@@ -922,7 +951,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), None,
                                 inp.dtype, after=after if outs else None, outputs=outs,
                                 nbytes=c * n * inp.element_size(), opts=opts,
-                                out_at_start=receive_buffer if outs else None)
+                                out_at_start=receive_buffer if outs else None, call=("gather", [inp]))
 
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output_tensor, input_tensors, root)
@@ -951,7 +980,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
         return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
                                 out_t.dtype, before=before, after=after, outputs=[out_t],
-                                nbytes=c * n * out_t.element_size(), opts=opts)
+                                nbytes=c * n * out_t.element_size(), opts=opts, call=("scatter", [out_t]))
 
     # -- all-to-all ----------------------------------------------------------------------------
     def alltoall(self, output_tensors, input_tensors, opts=None):
@@ -974,7 +1003,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 off += o.numel()
 
         return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs,
-                              opts)
+                              opts, "all_to_all")
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         output_split_sizes, input_split_sizes = _sizes(output_split_sizes), _sizes(input_split_sizes)
@@ -993,7 +1022,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         direct = _outputs_apart(output, inp)
         out = output.view(-1) if direct else torch.empty(output.numel(), dtype=output.dtype)
         after = None if direct else (lambda: output.copy_(out.view(output.shape)))
-        return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts)
+        return self._alltoall(inp, out, send, recv, input.dtype, after, [output], opts, "all_to_all_single")
 
     alltoall_base = all_to_all_single
 
@@ -1003,7 +1032,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         path makes, looked up (as _allreduce_common). None: the general path."""
         g = self.group
         n = g.size
-        if not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
+        if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 not inp.dim() or not output.dim() or inp.shape[0] % n or output.shape[0] % n or \
                 not _outputs_apart(output, inp):
             return None
@@ -1030,23 +1059,25 @@ class NeuronProcessGroup(dist.ProcessGroup):
                              f"non-negative numbers summing to dim 0 ({rows})")
         return [s * row for s in splits]
 
-    def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None):
-        nbytes = sum(send) * dtype.itemsize
+    def _alltoall(self, inp, out, send, recv, dtype, after, outputs, opts=None, what="all_to_all_single"):
+        nbytes = sum(send) * dtype.itemsize  # (its shapes may differ per rank, by the splits: none compared)
         return self._collective("alltoall", Kind.ALLTOALL, dict(counts=tuple(send), recv_counts=tuple(recv)),
-                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts)
+                                inp, out, dtype, after=after, outputs=outputs, nbytes=nbytes, opts=opts,
+                                call=(what, ()))
 
     # -- barrier -------------------------------------------------------------------------------
     def barrier(self, opts=None):
         if opts is not None and not hasattr(opts, "asyncOp"):  # barrier(timeout)
             opts = _options(dist.BarrierOptions, timeout=opts)
         empty = torch.empty(0, dtype=torch.uint8)
-        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts)
+        return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts,
+                                call=("barrier", ()))
 
-    def _empty_work(self, outputs) -> NeuronWork:
-        """A Work for a call with nothing to move (still ordered after earlier ops)."""
+    def _empty_work(self, outputs, what: str) -> NeuronWork:
+        """A Work for `what`, a call with nothing to move (still ordered after earlier ops)."""
         empty = torch.empty(0, dtype=torch.uint8)
         return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=list(outputs),
-                                algorithm="dissemination")
+                                algorithm="dissemination", call=(what, ()))
 
     # -- point to point ------------------------------------------------------------------------
     def send(self, tensors, dstRank, tag=0):

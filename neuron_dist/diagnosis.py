@@ -7,7 +7,13 @@ group's history; NEURON_DIST_DUMP / NEURON_DIST_DUMP_SIGNAL write every group's 
 on a signal.
 
 `HangDiagnosis` is a mixin of `Group`: it reads the group's `records`, `rank`, `size`, `name`,
-`store`, `_seq`, `broken`, `_published` and `mailbox`, calls its `who`, and keeps `_store_lost`.
+`store`, `_seq`, `_calls`, `broken`, `_published` and `mailbox`, calls its `who`, and keeps
+`_store_lost`.
+
+Numbers: a group numbers its collectives for their frames (`seq`), and under the debug check
+(debug.py) each call's fingerprint exchange takes a number of its own; what the texts show is
+the user's call number (`Op.call`, `Record.call`), shared by a call and its exchange, so that
+they read alike with the check on or off. The comparisons below are made on the frames' numbers.
 """
 from __future__ import annotations
 
@@ -33,6 +39,22 @@ class _Said(NamedTuple):
     lost: list[int]        # ranks whose progress record predates calls they took part in
     inside: list[int]      # ranks known to have entered the call
     mixed: bool            # the ranks run the call by different algorithms (the text says what to set)
+
+
+def _what(op: Op) -> str:
+    """The kind of call `op` is, as the user called it (a debug check's exchange: its call's)."""
+    return op.checks.split("(")[0] if op.checks else op.kind.name.lower()
+
+
+def _call_at(op: Op, seq: int) -> int:
+    """The user's call number of a collective at frame number `seq`, one of `op`'s or after it
+    (a peer's frame, kept early): counted on from `op`'s, two numbers a call where `op` went
+    through the debug check (each call after its fingerprint exchange), else one."""
+    if seq <= op.seq:
+        return op.call
+    if op.checks or op.checked:
+        return op.call + (seq - (op.seq if op.checks else op.seq - 1)) // 2
+    return op.call + seq - op.seq
 
 
 def _received(op: Op) -> dict[int, int]:
@@ -108,9 +130,10 @@ class HangDiagnosis:
         algorithm)."""
         recs = list(self.records)
         done = max((r.seq for r in recs if r.state == "done"), default=-1)
-        return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "done": done,
+        return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "calls": self._calls, "done": done,
                 "broken": str(self.broken)[:300] if self.broken else None, "t": time.time(),
-                "recent": [[r.seq, r.kind, r.nbytes, r.dtype, r.state, r.algorithm] for r in recs[-4:]]}
+                "recent": [[r.seq, f"{r.checks} check" if r.checks else r.kind, r.nbytes, r.dtype, r.state,
+                            r.algorithm, r.call] for r in recs[-4:]]}
 
     def _publish_progress(self, bounded: bool = False) -> None:
         """Write this rank's record if it changed. `bounded` (the engine thread, failing an op):
@@ -179,7 +202,7 @@ class HangDiagnosis:
         if op.is_p2p:
             return f"{said.text} {self._p2p_hint(op)}"
         if said.lost:
-            return (f"{said.text} Check that the processes of ranks {said.lost} still run (not stopped by "
+            return (f"{said.text} Check that the processes of ranks {self._ranks(said.lost)} still run (not stopped by "
                     f"SIGSTOP or a debugger) and that their hosts are reachable")
         if said.inside == list(range(self.size)) and not said.mixed:  # nobody missing: not the order
             got = sum(_received(op).values())
@@ -203,8 +226,13 @@ class HangDiagnosis:
             want = f"{sender} sends {me} a message with {tag}, of at most {size}"
         return f"Check that {want}, and that it does not block first in a call that waits on this rank"
 
-    def _took_part(self, op: Op) -> dict[int, tuple[int, str]]:
-        """Peer -> (seq, kind) of the latest collective this rank knows it entered, from what
+    def _ranks(self, ranks: list[int]) -> str:
+        """Members as the diagnosis lists them: "[1, 2]", or "[0 (global rank 1), 1 (global rank 2)]"
+        in a subgroup, whose numbers read as global ranks blamed the wrong processes (see who)."""
+        return "[" + ", ".join(self.who(r).removeprefix("rank ") for r in ranks) + "]"
+
+    def _took_part(self, op: Op) -> dict[int, tuple[int, str, int]]:
+        """Peer -> (seq, kind, call number) of the latest collective this rank knows it entered, from what
         this rank saw itself, not from the peer's progress record (published by its heartbeat
         every timeout/20, at most 1 s, and never again once its process is stopped or its host
         cut off):
@@ -215,20 +243,20 @@ class HangDiagnosis:
           ops have no sequence number and involve two ranks, and are not recorded here;
         - a frame of `op` already received from the peer (an Execution counts them per peer);
         - a frame of a later collective, kept early in the mailbox (the peer is ahead)."""
-        seen: dict[int, tuple[int, str]] = {}
+        seen: dict[int, tuple[int, str, int]] = {}
 
-        def saw(r: int, seq: int, kind: str) -> None:
-            if r != self.rank and seq > seen.get(r, (-1, ""))[0]:
-                seen[r] = (seq, kind)
-        done = [(r.seq, r.kind) for r in list(self.records) if r.state == "done" and
+        def saw(r: int, seq: int, kind: str, call: int) -> None:
+            if r != self.rank and seq > seen.get(r, (-1, "", -1))[0]:
+                seen[r] = (seq, kind, call)
+        done = [(r.seq, r.kind, r.call) for r in list(self.records) if r.state == "done" and
                 (r.kind == "barrier" or r.kind == "allreduce" and r.nbytes > 0)]
         if done:
-            seq, kind = max(done)
+            seq, kind, call = max(done)
             for r in range(self.size):
-                saw(r, seq, kind)
+                saw(r, seq, kind, call)
         for r, n in _received(op).items():
             if n:
-                saw(r, op.seq, op.kind.name.lower())
+                saw(r, op.seq, _what(op), op.call)
         mailbox = getattr(self, "mailbox", None)
         if mailbox is not None:
             kept = []
@@ -240,13 +268,13 @@ class HangDiagnosis:
             kept += [(r, key, h) for r, (key, h, _p) in list(mailbox.held.items())]
             for r, key, h in kept:
                 if key[0] == "coll":
-                    saw(r, key[1], _KIND_NAMES.get(h.kind, "collective"))
+                    saw(r, key[1], _KIND_NAMES.get(h.kind, "collective"), _call_at(op, key[1]))
         return seen
 
     def _diagnose(self, op: Op | None) -> _Said:
         """diagnose()'s text, and what timeout_diagnosis asks of it (see _Said)."""
-        def fmt(recent):
-            return ", ".join(f"#{s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
+        def fmt(recent):  # [seq, kind, bytes, dtype, state, algorithm, call number]
+            return ", ".join(f"#{a[1] if len(a) > 1 else s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
                              for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
         parts, lost, inside, mixed = [], [], [], False
@@ -266,27 +294,27 @@ class HangDiagnosis:
                       and (r not in lost or took[r][0] >= op.seq)]
 
             def calls(ranks):
-                return ", ".join(f"rank {r}: {took[r][1]} seq {took[r][0]}" for r in ranks)
+                return ", ".join(f"{self.who(r)}: {took[r][1]} seq {took[r][2]}" for r in ranks)
             if unread:
-                parts.append(f"The progress of ranks {unread} is unknown: {why};")
+                parts.append(f"The progress of ranks {self._ranks(unread)} is unknown: {why};")
             if missing:  # a record is as old as its rank's last heartbeat: a rank frozen (SIGSTOP, a
                 # debugger) just after entering the call is not in it yet, so say how old it is
                 age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in missing))
-                parts.append(f"Ranks {missing} had not entered {op.kind.name.lower()} seq {op.seq} by their "
+                parts.append(f"Ranks {self._ranks(missing)} had not entered {_what(op)} seq {op.call} by their "
                              f"progress records (the oldest {age:.1f}s old);")
             if stale:
                 age = max(0.0, time.time() - min(peers[r].get("t", time.time()) for r in stale))
-                parts.append(f"the progress records of ranks {stale} (the oldest {age:.1f}s old) predate calls "
-                             f"they took part in ({calls(stale)});")
+                parts.append(f"the progress records of ranks {self._ranks(stale)} (the oldest {age:.1f}s old) "
+                             f"predate calls they took part in ({calls(stale)});")
             if quiet:
-                parts.append(f"ranks {quiet} published no progress record, though they took part in calls "
+                parts.append(f"ranks {self._ranks(quiet)} published no progress record, though they took part in calls "
                              f"({calls(quiet)});")
             if lost:
                 parts.append("their processes may be frozen or stopped (SIGSTOP, a debugger), or their hosts "
                              "unreachable;")
             if silent:
-                parts.append(f"ranks {silent} published no progress record;")
-            parts.append(f"ranks {inside} had entered it.")
+                parts.append(f"ranks {self._ranks(silent)} published no progress record;")
+            parts.append(f"ranks {self._ranks(inside)} had entered it.")
             parts[0] = parts[0][:1].upper() + parts[0][1:]  # (whichever of the above comes first)
             # ranks that chose different algorithms for one call may send to disjoint peers (a
             # ring beside a hierarchical grid): no frame meets its checksum, all wait
@@ -295,24 +323,26 @@ class HangDiagnosis:
             mixed = len(set(ran.values())) > 1
             if mixed:
                 parts.append("The ranks run it by different algorithms ("
-                             + ", ".join(f"rank {r}: {a}" for r, a in sorted(ran.items()))
+                             + ", ".join(f"{self.who(r)}: {a}" for r, a in sorted(ran.items()))
                              + "): set NEURON_DIST_ALGO and NEURON_DIST_TUNING alike on every rank.")
             for r in sorted(peers):
                 p = peers[r]
-                parts.append(f"Rank {r} last ran" + (" (by that old record)" if r in stale else "")
-                             + f": {fmt(p['recent'])} (next seq {p['issued']}"
+                parts.append(f"{self.who(r).capitalize()} last ran" + (" (by that old record)" if r in stale else "")
+                             + f": {fmt(p['recent'])} (next seq {p.get('calls', p['issued'])}"
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
-        parts.append(f"Rank {self.rank} (this rank) last ran: {fmt(mine['recent'])}.")
+        me = self.who(self.rank).capitalize()  # "Rank 0 (global rank 1)" in a subgroup
+        parts.append(f"{me} (this rank) last ran: {fmt(mine['recent'])}.")
         return _Said(" ".join(parts), lost, inside, mixed)
 
     def dump(self) -> str:
         """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /
         NEURON_DIST_DUMP_SIGNAL)."""
         lines = [f"neuron_dist group {self.name!r} rank {self.rank}/{self.size} pid {os.getpid()}: "
-                 f"next seq {self._seq}, broken: {self.broken or 'no'}"]
+                 f"next seq {self._calls}, broken: {self.broken or 'no'}"]
         for r in list(self.records):
             took = (r.t_end - r.t_start) * 1e3 if r.t_end else 0.0
-            lines.append(f"  #{r.seq} {r.kind} {r.nbytes}B {r.dtype} {r.algorithm or '-'} {r.state}"
+            kind = f"{r.checks} check" if r.checks else r.kind
+            lines.append(f"  #{r.call} {kind} {r.nbytes}B {r.dtype} {r.algorithm or '-'} {r.state}"
                          + (f" {took:.2f} ms" if r.t_end else ""))
         return "\n".join(lines)
 

@@ -437,7 +437,7 @@ def _forget_groups_in_child() -> None:
         g._mu = threading.RLock()
         g._cv = threading.Condition(g._mu)
         g._drive = threading.Lock()
-        g.broken = GroupError(f"[rank {g.rank}] group {g.name!r} belongs to the process that created it; this "
+        g.broken = GroupError(f"[{g.who(g.rank)}] group {g.name!r} belongs to the process that created it; this "
                               f"is a forked child (pid {os.getpid()}), which cannot use it: create groups in "
                               f"the child, or start it with the spawn method")
 
@@ -491,7 +491,8 @@ class Group(HangDiagnosis):
         self.broken: BaseException | None = None
         self.closed = False
         self._abort = False
-        self._seq = 0
+        self._seq = 0    # collectives numbered, for their frames
+        self._calls = 0  # the user's collectives numbered (a debug check's exchange shares its call's)
         t0 = time.perf_counter()
         # -- what this rank can check alone, before any store traffic ------------------------
         # a bad setting is published to the peers below, so they fail with it at once (they
@@ -696,17 +697,21 @@ class Group(HangDiagnosis):
         try:
             with self._mu:
                 if self.broken is not None:
-                    op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the group is unusable after an "
+                    op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the group is unusable after an "
                                            f"earlier failure: {self.broken}"))
                     return op
                 if self.closed:
-                    op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was destroyed"))
+                    op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the process group was destroyed"))
                     return op
                 p2p = op.kind == _P2P
                 if not p2p:
                     op.seq = self._seq
                     self._seq += 1
-                    op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm)
+                    op.call = self._calls
+                    if not op.checks:  # (a check's exchange: its call, next, takes the number)
+                        self._calls += 1
+                    op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm,
+                                       call=op.call, checks=op.checks.split("(")[0])
                     self.records.append(op.record)
                 # an unmarked receive may wait on a send this caller has yet to issue: it only takes
                 # what has already arrived here, and the engine waits for the rest
@@ -771,7 +776,7 @@ class Group(HangDiagnosis):
                 self._active.append(op)
                 self._cv.notify()
         if broken is not None:  # (the engine failed meanwhile: nobody would finish it)
-            self._done(op, GroupError(f"[rank {self.rank}] {self._name(op)}: not run, the group failed: {broken}"))
+            self._done(op, GroupError(f"[{self.who(self.rank)}] {self._name(op)}: not run, the group failed: {broken}"))
 
     def execution(self, op: Op, schedule: Schedule, bufs, reduce, dtype: torch.dtype, tag: int,
                   tmp_views: dict | None = None, arrived: bool = False) -> Execution:
@@ -850,7 +855,7 @@ class Group(HangDiagnosis):
             with self._outside_autograd():  # see _drive_ops
                 self._drive_ops()
         except BaseException as e:  # noqa: BLE001 - every op waiting on the engine must hear of it
-            err = GroupError(f"[rank {self.rank}] the group's engine thread failed: {type(e).__name__}: {e}")
+            err = GroupError(f"[{self.who(self.rank)}] the group's engine thread failed: {type(e).__name__}: {e}")
             err.__cause__ = e
             _drop_locals(e)
             coll_log.error("%s", err)
@@ -871,7 +876,7 @@ class Group(HangDiagnosis):
             # deleted by the caller) until this group's next op
             op = None
             if self._abort:
-                err = GroupError(f"[rank {self.rank}] the process group was aborted")
+                err = GroupError(f"[{self.who(self.rank)}] the process group was aborted")
                 with self._drive:
                     ops = active + list(waiting)
                     if ops:  # the peers hear of it before the callers, as in `_fail`: an op failed
@@ -879,7 +884,7 @@ class Group(HangDiagnosis):
                         # (after a destroy gave up on it), when the caller has reused it
                         self._send_abort(str(err))
                     for o in ops:
-                        self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: {err}"))
+                        self._done(o, GroupError(f"[{self.who(self.rank)}] {o.desc}: {err}"))
                 return
             with self._cv:
                 while not self._queue and not active and not waiting and not self.closed:
@@ -964,11 +969,12 @@ class Group(HangDiagnosis):
 
     @property
     def issued(self) -> int:
-        """How many collectives this group has numbered: the next one's sequence number."""
-        return self._seq
+        """How many of the user's collectives this group has numbered: the next one's sequence
+        number, as errors show it (a debug check's exchange is numbered with its call)."""
+        return self._calls
 
     def _name(self, op: Op) -> str:
-        return op.desc if op.is_p2p else f"{op.desc} (seq {op.seq})"
+        return op.desc if op.is_p2p else f"{op.desc} (seq {op.call})"
 
     def who(self, r: int) -> str:
         """Member `r` as errors name it: "rank 1", or "rank 1 (global rank 3)" in a subgroup."""
@@ -1020,7 +1026,7 @@ class Group(HangDiagnosis):
     def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: _Waiting) -> None:
         from .transport.base import PeerGone
         if isinstance(e, PeerGone):
-            e = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
+            e = GroupError(f"[{self.who(self.rank)}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
         if not isinstance(e, dist.DistBackendError):
             why = str(e) or type(e).__name__  # str(KeyboardInterrupt()) is empty
             if isinstance(e, (LookupError, AttributeError, TypeError)):  # a slip, not a failure we
@@ -1029,7 +1035,7 @@ class Group(HangDiagnosis):
                 why = "interrupted (KeyboardInterrupt) in the middle of the operation"
             elif _from_signal_handler(e):
                 why = f"interrupted by a signal handler's {type(e).__name__} ({why}) in the middle of the operation"
-            err = GroupError(f"[rank {self.rank}] {self._name(op)} failed: {why}")
+            err = GroupError(f"[{self.who(self.rank)}] {self._name(op)} failed: {why}")
             err.__cause__ = e
         else:
             err = e
@@ -1054,7 +1060,7 @@ class Group(HangDiagnosis):
             waiting.clear()
             self._queue.clear()
         for o in rest:
-            self._done(o, GroupError(f"[rank {self.rank}] {o.desc}: not run, the group failed: {err}"))
+            self._done(o, GroupError(f"[{self.who(self.rank)}] {o.desc}: not run, the group failed: {err}"))
         self._publish_progress(bounded=True)
         self._dump_if_asked(f"failure: {err}")
 
@@ -1129,7 +1135,8 @@ class Group(HangDiagnosis):
                     op = next(o for o in active if not o.is_p2p)
                     active.remove(op)
                     self._fail(op, GroupError(
-                        f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(q, gone)}"), active, waiting)
+                        f"[{self.who(self.rank)}] {self._name(op)} failed: {self._gone_cause(q, gone)}"),
+                        active, waiting)
                     return
         # a peer's liveness costs a system call or two (shared memory reads /proc/PID/stat):
         # looked at every LOOK_INTERVAL_S, not on every idle pass of a waiting receive
@@ -1151,7 +1158,7 @@ class Group(HangDiagnosis):
                     if gone:
                         active.remove(op)
                         self._fail(op, GroupError(
-                            f"[rank {self.rank}] {self._name(op)} failed: {self._gone_cause(p, gone)}"),
+                            f"[{self.who(self.rank)}] {self._name(op)} failed: {self._gone_cause(p, gone)}"),
                             active, waiting)
                         return
             own = op.timeout  # the call's own (dist.barrier(timeout=...)), else the group's
@@ -1161,7 +1168,7 @@ class Group(HangDiagnosis):
                     "waiting for a message from any rank" if op.is_p2p and op.direction != "send" else "waiting to send"
                 raise_it = "raise the call's timeout" if own else "raise the timeout in init_process_group/new_group"
                 self._fail(op, GroupError(
-                    f"[rank {self.rank}] {self._name(op)} timed out after {own or limit:.1f}s {who}. "
+                    f"[{self.who(self.rank)}] {self._name(op)} timed out after {own or limit:.1f}s {who}. "
                     f"{self.timeout_diagnosis(op)}, or {raise_it}."),
                     active, waiting)
                 return
@@ -1316,7 +1323,7 @@ class Group(HangDiagnosis):
         self._hb_stop.set()
         ended = "aborted" if abort else "destroyed"
         for op in pending:
-            op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was {ended}"))
+            op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the process group was {ended}"))
         if not engine:
             self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
             if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
@@ -1328,7 +1335,7 @@ class Group(HangDiagnosis):
                 pending = list(self._queue)
                 self._queue.clear()
             for op in pending:
-                op.complete(GroupError(f"[rank {self.rank}] {op.desc}: the process group was {ended} "
+                op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the process group was {ended} "
                                        f"before it ran"))
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)

@@ -35,6 +35,12 @@ class Record:
     state: str = "queued"  # queued -> running -> done | failed
     t_start: float = 0.0
     t_end: float = 0.0
+    call: int = -1     # the number the user sees (Op.call); -1: its seq
+    checks: str = ""   # a debug check's exchange: the kind of the call it checks
+
+    def __post_init__(self):
+        if self.call < 0:
+            self.call = self.seq
 
 
 class Op:
@@ -43,8 +49,8 @@ class Op:
     while the call is checked, so argument-dependent set-up errors surface from wait();
     `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
     __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "posted", "nbytes", "dtype",
-                 "algorithm", "seq", "exe", "t0", "finished", "_event", "error", "source_rank", "record",
-                 "_callbacks", "_lock", "sync", "timeout", "__weakref__")
+                 "algorithm", "seq", "call", "checks", "checked", "exe", "t0", "finished", "_event", "error",
+                 "source_rank", "record", "_callbacks", "_lock", "sync", "timeout", "__weakref__")
 
     def __init__(self, kind: Kind, desc: str, start, finish=None, outputs=(), peer: int | None = None,
                  direction: str = "", nbytes: int = 0, dtype: torch.dtype = torch.uint8, algorithm: str = "",
@@ -54,7 +60,13 @@ class Op:
         self.peer, self.direction, self.tag = peer, direction, tag  # a send/recv's (group._Waiting, a time-out's hint)
         self.posted = 0  # a send/recv's place in the order posted (group._Waiting)
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
-        self.seq = -1
+        self.seq = -1  # the group's number of it, in its frames (a debug check's exchange takes one too)
+        # the number errors and diagnoses show, counting the user's collectives: the debug check's
+        # all-gather of a call's fingerprint (`checks`: that call's description) shares its call's
+        # number, and `checked` marks a call that had one (Group.submit, diagnosis._call_at)
+        self.call = -1
+        self.checks: str = ""
+        self.checked = False
         self.exe: Execution | None = None
         self.t0 = 0.0
         self.finished = False            # set once, under _lock, by complete()
@@ -122,7 +134,7 @@ class Op:
         complete): the error says so, naming the rank and the call as the op's own errors do."""
         if not self.finished and not self.event.wait(timeout):
             where = f"[rank {rank}] " if rank >= 0 else ""
-            seq = "" if self.is_p2p else f" (seq {self.seq})"
+            seq = "" if self.is_p2p else f" (seq {self.call})"
             raise GroupError(f"{where}{self.desc}{seq}: wait() timed out after {timeout:.1f}s; the operation "
                              f"is still running (a later wait() may still see it complete)")
         if self.error is not None:

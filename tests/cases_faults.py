@@ -446,6 +446,27 @@ def _mismatched_call(case: str, rank: int, group) -> None:
         with dist._coalescing_manager(group=group):
             for dt, c in kinds:
                 dist.all_gather_into_tensor(torch.empty(world * c, dtype=dt), torch.ones(c, dtype=dt), group=group)
+    elif case == "shape":  # the same 24 bytes as a (2, 3) and a (3, 2) tensor: only the debug check sees it
+        dist.all_reduce(torch.ones((2, 3) if rank == 0 else (3, 2)), group=group)
+    elif case == "allgather_shape":  # each rank's blocks handed to the others in the wrong layout
+        world = dist.get_world_size(group)
+        x = torch.ones((2, 3) if rank == 0 else (3, 2))
+        dist.all_gather([torch.empty_like(x) for _ in range(world)], x, group=group)
+    elif case == "broadcast_shape":
+        dist.broadcast(torch.ones((2, 3) if rank == 0 else (6,)), src=0, group=group)
+    elif case == "complex":  # torch hands the backend a complex64[2] as float32[2, 2]: 16 bytes each
+        dist.all_reduce(torch.ones(2, dtype=torch.complex64) if rank == 0 else torch.ones(4), group=group)
+    elif case == "allgather_form":  # the same bytes by two call forms (torch's wrapper flags these too)
+        world = dist.get_world_size(group)
+        if rank == 0:
+            dist.all_gather_into_tensor(torch.empty(4 * world), torch.ones(4), group=group)
+        else:
+            dist.all_gather([torch.empty(4) for _ in range(world)], torch.ones(4), group=group)
+    elif case == "coalesced_form":
+        if rank == 0:
+            dist.all_reduce(torch.ones(4), group=group)
+        else:
+            dist.all_reduce_coalesced([torch.ones(2), torch.ones(2)], group=group)
     elif case == "reduce_scatter_blocks":  # list form: the last rank swaps blocks 0 and 1's sizes
         world = dist.get_world_size(group)
         sizes = [2 + j for j in range(world)]
@@ -486,6 +507,68 @@ def misuse_mismatch(rank, world, case, check=False, timeout_s=10.0, members=None
         debug.set_enabled(None)
         dist.destroy_process_group(sub)
     return dict(kind=err[0], msg=err[1], elapsed=elapsed, usable=usable, runtime_error=isdist)
+
+
+def torch_debug_level(rank, world):
+    """dist.set_debug_level(DebugLevel.DETAIL) before a group is made turns on the debug check for
+    that group, as it wraps Gloo's in torch's ProcessGroupWrapper (only the environment was
+    read, once per process); the group keeps what it read, and a group made after the level
+    is set back is not checked. Returns (the checked group's error, the unchecked one's)."""
+    import torch
+    import torch.distributed as dist
+    from datetime import timedelta
+    was = dist.get_debug_level()
+    dist.set_debug_level(dist.DebugLevel.DETAIL)
+    try:
+        checked = dist.new_group(timeout=timedelta(seconds=10))
+    finally:
+        dist.set_debug_level(was)
+    plain = dist.new_group(timeout=timedelta(seconds=10))
+    said = []
+    try:
+        for g in (checked, plain):
+            try:  # as many bytes on every rank, by shapes that differ: only the check sees it
+                dist.all_reduce(torch.ones((2, 3) if rank == 0 else (3, 2)), group=g)
+                said.append("ran")
+            except RuntimeError as e:
+                said.append(str(e))
+        t = torch.ones(4)
+        dist.all_reduce(t, group=checked)  # skipped alike on every rank: still usable
+        assert (t == world).all(), t
+    finally:
+        dist.destroy_process_group(checked)
+        dist.destroy_process_group(plain)
+    return said
+
+
+def check_passes_shapes_that_may_differ(rank, world):
+    """Under the debug check, calls whose shapes legitimately differ per rank run, as under
+    torch's wrapper for Gloo: a list all-gather of blocks of several shapes (each rank's own),
+    all-to-all with uneven splits, the coalesced forms; a complex tensor against its own kind."""
+    import torch
+    import torch.distributed as dist
+    from neuron_dist import debug
+    debug.set_enabled(True)
+    try:
+        shapes = [(3, 2) if r % 2 else (2, 3) for r in range(world)]
+        mine = torch.full(shapes[rank], float(rank))
+        outs = [torch.empty(s) for s in shapes]
+        dist.all_gather(outs, mine)  # each rank's block in its own shape (the outputs' shapes differ)
+        assert all((outs[r] == r).all() for r in range(world)), outs
+        sizes = [r + 1 for r in range(world)]  # rank r sends r+1 elements to each peer
+        got = torch.empty(sum(sizes))
+        dist.all_to_all_single(got, torch.full((sizes[rank] * world,), float(rank)), output_split_sizes=sizes,
+                               input_split_sizes=[sizes[rank]] * world)
+        assert got.tolist() == [float(r) for r in range(world) for _ in range(sizes[r])], got
+        parts = [torch.ones(6), torch.ones(2)] if rank == 0 else [torch.ones(2, 3), torch.ones(1, 2)]
+        dist.all_reduce_coalesced(parts)
+        assert all((p == world).all() for p in parts), parts
+        z = torch.ones(3, dtype=torch.complex64)
+        dist.all_reduce(z)
+        assert (z == world).all(), z
+    finally:
+        debug.set_enabled(None)
+    return True
 
 
 def frame_bytes_mismatch(rank, world):

@@ -35,6 +35,73 @@ def absent_rank(rank, world):
 
 
 
+def absent_rank_in_a_subgroup(rank, world):
+    """A subgroup of global ranks [1, 2] (of 3): global rank 2 never enters its second call.
+    Global rank 1's error numbered the members within the group and said nothing of it
+    ("[rank 0] ... waiting for rank 1 (global rank 2). Ranks [1] had not entered ...; ranks
+    [0] had entered it. Rank 1 last ran: ..."): read as global ranks, it blamed the reporting
+    rank. Every member is now named with its global rank too."""
+    g = dist.new_group([1, 2], timeout=timedelta(seconds=TIMEOUT_S))
+    if rank == 1:
+        x = torch.ones(4)
+        dist.all_reduce(x, group=g)  # seq 0: both
+        try:
+            dist.all_reduce(x, group=g)  # seq 1: global rank 2 never calls it
+        except dist.DistBackendError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a collective with an absent rank returned")
+        assert msg.startswith("[rank 0 (global rank 1)] allreduce(16 bytes, float32, sum) (seq 1) timed out "), msg
+        assert "Ranks [1 (global rank 2)] had not entered allreduce seq 1 by their progress records" in msg, msg
+        assert "ranks [0 (global rank 1)] had entered it." in msg, msg
+        assert "Rank 1 (global rank 2) last ran: #0 allreduce 16B done" in msg, msg
+        assert "Rank 0 (global rank 1) (this rank) last ran: #0 allreduce 16B done" in msg, msg
+    elif rank == 2:
+        dist.all_reduce(torch.ones(4), group=g)
+    dist.barrier(group=R.GLOO)  # rank 2 waits here until rank 1 has its error
+    dist.destroy_process_group(g)
+    return 1
+
+
+def absent_rank_under_the_check(rank, world):
+    """As absent_rank, under the debug check (TORCH_DISTRIBUTED_DEBUG=DETAIL): each call's
+    fingerprint all-gather ran first and took a sequence number of its own. The error named
+    that all-gather, not the user's call ("allgather(480 bytes, uint8) (seq 2) timed out ...
+    Ranks [0] had not entered allgather seq 2"), and every number the user saw was doubled, in
+    _get_sequence_number_for_group too. Now the numbers count the user's calls, as without the
+    check, and the exchange's failure names the call it checked."""
+    from neuron_dist import debug
+    g = dist.new_group(list(range(world)), timeout=timedelta(seconds=TIMEOUT_S))
+    pg = g._get_backend(torch.device("cpu"))
+    debug.set_enabled(True)
+    try:
+        x = torch.ones(4)
+        dist.all_reduce(x, group=g)  # seq 0: everyone
+        assert pg._get_sequence_number_for_group() == 1, pg._get_sequence_number_for_group()
+        try:  # refused on every rank: not run, and no number taken (as under Gloo's wrapper)
+            dist.all_reduce(torch.ones(4 if rank else 5), group=g)
+        except RuntimeError as e:
+            assert "Detected mismatch" in str(e) and "seq 1)" in str(e), e
+        assert pg._get_sequence_number_for_group() == 1, pg._get_sequence_number_for_group()
+        if rank != 0:
+            try:
+                dist.all_reduce(x, group=g)  # seq 1: rank 0 never calls it
+            except dist.DistBackendError as e:
+                msg = str(e)
+            else:
+                raise AssertionError("a collective with an absent rank returned")
+            assert msg.startswith(f"[rank {rank}] the debug check of allreduce(16 bytes, float32, sum) (seq 1) "
+                                  f"timed out after"), msg
+            assert "Ranks [0] had not entered allreduce seq 1 by their progress records" in msg, msg
+            assert "Rank 0 last ran: #0 allreduce check " in msg and "#0 allreduce 16B done" in msg, msg
+            assert "(next seq 1)" in msg and "allgather" not in msg and "seq 2" not in msg, msg
+    finally:
+        debug.set_enabled(None)
+    dist.barrier(group=R.GLOO)  # rank 0 waits here until the others have their error
+    dist.destroy_process_group(g)
+    return 1
+
+
 def frozen_rank(rank, world):
     """Rank 1 freezes (SIGSTOP) after calls whose progress it could not publish (its heartbeat
     stopped, as a frozen host's or a cut-off one's does): rank 0 completed those calls with it,

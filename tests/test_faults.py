@@ -82,7 +82,7 @@ def test_failure_names_the_member_that_went_first():
         return errors[0]
 
     def op():
-        return SimpleNamespace(desc="reduce_scatter_tensor(8 MiB)", seq=0, is_p2p=False, t0=time.monotonic(),
+        return SimpleNamespace(desc="reduce_scatter_tensor(8 MiB)", seq=0, call=0, is_p2p=False, t0=time.monotonic(),
                                timeout=None, exe=SimpleNamespace(waiting_on=2, sends=()))
 
     msg = stalled_until_failure(op())  # the sweep fails it on rank 1, the first to go, naming rank 2 after it
@@ -154,7 +154,7 @@ def test_a_peer_that_left_in_order_after_its_part_is_not_blamed():
         g._gone_seen, g._next_sweep = {}, 0.0
         errors = []
         g._fail = lambda op, e, active, waiting: errors.append(str(e))
-        op = SimpleNamespace(desc="broadcast(32 bytes, float32, root 3)", seq=0, is_p2p=False,
+        op = SimpleNamespace(desc="broadcast(32 bytes, float32, root 3)", seq=0, call=0, is_p2p=False,
                              t0=time.monotonic(), timeout=None, exe=exe)
         deadline = time.monotonic() + PEER_GRACE_S + 0.5
         while not errors and time.monotonic() < deadline:

@@ -8,6 +8,15 @@ def test_absent_rank_is_named(pools, world):
     assert all(pools(world).run("cases_hang:absent_rank"))
 
 
+def test_absent_rank_of_a_subgroup_is_named_with_its_global_rank(pools):
+    assert all(pools(3).run("cases_hang:absent_rank_in_a_subgroup"))
+
+
+@pytest.mark.parametrize("world", (2, 3))
+def test_absent_rank_is_named_by_the_users_call_under_the_debug_check(pools, world):
+    assert all(pools(world).run("cases_hang:absent_rank_under_the_check"))
+
+
 @pytest.mark.parametrize("world", (2,))
 def test_a_frozen_rank_is_not_said_to_have_skipped_the_call(pools, world):
     assert all(pools(world).run("cases_hang:frozen_rank"))
@@ -81,13 +90,16 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
         return {"issued": 1, "recent": [[0, "allreduce", 20, "float32", "running", algorithm]], "broken": None}
 
     class Group(HangDiagnosis):
-        rank, size, _seq, broken = 0, 3, 1, None
+        rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
         records = [Record(0, "allreduce", 20, "float32", "ring", "running")]
+
+        def who(self, r):
+            return f"rank {r}"
 
         def _peer_records(self):
             return {1: record("ring"), 2: record(other)}, [], ""
 
-    op = SimpleNamespace(seq=0, is_p2p=False, kind=Kind.ALLREDUCE)
+    op = SimpleNamespace(seq=0, call=0, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE)
     other = "hierarchical"
     said = Group().diagnose(op)
     assert "different algorithms (rank 0: ring, rank 1: ring, rank 2: hierarchical)" in said, said
@@ -129,16 +141,20 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
                 "t": time.time() - 5}
 
     class Group(HangDiagnosis):
-        rank, size, _seq, broken = 0, 4, 3, None
+        rank, size, _seq, _calls, broken = 0, 4, 3, 3, None
         records = [Record(0, "allreduce", 32, "float32", "ring", "done"),
                    Record(1, "broadcast", 32, "float32", "ring", "done"),
                    Record(2, "allreduce", 1 << 20, "float32", "ring", "running")]
         mailbox = SimpleNamespace(early={}, held={})
 
+        def who(self, r):
+            return f"rank {r}"
+
         def _peer_records(self):
             return {1: record(1), 2: record(1), 3: record(1)}, [], ""
 
-    op = SimpleNamespace(seq=2, is_p2p=False, kind=Kind.ALLREDUCE, exe=SimpleNamespace(recv_chunks={2: 3}))
+    op = SimpleNamespace(seq=2, call=2, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE,
+                         exe=SimpleNamespace(recv_chunks={2: 3}))
     g = Group()
     g.mailbox.early[(3, ("coll", 3))] = [(SimpleNamespace(kind=int(Kind.ALLREDUCE)), None)]
     said = g.diagnose(op)
@@ -177,7 +193,7 @@ def test_a_timed_out_send_or_receive_is_told_to_check_its_peers_matching_call():
     from neuron_dist.transport.frame import Kind
 
     class Group(HangDiagnosis):
-        rank, size, _seq, broken = 0, 3, 1, None
+        rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
         records = [Record(0, "barrier", 0, "uint8", "dissemination", "done")]
         global_ranks = [0, 1, 2]
 

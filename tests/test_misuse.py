@@ -18,7 +18,10 @@ TIMEOUT = 10.0
 PLAIN = ["size", "dtype", "dtype_same_bytes", "collective", "op", "algorithm", "alltoall_splits",
          "alltoall_self_splits", "root", "crossed_root", "scatter_root", "crossed_scatter_root", "reduce_root",
          "crossed_reduce_root", "gather_root", "crossed_gather_root", "coalesced_dtype_order", "coalesced_split"]
-CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split"]  # alltoall splits: per-rank sizes, caught by the frames (PLAIN)
+CHECKED = ["size", "dtype", "collective", "op", "root", "crossed_root", "coalesced_dtype_order", "coalesced_split",
+           # shapes and call forms (torch's wrapper compares them under Gloo; the frames cannot see them)
+           "shape", "allgather_shape", "broadcast_shape", "complex", "allgather_form", "coalesced_form"]
+# alltoall splits: per-rank sizes, caught by the frames (PLAIN)
 
 
 @pytest.mark.parametrize("case", PLAIN)
@@ -97,6 +100,33 @@ def test_fingerprint_check_catches_mismatch(pools, case):
         assert "Detected mismatch between collectives" in x["msg"], x["msg"]
         assert "rank 0" in x["msg"] and "rank 1" in x["msg"], x["msg"]
         assert x["usable"], f"rank {r}: the group was not usable after the check rejected the call"
+
+
+def test_fingerprint_check_names_the_shapes_that_differ(pools):
+    """A (2, 3) and a (3, 2) tensor of one dtype move the same bytes: the check compared no
+    shapes and the call ran (an all-gather handed each rank the other's rows in the wrong
+    layout); a complex64[2] read as the float32[2, 2] torch hands over, against a float32[4]."""
+    for case, sides in (("shape", ("allreduce of float32[2, 3]", "allreduce of float32[3, 2]")),
+                        ("allgather_shape", ("allgather of float32[2, 3]", "allgather of float32[3, 2]")),
+                        ("complex", ("allreduce of complex64[2]", "allreduce of float32[4]"))):
+        res = pools(2).run("cases_faults:misuse_mismatch", case=case, check=True, timeout_s=TIMEOUT)
+        for x in res:
+            assert "Detected mismatch" in x["msg"] and x["usable"], (case, x)
+            assert "rank 0 called" in x["msg"] and all(side in x["msg"] for side in sides), (case, x["msg"])
+
+
+def test_fingerprint_check_passes_shapes_that_may_differ(pools):
+    assert all(pools(2).run("cases_faults:check_passes_shapes_that_may_differ"))
+    assert all(pools(3).run("cases_faults:check_passes_shapes_that_may_differ"))
+
+
+def test_torch_set_debug_level_detail_turns_the_check_on_for_groups_made_after(pools):
+    """dist.set_debug_level(dist.DebugLevel.DETAIL) did not turn the check on (only the
+    environment was read, once per process): a group made under it is checked, one made after
+    the level is set back is not."""
+    for r, (checked, plain) in enumerate(pools(2).run("cases_faults:torch_debug_level")):
+        assert checked.startswith(f"[rank {r}] Detected mismatch between collectives"), checked
+        assert plain == "ran", plain
 
 
 def test_fingerprint_check_three_ranks(pools):
