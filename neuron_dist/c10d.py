@@ -350,7 +350,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
-        self._detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
+        self.torch_detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -419,7 +419,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _checked(self) -> bool:
         """Whether this group's collectives go through the debug check (debug.enabled: the
         environment, or torch's debug level as this group was made)."""
-        return debug.enabled(self._detail)
+        return debug.enabled(self.torch_detail)
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:

@@ -134,7 +134,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None,
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
     `call`: the user's call form and tensors (see _called). True: the fingerprints agreed."""
-    if not enabled(pg._detail) or kind == Kind.P2P or peer is not None or checking():
+    if not enabled(pg.torch_detail) or kind == Kind.P2P or peer is not None or checking():
         return False
     from .group import GroupError
     g = pg.group
