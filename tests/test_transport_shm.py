@@ -311,19 +311,30 @@ def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):
     import time
     p = subprocess.Popen([sys.executable, "-c", CHILD.replace('job_id="crash"', 'job_id="sigterm"'), "0",
                           str(tmp_path / "store")], stdout=subprocess.PIPE, text=True)
-    try:
+
+    def published():
         deadline = time.monotonic() + 60
         while not leftovers("sigterm"):  # rank 0's segment exists; rank 1 never comes
             assert p.poll() is None and time.monotonic() < deadline, "the segment never appeared"
             time.sleep(0.02)
         time.sleep(0.2)
+
+    _sigterm_leaves_no_segment(p, "sigterm", published)
+
+
+def _sigterm_leaves_no_segment(p, job: str, ready) -> None:
+    """Once `ready()` returns (the child is where the signal should land), a SIGTERM must end the
+    child by that signal and leave no segment of `job` in /dev/shm; whatever happens, nothing of
+    the child's stays behind."""
+    try:
+        ready()
         p.send_signal(signal.SIGTERM)
         assert p.wait(10) == -signal.SIGTERM
-        assert leftovers("sigterm") == []
+        assert leftovers(job) == []
     finally:
         if p.poll() is None:
             p.kill()
-        for f in leftovers("sigterm"):
+        for f in leftovers(job):
             os.unlink(os.path.join(shm.SHM_DIR, f))
 
 
@@ -340,17 +351,12 @@ def slow(fd, off, n):
 shm.os.posix_fallocate = slow
 t = shm.ShmTransport(ctx)""")
     p = subprocess.Popen([sys.executable, "-c", slow, "0", str(tmp_path / "store")], stdout=subprocess.PIPE, text=True)
-    try:
+
+    def in_fallocate():
         assert p.stdout.readline().strip() == "in fallocate"
         assert leftovers("sigtermmake")  # made, not yet filled
-        p.send_signal(signal.SIGTERM)
-        assert p.wait(10) == -signal.SIGTERM
-        assert leftovers("sigtermmake") == []
-    finally:
-        if p.poll() is None:
-            p.kill()
-        for f in leftovers("sigtermmake"):
-            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+    _sigterm_leaves_no_segment(p, "sigtermmake", in_fallocate)
 
 
 def test_a_peer_killed_in_set_up_is_named_at_once_and_its_segment_goes(tmp_path):
