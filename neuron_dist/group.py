@@ -711,7 +711,7 @@ class Group(HangDiagnosis):
                     if not op.checks:  # (a check's exchange: its call, next, takes the number)
                         self._calls += 1
                     op.record = Record(op.seq, _KIND_NAMES[op.kind], op.nbytes, _dtype_name(op.dtype), op.algorithm,
-                                       call=op.call, checks=op.checks.split("(")[0])
+                                       call=op.call, checks=op.checks and op.checks.split("(")[0])
                     self.records.append(op.record)
                 # an unmarked receive may wait on a send this caller has yet to issue: it only takes
                 # what has already arrived here, and the engine waits for the rest

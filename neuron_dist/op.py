@@ -35,12 +35,8 @@ class Record:
     state: str = "queued"  # queued -> running -> done | failed
     t_start: float = 0.0
     t_end: float = 0.0
-    call: int = -1     # the number the user sees (Op.call); -1: its seq
-    checks: str = ""   # a debug check's exchange: the kind of the call it checks
-
-    def __post_init__(self):
-        if self.call < 0:
-            self.call = self.seq
+    call: int = -1     # the number the user sees (Op.call; the group passes it: no __post_init__
+    checks: str = ""   # on the small-call path); a debug check's exchange: the kind of the call it checks
 
 
 class Op:

@@ -91,7 +91,7 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
 
     class Group(HangDiagnosis):
         rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
-        records = [Record(0, "allreduce", 20, "float32", "ring", "running")]
+        records = [Record(0, "allreduce", 20, "float32", "ring", "running", call=0)]
 
         def who(self, r):
             return f"rank {r}"
@@ -142,9 +142,9 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
 
     class Group(HangDiagnosis):
         rank, size, _seq, _calls, broken = 0, 4, 3, 3, None
-        records = [Record(0, "allreduce", 32, "float32", "ring", "done"),
-                   Record(1, "broadcast", 32, "float32", "ring", "done"),
-                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running")]
+        records = [Record(0, "allreduce", 32, "float32", "ring", "done", call=0),
+                   Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
+                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)]
         mailbox = SimpleNamespace(early={}, held={})
 
         def who(self, r):
@@ -194,7 +194,7 @@ def test_a_timed_out_send_or_receive_is_told_to_check_its_peers_matching_call():
 
     class Group(HangDiagnosis):
         rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
-        records = [Record(0, "barrier", 0, "uint8", "dissemination", "done")]
+        records = [Record(0, "barrier", 0, "uint8", "dissemination", "done", call=0)]
         global_ranks = [0, 1, 2]
 
         def who(self, r):
