@@ -662,7 +662,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._check_per_rank(outs, inp, what, "output", "input")
         if len(inputs) != len(output_lists):
             raise ValueError(f"[rank {self._r}] {what}: {len(inputs)} inputs but {len(output_lists)} output lists")
-        return self._allgather_packed(inputs, output_lists, what, outputs, opts, call or (what, ()))
+        return self._allgather_packed(inputs, output_lists, what, outputs, opts, call)
 
     def _allgather_packed(self, inputs, output_lists, what, outputs, opts=None, call=None):
         """All-gather several inputs in one collective: each rank's block is its inputs packed

@@ -275,6 +275,15 @@ def test_the_backend_and_neuronrun_agree_on_what_an_srun_task_is(step):
     assert set(mpi_env._NON_SRUN_STEPS) == set(scheduler._NON_SRUN_STEPS)
 
 
+def test_the_backend_and_neuronrun_agree_on_what_marks_an_mpi_process():
+    """neuronrun keeps its own copy of the variables every process an MPI launcher starts has
+    (it must start without torch): it strips a launcher's per-process variables only under one,
+    and the backend takes a process for an MPI rank by the same marks."""
+    from neuronrun_launcher import worker
+    from neuron_dist import mpi_env
+    assert set(worker.MPI_LAUNCHER_MARKS) == set(mpi_env.MPI_RANK_VARS)
+
+
 # Task 64 of `srun -N2 -n128 python train.py`: no --ntasks-per-node, so no SLURM_NTASKS_PER_NODE;
 # Slurm gives the step's tasks per node compressed ("64(x2)") and the task's node (SLURM_NODEID).
 _SRUN_128 = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.1",
