@@ -273,6 +273,29 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(-1)
 
 
+def _back_to_back(tensors) -> torch.Tensor | None:
+    """One flat view over `tensors` where they lie back to back, in order, in one storage (the
+    blocks of `t.chunk(n)` or `t.split(sizes)` of a contiguous `t`, as a scatter list or an
+    all-gather list usually is): a list call then moves its data in place, not through a joined
+    copy (a 64 MiB scatter's root joined its blocks first, 0.67x Gloo). None otherwise, empty
+    blocks included (their addresses say nothing)."""
+    first = tensors[0]
+    storage, es, end = first.untyped_storage().data_ptr(), first.element_size(), first.data_ptr()
+    for t in tensors:
+        if t.dtype is not first.dtype or not t.is_contiguous() or t.numel() == 0 or t.data_ptr() != end or \
+                t.untyped_storage().data_ptr() != storage:
+            return None
+        end += t.numel() * es
+    return first.detach().as_strided(((end - first.data_ptr()) // es,), (1,), first.storage_offset())
+
+
+def _apart_or_block(t: torch.Tensor, span: torch.Tensor, block: torch.Tensor) -> bool:
+    """Whether `t` (a flat contiguous tensor) shares no memory with `span`, or is exactly
+    `block`, its rank's block of it (an in-place gather or scatter): a list call may then use
+    the span in place, its own block copied to itself, which is skipped."""
+    return not _overlap(t, span) or (t.data_ptr() == block.data_ptr() and t.numel() == block.numel())
+
+
 def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
     """Whether a call may write its result straight into `output`: contiguous, and sharing no
     memory with `inp`. Schedules read their input until their last round, so an output that
@@ -680,7 +703,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
         c = sum(sizes)
         inp = _flat(inputs[0]) if len(inputs) == 1 else torch.cat([i.reshape(-1) for i in inputs])
         single = len(inputs) == 1 and isinstance(output_lists[0], torch.Tensor) and output_lists[0].is_contiguous()
-        out = output_lists[0].view(-1) if single else torch.empty(c * n, dtype=dtype)
+        out = output_lists[0].view(-1) if single else None
+        if len(inputs) == 1 and not single and not as_bytes and c:  # a list: written in place if
+            out = _back_to_back(output_lists[0])                    # it holds one tensor's blocks
+            single = out is not None
+        if not single:
+            out = torch.empty(c * n, dtype=dtype)
         if single:
             inp = _gather_source(out, inp, self._r)
 
@@ -786,7 +814,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(out, "reduce_scatter", self._r, written=True)
         self._check_blocks(ins, out, "reduce_scatter")
         # input j is rank j's block: blocks may differ in size from rank to rank (as with Gloo)
-        return self._reduce_scatter_packed([out], [torch.cat([t.reshape(-1) for t in ins])], opts,
+        joined = _back_to_back(ins) if out.numel() else None  # one tensor's blocks: read in place
+        if joined is None:
+            joined = torch.cat([t.reshape(-1) for t in ins])
+        return self._reduce_scatter_packed([out], [joined], opts,
                                            "reduce_scatter", counts=tuple(t.numel() for t in ins),
                                            call=("reduce_scatter", [out] if _same_shapes(ins) else ()))
 
@@ -934,6 +965,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
         elif output_tensors and any(len(lst) for lst in output_tensors):
             raise ValueError(f"[rank {self._r}] gather: only the root (rank {root}) passes output tensors")
         c = inp.numel()
+        src = _flat(inp)
+        span = _back_to_back(outs) if outs and c else None
+        if span is not None and _apart_or_block(src, span, outs[root]):  # the blocks of one tensor:
+            return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), src,  # written
+                                    span, inp.dtype, outputs=outs, nbytes=c * n * inp.element_size(),  # in place
+                                    opts=opts, call=("gather", [inp]))
         got = []  # the root's receive buffer, taken as the op starts
 
         def receive_buffer():
@@ -948,7 +985,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 o.copy_(got[0][r * c:(r + 1) * c].view(o.shape))
             got.clear()
 
-        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), _flat(inp), None,
+        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), src, None,
                                 inp.dtype, after=after if outs else None, outputs=outs,
                                 nbytes=c * n * inp.element_size(), opts=opts,
                                 out_at_start=receive_buffer if outs else None, call=("gather", [inp]))
@@ -961,12 +998,16 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_tensor(out_t, "scatter", self._r, written=True)
         n, root = self.group.size, self._root(opts.rootRank if opts is not None else 0, "scatter")
         c = out_t.numel()
+        out = _flat(out_t) if out_t.is_contiguous() else torch.empty(c, dtype=out_t.dtype)
         inp = before = None
         if self.group.rank == root:
             ins = list(_one(input_tensors, "scatter", self._r))
             self._check_per_rank(ins, out_t, "scatter", "input", "output")
             inp = torch.empty(0, dtype=out_t.dtype)
-            if c:
+            span = _back_to_back(ins) if c else None
+            if span is not None and _apart_or_block(out, span, ins[root]):
+                inp = span  # the blocks of one tensor, read where they lie
+            elif c:
                 def before():
                     # the blocks in rank order, joined as the op starts in the group's kept
                     # scratch (one collective at a time; the direct scatter has no TMP of its
@@ -976,7 +1017,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
                     return torch.cat([i.reshape(-1) for i in ins], out=flat)
         elif input_tensors and any(len(lst) for lst in input_tensors):
             raise ValueError(f"[rank {self._r}] scatter: only the root (rank {root}) passes input tensors")
-        out = _flat(out_t) if out_t.is_contiguous() else torch.empty(c, dtype=out_t.dtype)
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
         return self._collective("scatter", Kind.SCATTER, dict(counts=(c,) * n, root=root), inp, out,
                                 out_t.dtype, before=before, after=after, outputs=[out_t],
@@ -993,14 +1033,18 @@ class NeuronProcessGroup(dist.ProcessGroup):
         for t in outs:
             _check_tensor(t, "all_to_all", self._r, written=True)
         dtype = _same_dtype(ins + outs, "all_to_all", self._r)
-        inp = torch.cat([i.reshape(-1) for i in ins])
-        out = torch.empty(sum(o.numel() for o in outs), dtype=dtype)
+        inp = _back_to_back(ins)  # the blocks of one tensor (each list): read and written in place
+        if inp is None:
+            inp = torch.cat([i.reshape(-1) for i in ins])
+        out, after = _back_to_back(outs), None
+        if out is None or _overlap(out, inp):
+            out = torch.empty(sum(o.numel() for o in outs), dtype=dtype)
 
-        def after():
-            off = 0
-            for o in outs:
-                o.copy_(out[off:off + o.numel()].view(o.shape))
-                off += o.numel()
+            def after():
+                off = 0
+                for o in outs:
+                    o.copy_(out[off:off + o.numel()].view(o.shape))
+                    off += o.numel()
 
         return self._alltoall(inp, out, [i.numel() for i in ins], [o.numel() for o in outs], dtype, after, outs,
                               opts, "all_to_all")

@@ -1337,14 +1337,16 @@ def kept_scratch(rank, world):
             finally:
                 scratch.limit = limit
             checks += 1
-    # a scatter's root joins its blocks into the kept buffer as each op starts (joined per call
-    # in fresh memory, a 64 MiB scatter faulted its buffer in every call): async scatters queued
+    # a scatter's root joins its blocks (tensors of their own: blocks of one tensor are read in
+    # place, see back_to_back_lists) into the kept buffer as each op starts (joined per call in
+    # fresh memory, a 64 MiB scatter faulted its buffer in every call): async scatters queued
     # at once, each with its own blocks and root, stay exact, and the root reuses the buffer
     count = 100_003
     blocks = [[values(r, count * world, torch.float32, "sum", 50 + i) for r in range(world)] for i in range(4)]
+    apart = lambda t: [b.clone() for b in t.chunk(world)]
     scratch.clear()  # (no call in flight: every one above was waited for)
     outs = [torch.empty(count) for _ in blocks]
-    works = [dist.scatter(o, scatter_list=list(b[i % world].chunk(world)) if rank == i % world else None,
+    works = [dist.scatter(o, scatter_list=apart(b[i % world]) if rank == i % world else None,
                           src=i % world, async_op=True) for i, (o, b) in enumerate(zip(outs, blocks))]
     for w in works:
         w.wait()
@@ -1352,7 +1354,7 @@ def kept_scratch(rank, world):
         same(o, b[i % world][rank * count:(rank + 1) * count], f"async scatter #{i} from root {i % world}")
         checks += 1
     kept, ptr = scratch.kept_bytes, scratch._buf.data_ptr() if scratch._buf is not None else None
-    dist.scatter(outs[0], scatter_list=list(blocks[0][0].chunk(world)) if rank == 0 else None, src=0)
+    dist.scatter(outs[0], scatter_list=apart(blocks[0][0]) if rank == 0 else None, src=0)
     same(outs[0], blocks[0][0][rank * count:(rank + 1) * count], "scatter from root 0 again")
     # and a gather's root receives into it (its blocks then copied out), queued async likewise
     ptr_after_scatter = scratch._buf.data_ptr() if scratch._buf is not None else None
@@ -1374,6 +1376,104 @@ def kept_scratch(rank, world):
         assert ptr_after_scatter == ptr, "rank 0: the scatter did not reuse the kept buffer"
         assert kept_by_gather >= count * world * 4, \
             f"rank 0: scratch keeps {kept_by_gather} bytes after a gather of {count * world * 4}"
+    return checks
+
+
+def back_to_back_lists(rank, world):
+    """List calls whose tensors are the blocks of one tensor (`t.chunk(world)`, the usual
+    scatter or gather list) move data where it lies, not through a joined copy or the group's
+    scratch: scatter, gather, all_gather, reduce_scatter and all_to_all, out of place and in
+    place (a rank's own block as its other argument), small and past one frame, sync and async,
+    equal to the reference and to Gloo on the same lists; and lists that only look alike
+    (blocks in another order, with gaps) or a scatter whose output is another rank's block of
+    the root's list still right."""
+    scratch = dist.distributed_c10d._get_default_group().group.scratch
+    checks = 0
+
+    def ran(backend, call):  # the neuron call (async, waited) always runs; Gloo's where it can
+        if backend == "neuron":
+            call(None).wait()
+            return True
+        return gloo_ran(lambda: call(R.GLOO).wait())
+
+    for count in (5, BIG):
+        for dtype in (torch.float32, torch.bfloat16):
+            ins = [values(r, count * world, dtype, "sum", 70) for r in range(world)]
+            blocks = lambda r: ins[r][rank * count:(rank + 1) * count]  # rank r's block for this rank
+            for backend in ("neuron", "gloo"):
+                for in_place in (False, True):
+                    for root in sorted({0, world - 1}):
+                        scratch.clear()
+                        # scatter: in place, the root's own block of its list is its output
+                        src = ins[root].clone()
+                        out = src.chunk(world)[rank] if in_place and rank == root else torch.empty(count, dtype=dtype)
+                        lst = list(src.chunk(world)) if rank == root else None
+                        if ran(backend, lambda g: dist.scatter(out, lst, src=root, group=g, async_op=True)):
+                            same(out, blocks(root), f"{backend} scatter of one tensor's blocks {dtype} n={count} "
+                                                    f"root {root} in place {in_place}")
+                            same(src, ins[root], f"{backend} scatter left the root's list as it was")
+                            checks += 1
+                        # gather: in place, the root's own block of its list is its input
+                        whole = torch.full((count * world,), -1, dtype=dtype)
+                        x = ins[rank][:count].clone()
+                        if in_place and rank == root:
+                            x = whole[rank * count:(rank + 1) * count].copy_(x)
+                        lst = list(whole.chunk(world)) if rank == root else None
+                        if ran(backend, lambda g: dist.gather(x, lst, dst=root, group=g, async_op=True)) and rank == root:
+                            same(whole, torch.cat([ins[r][:count] for r in range(world)]),
+                                 f"{backend} gather into one tensor's blocks {dtype} n={count} root {root} in place {in_place}")
+                            checks += 1
+                        if backend == "neuron" and world > 1:
+                            assert scratch.kept_bytes == 0, f"rank {rank}: a scatter or gather of one tensor's blocks " \
+                                                            f"went through the scratch ({scratch.kept_bytes} B)"
+                    # all_gather into one tensor's blocks; in place, this rank's block is its input
+                    whole = torch.full((count * world,), -1, dtype=dtype)
+                    x = ins[rank][:count].clone()
+                    if in_place:
+                        x = whole[rank * count:(rank + 1) * count].copy_(x)
+                    if ran(backend, lambda g: dist.all_gather(list(whole.chunk(world)), x, group=g, async_op=True)):
+                        same(whole, torch.cat([ins[r][:count] for r in range(world)]),
+                             f"{backend} all_gather into one tensor's blocks {dtype} n={count} in place {in_place}")
+                        checks += 1
+                    # reduce_scatter from one tensor's blocks; in place, this rank's block is its output
+                    src = ins[rank].clone()
+                    out = src.chunk(world)[rank] if in_place else torch.empty(count, dtype=dtype)
+                    if ran(backend, lambda g: dist.reduce_scatter(out, list(src.chunk(world)), group=g, async_op=True)):
+                        same(out, reference(ins, "sum", dtype)[rank * count:(rank + 1) * count],
+                             f"{backend} reduce_scatter of one tensor's blocks {dtype} n={count} in place {in_place}")
+                        checks += 1
+                    # all_to_all between one tensor's blocks; in place, the output list is the input's
+                    # (each block goes elsewhere: staged, never read after it is written)
+                    src = ins[rank].clone()
+                    whole = src if in_place else torch.full((count * world,), -1, dtype=dtype)
+                    want = torch.cat([blocks(j) for j in range(world)])
+                    if ran(backend, lambda g: dist.all_to_all(list(whole.chunk(world)), list(src.chunk(world)),
+                                                              group=g, async_op=True)):
+                        same(whole, want, f"{backend} all_to_all between one tensor's blocks {dtype} n={count} "
+                                          f"in place {in_place}")
+                        checks += 1
+    # lists that only look like one tensor's blocks (another order; gaps between them), and a
+    # scatter whose output is another rank's block of the root's list (the block as it was when
+    # the call began, as the staged path always gave)
+    x = values(0, 4 * world, torch.float32, "sum", 71)
+    for lst in (list(x.chunk(world))[::-1], [x[2 * i:2 * i + 1] for i in range(world)]):
+        mine = torch.empty(lst[0].numel())
+        dist.scatter(mine, scatter_list=lst if rank == 0 else None, src=0)
+        same(mine, lst[rank], "scatter of a list that only looks back to back")
+        whole = torch.zeros(x.numel())
+        got = list(whole.chunk(world))[::-1] if lst[0].numel() == 4 else [whole[2 * i:2 * i + 1] for i in range(world)]
+        dist.gather(lst[rank].clone(), gather_list=got if rank == 0 else None, dst=0)
+        if rank == 0:
+            for r in range(world):
+                same(got[r], lst[r], "gather into a list that only looks back to back")
+        checks += 1
+    if world > 1:
+        src = values(0, 3 * world, torch.float32, "sum", 72)
+        out = src.chunk(world)[1] if rank == 0 else torch.empty(3)
+        dist.scatter(out, scatter_list=list(src.chunk(world)) if rank == 0 else None, src=0)
+        want = values(0, 3 * world, torch.float32, "sum", 72).chunk(world)
+        same(out, want[0] if rank == 0 else want[rank], "scatter whose output is another rank's block of the root's list")
+        checks += 1
     return checks
 
 

@@ -8,7 +8,7 @@ from neuron_dist.collectives.algorithms import BUILDERS, Spec, build
 from neuron_dist.collectives.hierarchical import (hierarchical_allgather, hierarchical_allreduce,
                                                    hierarchical_reduce_scatter)
 from neuron_dist.collectives.rdh import rdh_allreduce
-from neuron_dist.collectives.schedule import OUT, Chunk, Recv, Schedule, Send
+from neuron_dist.collectives.schedule import IN, OUT, Chunk, Copy, Recv, Schedule, Send
 from neuron_dist.collectives.simulate import Deadlock, ScheduleError, simulate
 from neuron_dist.collectives.torus import torus_allgather, torus_allreduce, torus_reduce_scatter
 from neuron_dist.topology import GroupTopology, get_instance, link_kind, place
@@ -174,6 +174,37 @@ def test_count_mismatch_and_unreceived_reported():
         simulate([a, b], [np.zeros(2), np.zeros(2)], inplace=True)
     with pytest.raises(ScheduleError, match="never received"):
         simulate([a, Schedule("x")], [np.zeros(2), np.zeros(2)], inplace=True)
+
+
+def test_a_late_copy_runs_beside_its_rounds_sends_and_may_not_touch_them():
+    """A late Copy (a scatter root's own block, copied while its receivers read theirs) runs once
+    its round's sends are posted: it may not write what they send or a receive writes, nor read
+    what a receive writes; the simulator refuses such a schedule (in place, IN and OUT are one
+    buffer), and a scatter's schedules, whose root's copy is late, give every rank its block."""
+    def pair(late: Copy, recv_too: bool = False):
+        a = Schedule("x").add(late, Send(1, Chunk(IN, 0, 2)), *([Recv(1, Chunk(OUT, 2, 2))] if recv_too else []))
+        b = Schedule("x").add(Recv(0, Chunk(OUT, 0, 2)), *([Send(0, Chunk(IN, 0, 2))] if recv_too else []))
+        return simulate([a, b], [np.arange(4.0), np.arange(4.0)], outs=[np.zeros(4), np.zeros(4)])
+    assert pair(Copy(Chunk(IN, 2, 2), Chunk(OUT, 0, 2), late=True)).outs[0].tolist() == [2.0, 3.0, 0.0, 0.0]
+    with pytest.raises(ScheduleError, match="late Copy.* touches what Send"):
+        simulate([Schedule("x").add(Copy(Chunk(OUT, 0, 2), Chunk(IN, 1, 2), late=True), Send(1, Chunk(IN, 0, 2))),
+                  Schedule("x").add(Recv(0, Chunk(OUT, 0, 2)))], [np.arange(4.0)] * 2, outs=[np.zeros(4)] * 2)
+    with pytest.raises(ScheduleError, match="late Copy.* touches what Recv"):  # writes what a receive writes
+        pair(Copy(Chunk(IN, 2, 1), Chunk(OUT, 3, 1), late=True), recv_too=True)
+    with pytest.raises(ScheduleError, match="late Copy.* touches what Recv"):  # reads what a receive writes
+        pair(Copy(Chunk(OUT, 2, 2), Chunk(OUT, 0, 2), late=True), recv_too=True)
+    with pytest.raises(ScheduleError, match="late Copy.* touches what Send"):  # in place: IN is OUT
+        simulate([Schedule("x").add(Copy(Chunk(IN, 2, 2), Chunk(OUT, 1, 2), late=True), Send(1, Chunk(IN, 0, 2))),
+                  Schedule("x").add(Recv(0, Chunk(OUT, 0, 2)))], [np.arange(4.0)] * 2, inplace=True)
+    from neuron_dist.collectives import direct
+    for n in (1, 2, 3, 4):
+        for root in range(n):
+            scheds = [direct.scatter(r, n, root, [3] * n) for r in range(n)]
+            assert any(isinstance(s, Copy) and s.late for rnd in scheds[root].rounds for s in rnd)
+            X = [np.arange(3.0 * n) if r == root else np.zeros(0) for r in range(n)]
+            res = simulate(scheds, X, outs=[np.zeros(3) for _ in range(n)])
+            for r, o in enumerate(res.outs):
+                assert o.tolist() == list(np.arange(3.0 * n)[3 * r:3 * r + 3]), (n, root, r)
 
 
 def test_lend_marks_pair_up():

@@ -115,8 +115,8 @@ def scatter(rank: int, n: int, root: int, counts: list[int]) -> Schedule:
     empty = Chunk(OUT, 0, 0)
     if rank != root:
         return s.add(Send(root, empty), Recv(root, Chunk(OUT, 0, counts[rank])))
-    off = _offsets(counts)
-    s.add(Copy(Chunk(IN, off[rank], counts[rank]), Chunk(OUT, 0, counts[rank])),
+    off = _offsets(counts)  # (its own block copied while the receivers read theirs: late)
+    s.add(Copy(Chunk(IN, off[rank], counts[rank]), Chunk(OUT, 0, counts[rank]), late=True),
           *[Send(r, Chunk(IN, off[r], counts[r])) for r in range(n) if r != rank])
     s.add(*[Recv(r, empty) for r in range(n) if r != rank])
     return s

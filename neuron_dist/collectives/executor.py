@@ -151,10 +151,12 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                     for o in range(0, count, lend_elems)]
         return [(o, min(frame_elems, count - o), False) for o in range(0, count, frame_elems)]
 
-    rounds, reduce_lent = [], False
-    for steps in schedule.rounds:
+    rounds, reduce_lent, late = [], False, {}
+    for i, steps in enumerate(schedule.rounds):
         local = tuple((isinstance(s, Copy), s.src, s.dst, isinstance(s, LocalReduce) and s.src_first)
-                      for s in steps if isinstance(s, (Copy, LocalReduce)))
+                      for s in steps if isinstance(s, (Copy, LocalReduce)) and not (type(s) is Copy and s.late))
+        if any(type(s) is Copy and s.late for s in steps):
+            late[i] = tuple((True, s.src, s.dst, False) for s in steps if type(s) is Copy and s.late)
         sends: dict[int, list] = {}
         recvs: dict[int, list] = {}
         for s in steps:
@@ -170,7 +172,8 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
                        tuple((p, tuple(q)) for p, q in recvs.items())))
     plan = Plan(rounds)
     plan.lends = any(lent for _, sends, _ in rounds for _, q in sends for *_, lent in q)
-    if not reduce_lent and not schedule.tmp_count:
+    plan.late = late
+    if not reduce_lent and not schedule.tmp_count and not late:
         plan.pair = pair_shape(rounds)
     schedule.plans[key] = plan
     return plan
@@ -179,9 +182,11 @@ def frame_plan(schedule: Schedule, itemsize: int, frame_elems: int, lend: tuple 
 class Plan(tuple):
     """frame_plan's rounds; `lends`: whether any frame of them is lent (a plan that lends
     none runs without the per-round in-place check); `pair`: the PairShape that PairExchange
-    runs in place of an Execution, or None."""
+    runs in place of an Execution, or None; `late`: the late copies (Copy.late) of the rounds
+    that have them, by round, in run_local's form."""
     lends = False
     pair = None
+    late: dict = {}
 
 
 def execution_plan(schedule: Schedule, stamp: "Stamp", transport, frame_bytes: int) -> Plan:
@@ -271,7 +276,7 @@ class Execution:
 
     __slots__ = ("bufs", "reduce", "stamp", "rank", "mailbox", "transport", "itemsize", "rounds",
                  "_tviews", "sent_chunks", "recv_chunks", "round", "sends", "recvs", "round_had_sends", "done",
-                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lending", "_lend_safe", "_lent")
+                 "waiting_on", "_key", "_cur", "shorter_ok", "shorter", "lending", "_lend_safe", "_lent", "_late")
 
     def __init__(self, schedule: Schedule, bufs: list[torch.Tensor], reduce: Reducer | None,
                  stamp: Stamp, rank: int, mailbox: Mailbox, frame_bytes: int = FRAME_BYTES,
@@ -293,6 +298,7 @@ class Execution:
         self.lending = plan.lends
         self._lend_safe = True
         self._lent: list = []  # (peer, ticket) of the frames this op lent and has yet to see released
+        self._late = None  # the round's late copies, run once its sends are under way (progress)
         self._tviews = tmp_views
         self.sent_chunks: dict[int, int] = {}
         self.recv_chunks: dict[int, int] = {}
@@ -348,6 +354,11 @@ class Execution:
             local, sends, recvs = self.rounds[self.round]
             if local:
                 run_local(local, view, self.reduce)
+            if self.rounds.late:
+                self._late = self.rounds.late.get(self.round)
+                if self._late and not sends:  # (nothing under way to overlap)
+                    run_local(self._late, view, self.reduce)
+                    self._late = None
             self.sends = {p: deque(q) for p, q in sends} if sends else {}
             self.recvs = {p: deque(q) for p, q in recvs} if recvs else {}
             if self.lending:
@@ -381,6 +392,10 @@ class Execution:
         while not self.done:
             if self.sends:
                 moved |= self._progress_sends()
+            if self._late:  # (the round's sends are under way)
+                late, self._late = self._late, None
+                run_local(late, self._view, self.reduce)
+                moved = True
             if self.recvs:
                 moved |= self._progress_recvs()
             if self.sends or self.recvs or not self._next_round():

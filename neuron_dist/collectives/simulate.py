@@ -69,7 +69,9 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
     def start_round(r):
         steps = schedules[r].rounds[pc[r]]
         for s in steps:
-            if isinstance(s, Copy):
+            if isinstance(s, Copy) and s.late:
+                _check_late(r, pc[r], s, steps, inplace)
+            elif isinstance(s, Copy):
                 view(r, s.dst)[...] = _copy(view(r, s.src))
             elif isinstance(s, LocalReduce):
                 d = view(r, s.dst)
@@ -85,6 +87,9 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
                 if not 0 <= s.peer < n or s.peer == r:
                     raise ScheduleError(f"rank {r} round {pc[r]}: recv from bad peer {s.peer}")
                 recvs.append(s)
+        for s in steps:  # late copies: once the sends are posted (they touch nothing posted)
+            if isinstance(s, Copy) and s.late:
+                view(r, s.dst)[...] = _copy(view(r, s.src))
         pending[r] = recvs
 
     def progress(r) -> bool:
@@ -147,6 +152,20 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
     if left:
         raise ScheduleError(f"messages sent but never received (src, dst): {left}")
     return SimResult([b[1] for b in bufs], transfers, max((len(s.rounds) for s in schedules), default=0))
+
+
+def _check_late(r: int, rnd: int, copy: Copy, steps, inplace: bool) -> None:
+    """A late Copy (schedule.py) may write nothing its round's sends read or receives write, nor
+    read what a receive writes: it runs while they are under way. IN and OUT are one buffer in
+    place."""
+    same = (lambda a, b: a == b or inplace and {a, b} == {0, 1})
+    meets = (lambda a, b: same(a.buf, b.buf) and a.start < b.start + b.count and b.start < a.start + a.count
+             and a.count and b.count)
+    for s in steps:
+        hit = isinstance(s, Send) and meets(copy.dst, s.src) or \
+            isinstance(s, Recv) and (meets(copy.dst, s.dst) or meets(copy.src, s.dst))
+        if hit:
+            raise ScheduleError(f"rank {r} round {rnd}: late {copy} touches what {s} uses")
 
 
 def _empty_like(x, count):
