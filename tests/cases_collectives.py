@@ -1371,6 +1371,21 @@ def kept_scratch(rank, world):
             for r in range(world):
                 same(lst[r], values(r, count, torch.float32, "sum", 60 + i), f"async gather #{i} block {r}")
             checks += 1
+    # and a list all-gather into tensors of their own receives into it (then copied out), queued
+    # async likewise: made per call, a 64 MiB one faulted its buffer in every call (49.8 ms)
+    scratch.clear()
+    xs = [values(rank, count, torch.float32, "sum", 80 + i) for i in range(4)]
+    lists = [[torch.empty(count) for _ in range(world)] for _ in xs]
+    works = [dist.all_gather(lst, x, async_op=True) for lst, x in zip(lists, xs)]
+    for w in works:
+        w.wait()
+    kept_by_all_gather = scratch.kept_bytes  # (at one rank the list of one is written in place)
+    for i, lst in enumerate(lists):
+        for r in range(world):
+            same(lst[r], values(r, count, torch.float32, "sum", 80 + i), f"async list all_gather #{i} block {r}")
+        checks += 1
+    assert world == 1 or kept_by_all_gather >= count * world * 4, \
+        f"rank {rank}: scratch keeps {kept_by_all_gather} bytes after a list all-gather of {count * world * 4}"
     if world > 1 and rank == 0:  # (checked after the last call, so that a failure leaves no peer waiting)
         assert kept >= count * world * 4, f"rank 0: scratch keeps {kept} bytes after a scatter of {count * world * 4}"
         assert ptr_after_scatter == ptr, "rank 0: the scatter did not reuse the kept buffer"
