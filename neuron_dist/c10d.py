@@ -296,6 +296,14 @@ def _apart_or_block(t: torch.Tensor, span: torch.Tensor, block: torch.Tensor) ->
     return not _overlap(t, span) or (t.data_ptr() == block.data_ptr() and t.numel() == block.numel())
 
 
+def _own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
+    """Whether contiguous `output` is exactly elements start.. of flat `inp` (an in-place
+    reduce-scatter's output, this rank's block of its input), which every reduce-scatter
+    schedule writes without staging (collectives/algorithms.OWN_BLOCK_OUT)."""
+    return output.is_contiguous() and output.dtype is inp.dtype and \
+        output.data_ptr() == inp.data_ptr() + start * inp.element_size() and output.numel() + start <= inp.numel()
+
+
 def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
     """Whether a call may write its result straight into `output`: contiguous, and sharing no
     memory with `inp`. Schedules read their input until their last round, so an output that
@@ -855,12 +863,14 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     def _reduce_scatter_common(self, output, inp, opts) -> NeuronWork | None:
         """`dist.reduce_scatter_tensor` of contiguous dense CPU tensors of one dtype, the input
-        world_size times the output, apart, any op but PREMUL_SUM: the checks and plan
-        `_reduce_scatter_packed` makes, looked up (as _allreduce_common). None: the general path
-        (an output inside the input is staged there)."""
+        world_size times the output, apart or the rank's own block of it (in place), any op but
+        PREMUL_SUM: the checks and plan `_reduce_scatter_packed` makes, looked up (as
+        _allreduce_common). None: the general path (an output elsewhere inside the input is
+        staged there)."""
         g = self.group
         if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                inp.numel() != output.numel() * g.size or not _outputs_apart(output, inp):
+                inp.numel() != output.numel() * g.size or \
+                not (_outputs_apart(output, inp) or _own_block(output, inp, g.rank * output.numel())):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -918,8 +928,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         else:
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
         # in place (the output a piece of the input, as NCCL allows): schedules read the input
-        # until the end, so the result goes to a staging buffer first
-        single = len(outputs) == 1 and _outputs_apart(outputs[0], inp)
+        # until the end, so the result goes to a staging buffer first, unless it is this rank's
+        # own block, which every reduce-scatter schedule writes last (algorithms.OWN_BLOCK_OUT)
+        single = len(outputs) == 1 and (_outputs_apart(outputs[0], inp) or
+                                         _own_block(outputs[0], inp, sum(counts[:self.group.rank])))
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None

@@ -41,6 +41,11 @@ class Spec:
 
 Builder = Callable[[Spec], Schedule]
 
+# Every reduce-scatter builder takes OUT as this rank's own block of IN (an in-place call, as NCCL
+# allows: reduce_scatter_tensor(x.chunk(n)[rank], x)): none reads that block after it writes OUT,
+# so the call needs no staging buffer (tests/test_schedules_topology.py runs each aliased).
+OWN_BLOCK_OUT = ("reduce_scatter",)
+
 BUILDERS: dict[tuple[str, str], Builder] = {
     ("allreduce", "ring"): lambda s: ring.allreduce(s.ring, s.rank, s.count),
     ("allreduce", "direct"): lambda s: direct.allreduce(s.rank, s.size, s.count, s.eager_count),

@@ -205,15 +205,19 @@ def reduce_scatter(rank: int, n: int, counts: list[int]) -> Schedule:
     all-reduce's vectors are: over shared memory with single-copy reads a large block is read
     from its sender's memory once instead of passing through a slot (worlds 2-4, 4-64 MiB, back
     to back: 0.77-1.00x the time, 0.77-0.92x at 64 MiB; benchmarks/RESULTS.md, "Thirty-first
-    pass")."""
+    pass"). OUT may be this rank's block of IN (an in-place call, algorithms.OWN_BLOCK_OUT): rank
+    0 reduces into OUT from its own block on; the others sum into the first block's slot and copy
+    the sum out last, once their own block has been read (the same steps and operand order)."""
     off, c = _offsets(counts), counts[rank]
     s = Schedule("direct", tmp_count=c * n)
     slot = lambda r: Chunk(TMP, r * c, c)
     s.add(*[Send(r, Chunk(IN, off[r], counts[r]), lend=True) for r in range(n) if r != rank],
           *[Recv(r, slot(r), lend=True) for r in range(n) if r != rank])
-    mine = Chunk(IN, off[rank], c)
-    first = mine if rank == 0 else slot(0)
-    steps = [Copy(first, Chunk(OUT, 0, c))]
+    mine, out = Chunk(IN, off[rank], c), Chunk(OUT, 0, c)
+    acc = out if rank == 0 else slot(0)
+    steps = [Copy(mine, out)] if rank == 0 else []
     for r in range(1, n):
-        steps.append(LocalReduce(mine if r == rank else slot(r), Chunk(OUT, 0, c)))
+        steps.append(LocalReduce(mine if r == rank else slot(r), acc))
+    if rank:
+        steps.append(Copy(acc, out))
     return s.add(*steps)
