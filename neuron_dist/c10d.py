@@ -962,8 +962,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         _check_op(op_name, t.dtype, "reduce", self._r)
         buf = t.contiguous().view(-1) if factor is None else t.reshape(-1) * _factor_for(factor, t.dtype)
         is_root = self.group.rank == root
-        out = buf if (is_root and buf.data_ptr() == t.data_ptr()) else (buf.clone() if is_root else None)
-        after = None
+        out = buf if is_root else None  # (the tree reduce's root may sum into its input: a staged
+        after = None                    # or premultiplied one is already a copy of its own)
         if is_root and out.data_ptr() != t.data_ptr():
             after = lambda: t.copy_(out.view_as(t))
         outs = out if is_root else torch.empty(0, dtype=t.dtype)
