@@ -197,9 +197,10 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 import neuron_dist
 count = int(sys.argv[1])
-dist.init_process_group("neuron", timeout=timedelta(seconds=2))
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
 r = dist.get_rank()
-dist.barrier()
+dist.barrier()  # (under the long time-out: on a loaded host a rank may start seconds late)
+dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=2))
 if r == 0:  # rank 1 may still poll MPI in its barrier: it would take in a frame sent now, and
     time.sleep(1)  # a one-frame send would complete at once
 t0, c0 = time.monotonic(), time.process_time()

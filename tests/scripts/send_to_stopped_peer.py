@@ -17,9 +17,10 @@ import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
 
-dist.init_process_group("neuron", timeout=timedelta(seconds=2))
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
 pid = torch.tensor([os.getpid() if rank == 1 else 0])
-dist.broadcast(pid, 1)
+dist.broadcast(pid, 1)  # (under the long time-out: on a loaded host a rank may start seconds late)
+dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=2))
 if rank == 1:
     subprocess.Popen(["sh", "-c", f"sleep 8; kill -CONT {os.getpid()}"])
     os.kill(os.getpid(), signal.SIGSTOP)
