@@ -278,14 +278,18 @@ def _back_to_back(tensors) -> torch.Tensor | None:
     blocks of `t.chunk(n)` or `t.split(sizes)` of a contiguous `t`, as a scatter list or an
     all-gather list usually is): a list call then moves its data in place, not through a joined
     copy (a 64 MiB scatter's root joined its blocks first, 0.67x Gloo). None otherwise, empty
-    blocks included (their addresses say nothing)."""
+    blocks included (their addresses say nothing), and storages that only start at one address
+    (numpy arrays or buffers imported one slice at a time: the span must lie in the first's)."""
     first = tensors[0]
-    storage, es, end = first.untyped_storage().data_ptr(), first.element_size(), first.data_ptr()
+    storage = first.untyped_storage()
+    start, es, end = storage.data_ptr(), first.element_size(), first.data_ptr()
     for t in tensors:
         if t.dtype is not first.dtype or not t.is_contiguous() or t.numel() == 0 or t.data_ptr() != end or \
-                t.untyped_storage().data_ptr() != storage:
+                t.untyped_storage().data_ptr() != start:
             return None
         end += t.numel() * es
+    if end - start > storage.nbytes():
+        return None
     return first.detach().as_strided(((end - first.data_ptr()) // es,), (1,), first.storage_offset())
 
 

@@ -1526,6 +1526,16 @@ def back_to_back_lists(rank, world):
             for r in range(world):
                 same(got[r], lst[r], "gather into a list that only looks back to back")
         checks += 1
+    # storages that only start at one address (numpy's array and a slice of it, imported apart):
+    # not one tensor's blocks (taken for one, the flat view ran past the first's storage)
+    import numpy as np
+    arr = values(0, 4 * world, torch.float32, "sum", 73).numpy()
+    lst = [torch.from_numpy(arr[:4])] + [torch.from_numpy(arr)[4 * k:4 * (k + 1)] for k in range(1, world)]
+    mine = torch.empty(4)
+    dist.scatter(mine, scatter_list=lst if rank == 0 else None, src=0)
+    same(mine, values(0, 4 * world, torch.float32, "sum", 73)[4 * rank:4 * (rank + 1)],
+         "scatter of blocks whose storages only start at one address")
+    checks += 1
     if world > 1:
         src = values(0, 3 * world, torch.float32, "sum", 72)
         out = src.chunk(world)[1] if rank == 0 else torch.empty(3)

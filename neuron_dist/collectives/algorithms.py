@@ -96,7 +96,9 @@ def algorithms_for(collective: str) -> list[str]:
 def register(collective: str, algorithm: str, builder: Builder) -> None:
     """Add or replace the builder run for `algorithm` (a lower-case name). A name the cost model
     prices (topology/cost.AVAILABLE) joins the model policy's choice; any other runs only when
-    NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones)."""
+    NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones). A
+    builder of a collective in OWN_BLOCK_OUT must keep that promise (the built-in ones are
+    checked in the simulator, tests/test_schedules_topology.py; `simulate` can check another)."""
     if algorithm != algorithm.strip().lower() or not algorithm:
         raise ValueError(f"algorithm names are lower case without spaces (NEURON_DIST_ALGO is read so): {algorithm!r}")
     if collective not in COLLECTIVES:
