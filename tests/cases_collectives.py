@@ -1428,6 +1428,32 @@ def kept_scratch(rank, world):
         for r in range(world):
             same(lst[r], values(r, count, torch.float32, "sum", 80 + i), f"async list all_gather #{i} block {r}")
         checks += 1
+    # an all-to-all list of separate tensors and an in-place all_to_all_single stage their output
+    # there too (then copied out), against the reference and Gloo
+    scratch.clear()
+    ins = [[values(r * world + j, count, torch.float32, "sum", 90) for j in range(world)] for r in range(world)]
+    forms = []  # (inputs, outputs): separate and separate, separate and one tensor's, one's and separate
+    for joined_in, joined_out in ((False, False), (False, True), (True, False)):
+        src = [t.clone() for t in ins[rank]] if not joined_in else list(torch.cat(ins[rank]).chunk(world))
+        dst = [torch.empty(count) for _ in range(world)] if not joined_out else list(torch.empty(count * world).chunk(world))
+        forms.append((src, dst, dist.all_to_all(dst, src, async_op=True)))
+    x = torch.cat(ins[rank])
+    dist.all_to_all_single(x, x)
+    for *_, w in forms:
+        w.wait()
+    kept_by_all_to_all = scratch.kept_bytes
+    outs = forms[0][1]
+    for j in range(world):
+        for k, (_, dst, _) in enumerate(forms):
+            same(dst[j], ins[j][rank], f"all_to_all list form {k} block {j}")
+        same(x[j * count:(j + 1) * count], ins[j][rank], f"in-place all_to_all_single block {j}")
+    g = [torch.empty(count) for _ in range(world)]
+    if gloo_ran(lambda: dist.all_to_all(g, [t.clone() for t in ins[rank]], group=R.GLOO)):
+        for j in range(world):
+            same(outs[j], g[j], f"all_to_all list vs gloo block {j}")
+    checks += 1
+    assert world == 1 or kept_by_all_to_all >= count * world * 4, \
+        f"rank {rank}: scratch keeps {kept_by_all_to_all} bytes after all-to-alls of {count * world * 4}"
     assert world == 1 or kept_by_all_gather >= count * world * 4, \
         f"rank {rank}: scratch keeps {kept_by_all_gather} bytes after a list all-gather of {count * world * 4}"
     if world > 1 and rank == 0:  # (checked after the last call, so that a failure leaves no peer waiting)
