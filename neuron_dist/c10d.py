@@ -835,11 +835,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self._check_blocks(ins, out, "reduce_scatter")
         # input j is rank j's block: blocks may differ in size from rank to rank (as with Gloo)
         joined = _back_to_back(ins) if out.numel() else None  # one tensor's blocks: read in place
-        if joined is None:
-            joined = torch.cat([t.reshape(-1) for t in ins])
-        return self._reduce_scatter_packed([out], [joined], opts,
+        return self._reduce_scatter_packed([out], [joined] if joined is not None else ins, opts,
                                            "reduce_scatter", counts=tuple(t.numel() for t in ins),
-                                           call=("reduce_scatter", [out] if _same_shapes(ins) else ()))
+                                           call=("reduce_scatter", [out] if _same_shapes(ins) else ()),
+                                           join=joined is None)
 
     def _check_blocks(self, blocks, mine, what: str) -> None:
         """`blocks` must be one per rank, of `mine`'s dtype, this rank's with `mine`'s element count."""
@@ -913,11 +912,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
-    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None, call=None):
+    def _reduce_scatter_packed(self, outputs, inputs, opts, what, counts=None, work_outputs=None, call=None,
+                               join=False):
         """Reduce-scatter several (output, input) pairs in one collective: rank r's block is the
         r-th piece of every input, packed back to back. `counts`: each rank's block size, when
         they differ (one input, its blocks back to back); `work_outputs`: the Work's result, if
-        not `outputs`; `call`: the debug check's (see _submit), default `what`, no shapes."""
+        not `outputs`; `call`: the debug check's (see _submit), default `what`, no shapes.
+        `join`: `inputs` are one output's blocks, rank by rank, in tensors of their own (the
+        list form), joined as the op starts in the group's kept scratch: joined per call in
+        fresh memory, a 64 MiB one was mapped and faulted in every call."""
         n = self.group.size
         dtype = _same_dtype(inputs + outputs, what, self._r)
         op_name, factor = _reduce_op(opts.reduceOp if opts is not None else _ReduceOp.SUM)
@@ -927,19 +930,25 @@ class NeuronProcessGroup(dist.ProcessGroup):
         detail = _parts(outputs) if len(outputs) > 1 else \
             _layout([str(k) for k in counts], "blocks") if counts and len(set(counts)) > 1 else ""
         counts = counts or (c,) * n
-        if len(inputs) == 1:
+        if join:
+            inp = None  # (joined in `before`, below)
+        elif len(inputs) == 1:
             inp = _flat(inputs[0])
         else:
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
         # in place (the output a piece of the input, as NCCL allows): schedules read the input
         # until the end, so the result goes to a staging buffer first, unless it is this rank's
         # own block, which every reduce-scatter schedule writes last (algorithms.OWN_BLOCK_OUT)
-        single = len(outputs) == 1 and (_outputs_apart(outputs[0], inp) or
+        single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
                                          _own_block(outputs[0], inp, sum(counts[:self.group.rank])))
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None
-        if factor is not None:
+        if join:
+            def before():  # (before the schedule writes any output: an output among the inputs is read first)
+                joined = torch.cat([t.reshape(-1) for t in inputs], out=self.group.scratch.take(sum(counts), dtype))
+                return joined if factor is None else joined.mul_(_factor_for(factor, dtype))
+        elif factor is not None:
             def before():
                 return inp * _factor_for(factor, dtype)  # never scale the caller's input in place
 

@@ -1452,6 +1452,22 @@ def kept_scratch(rank, world):
         for j in range(world):
             same(outs[j], g[j], f"all_to_all list vs gloo block {j}")
     checks += 1
+    # a reduce-scatter list of separate tensors joins them there as the op starts (sum, avg and
+    # premul; one whose output is one of its inputs reads it first), queued async
+    scratch.clear()
+    works = []
+    for op in ("sum", "avg", "premul_sum"):
+        ins = [values(rank, count * world, torch.float32, op, 95).chunk(world)[j].clone() for j in range(world)]
+        out = torch.empty(count) if op != "avg" else ins[rank]  # (avg: the output is its own input block)
+        works.append((op, out, dist.reduce_scatter(out, ins, op=c10d_op(op), async_op=True)))
+    for op, out, w in works:
+        w.wait()
+        want = reference([values(r, count * world, torch.float32, op, 95) for r in range(world)], op, torch.float32)
+        same(out, want[rank * count:(rank + 1) * count], f"reduce_scatter list of separate tensors {op}")
+        checks += 1
+    kept_by_reduce_scatter = scratch.kept_bytes
+    assert world == 1 or kept_by_reduce_scatter >= count * world * 4, \
+        f"rank {rank}: scratch keeps {kept_by_reduce_scatter} bytes after reduce-scatters of {count * world * 4}"
     assert world == 1 or kept_by_all_to_all >= count * world * 4, \
         f"rank {rank}: scratch keeps {kept_by_all_to_all} bytes after all-to-alls of {count * world * 4}"
     assert world == 1 or kept_by_all_gather >= count * world * 4, \
