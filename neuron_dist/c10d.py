@@ -293,17 +293,11 @@ def _back_to_back(tensors) -> torch.Tensor | None:
     return first.detach().as_strided(((end - first.data_ptr()) // es,), (1,), first.storage_offset())
 
 
-def _apart_or_block(t: torch.Tensor, span: torch.Tensor, block: torch.Tensor) -> bool:
-    """Whether `t` (a flat contiguous tensor) shares no memory with `span`, or is exactly
-    `block`, its rank's block of it (an in-place gather or scatter): a list call may then use
-    the span in place, its own block copied to itself, which is skipped."""
-    return not _overlap(t, span) or (t.data_ptr() == block.data_ptr() and t.numel() == block.numel())
-
-
 def _own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
-    """Whether contiguous `output` is exactly elements start.. of flat `inp` (an in-place
-    reduce-scatter's output, this rank's block of its input), which every reduce-scatter
-    schedule writes without staging (collectives/algorithms.OWN_BLOCK_OUT)."""
+    """Whether contiguous `output` is exactly elements start.. of flat `inp`: an in-place call's
+    own block (a reduce-scatter's output in its input, which every reduce-scatter schedule
+    writes without staging, collectives/algorithms.OWN_BLOCK_OUT; an all-gather's or gather's
+    input in its output, a scatter's output in its input: a copy to itself, skipped)."""
     return output.is_contiguous() and output.dtype is inp.dtype and \
         output.data_ptr() == inp.data_ptr() + start * inp.element_size() and output.numel() + start <= inp.numel()
 
@@ -321,7 +315,7 @@ def _gather_source(out: torch.Tensor, inp: torch.Tensor, rank: int) -> torch.Ten
     from the flat output, or is exactly this rank's block of it (FSDP2's in-place call: nothing
     to move); a copy where it lies elsewhere inside the output, which the gather overwrites
     before the input is sent."""
-    if _overlap(out, inp) and inp.data_ptr() != out.data_ptr() + rank * inp.nbytes:
+    if _overlap(out, inp) and not _own_block(inp, out, rank * inp.numel()):
         return inp.clone()
     return inp
 
@@ -723,17 +717,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
             inp = _gather_source(out, inp, self._r)
         elif not c:
             out = torch.empty(0, dtype=dtype)
-        got = []  # a staging output, taken from the group's scratch as the op starts
-
-        def receive_buffer():
-            # the group's kept scratch (one collective at a time): made per call, a 64 MiB list
-            # all-gather's buffer was mapped and faulted in every call (49.8 ms; 10.9 into a tensor)
-            got[:] = [self.group.scratch.take(c * n, dtype)]
-            return got[0]
+        staged = out is None  # (a 64 MiB list all-gather staged in fresh memory: 49.8 ms; 10.9 into a tensor)
+        receive_buffer, got = self._staging(c * n, dtype) if staged else (None, None)
 
         def after():
-            rows, off = got[0].view(n, c), 0
-            got.clear()
+            rows, off = got.pop().view(n, c), 0
             typed = _typed if as_bytes else (lambda block, dtype: block)
             for dst, sz in zip(output_lists, sizes):
                 if isinstance(dst, torch.Tensor):  # into_tensor form: rank r's block is row r
@@ -743,11 +731,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
                         dst[r].copy_(typed(rows[r, off:off + sz], dst[r].dtype).reshape(dst[r].shape))
                 off += sz
 
-        staged = out is None
         return self._collective("allgather", Kind.ALLGATHER, dict(counts=(c,) * n), inp, out, dtype,
                                 after=after if staged else None, outputs=outputs, nbytes=c * n * dtype.itemsize,
-                                opts=opts, detail=detail, call=call or (what, ()),
-                                out_at_start=receive_buffer if staged else None)
+                                opts=opts, detail=detail, call=call or (what, ()), out_at_start=receive_buffer)
 
     def all_gather_single(self, output, input, opts=None):
         if type(opts) is _AllgatherOptions:
@@ -946,7 +932,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         before = after = None
         if join:
             def before():  # (before the schedule writes any output: an output among the inputs is read first)
-                joined = torch.cat([t.reshape(-1) for t in inputs], out=self.group.scratch.take(sum(counts), dtype))
+                joined = self._join(inputs, sum(counts), dtype)
                 return joined if factor is None else joined.mul_(_factor_for(factor, dtype))
         elif factor is not None:
             def before():
@@ -999,29 +985,19 @@ class NeuronProcessGroup(dist.ProcessGroup):
             raise ValueError(f"[rank {self._r}] gather: only the root (rank {root}) passes output tensors")
         c = inp.numel()
         src = _flat(inp)
-        span = _back_to_back(outs) if outs and c else None
-        if span is not None and _apart_or_block(src, span, outs[root]):  # the blocks of one tensor:
-            return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), src,  # written
-                                    span, inp.dtype, outputs=outs, nbytes=c * n * inp.element_size(),  # in place
-                                    opts=opts, call=("gather", [inp]))
-        got = []  # the root's receive buffer, taken as the op starts
+        span = _back_to_back(outs) if outs and c else None  # the blocks of one tensor: written in place
+        receive_buffer = after = None
+        if outs and not (span is not None and (_outputs_apart(src, span) or _own_block(src, span, root * c))):
+            span, (receive_buffer, got) = None, self._staging(c * n, inp.dtype)  # (the direct gather has no TMP)
 
-        def receive_buffer():
-            # the group's kept scratch (one collective at a time; the direct gather has no TMP of
-            # its own): made per call, a 64 MiB gather's buffer was mapped and faulted in again
-            # every call (past glibc's mmap threshold)
-            got[:] = [self.group.scratch.take(c * n, inp.dtype)]
-            return got[0]
+            def after():
+                staged = got.pop()
+                for r, o in enumerate(outs):
+                    o.copy_(staged[r * c:(r + 1) * c].view(o.shape))
 
-        def after():  # (run as the op finishes, before the group's next collective takes the scratch)
-            for r, o in enumerate(outs):
-                o.copy_(got[0][r * c:(r + 1) * c].view(o.shape))
-            got.clear()
-
-        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), src, None,
-                                inp.dtype, after=after if outs else None, outputs=outs,
-                                nbytes=c * n * inp.element_size(), opts=opts,
-                                out_at_start=receive_buffer if outs else None, call=("gather", [inp]))
+        return self._collective("gather", Kind.GATHER, dict(counts=(c,) * n, root=root), src, span,
+                                inp.dtype, after=after, outputs=outs, nbytes=c * n * inp.element_size(), opts=opts,
+                                out_at_start=receive_buffer, call=("gather", [inp]))
 
     def scatter(self, output_tensors, input_tensors, opts=None, timeout=None):
         if isinstance(output_tensors, torch.Tensor):  # scatter(output_tensor, input_tensors, root)
@@ -1038,16 +1014,11 @@ class NeuronProcessGroup(dist.ProcessGroup):
             self._check_per_rank(ins, out_t, "scatter", "input", "output")
             inp = torch.empty(0, dtype=out_t.dtype)
             span = _back_to_back(ins) if c else None
-            if span is not None and _apart_or_block(out, span, ins[root]):
+            if span is not None and (_outputs_apart(out, span) or _own_block(out, span, root * c)):
                 inp = span  # the blocks of one tensor, read where they lie
             elif c:
-                def before():
-                    # the blocks in rank order, joined as the op starts in the group's kept
-                    # scratch (one collective at a time; the direct scatter has no TMP of its
-                    # own): joined per call in fresh memory, a 64 MiB scatter mapped and faulted
-                    # its buffer in again every call (past glibc's mmap threshold), 0.3x Gloo
-                    flat = self.group.scratch.take(c * n, out_t.dtype)
-                    return torch.cat([i.reshape(-1) for i in ins], out=flat)
+                def before():  # (the direct scatter has no TMP; joined in fresh memory: 0.3x Gloo)
+                    return self._join(ins, c * n, out_t.dtype)
         elif input_tensors and any(len(lst) for lst in input_tensors):
             raise ValueError(f"[rank {self._r}] scatter: only the root (rank {root}) passes input tensors")
         after = None if out_t.is_contiguous() else (lambda: out_t.copy_(out.view(out_t.shape)))
@@ -1084,8 +1055,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             buf = scratch.take(n_in + n_out if both else n_out, dtype)
             staged[:] = [buf[n_in:] if both else buf]
             if join:
-                return torch.cat([i.reshape(-1) for i in ins], out=buf[:n_in]) if both else \
-                    torch.cat([i.reshape(-1) for i in ins])
+                return torch.cat([i.reshape(-1) for i in ins], out=buf[:n_in] if both else None)
 
         def after():
             off, got = 0, staged.pop()
@@ -1113,12 +1083,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if _outputs_apart(output, inp):
             return self._alltoall(inp, output.view(-1), send, recv, input.dtype, None, [output], opts,
                                   "all_to_all_single")
-        got = []  # in place (or non-contiguous): staged in the group's kept scratch, as the list form
-
-        def receive_buffer():
-            got[:] = [self.group.scratch.take(output.numel(), output.dtype)]
-            return got[0]
-
+        receive_buffer, got = self._staging(output.numel(), output.dtype)  # in place, or non-contiguous
         return self._alltoall(inp, None, send, recv, input.dtype, lambda: output.copy_(got.pop().view(output.shape)),
                               [output], opts, "all_to_all_single", receive_buffer)
 
@@ -1171,6 +1136,24 @@ class NeuronProcessGroup(dist.ProcessGroup):
         empty = torch.empty(0, dtype=torch.uint8)
         return self._collective("barrier", Kind.BARRIER, {}, empty, empty, torch.uint8, outputs=[empty], opts=opts,
                                 call=("barrier", ()))
+
+    def _staging(self, count: int, dtype: torch.dtype):
+        """A call's staging buffer in the group's kept scratch (collectives/scratch.py), taken as
+        its op starts (a group runs one collective at a time; made per call, a large buffer was
+        mapped and faulted in again on every call, past glibc's mmap threshold): (take, held),
+        `take` for _collective's out_at_start, `held` holding the buffer for the op's `after`,
+        which pops it (before the group's next collective takes the scratch)."""
+        held = []
+
+        def take():
+            held[:] = [self.group.scratch.take(count, dtype)]
+            return held[0]
+        return take, held
+
+    def _join(self, tensors, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """`tensors` (`count` elements in all) flat and back to back in the group's kept scratch:
+        a list call's input joined as its op starts (see _staging)."""
+        return torch.cat([t.reshape(-1) for t in tensors], out=self.group.scratch.take(count, dtype))
 
     def _empty_work(self, outputs, what: str) -> NeuronWork:
         """A Work for `what`, a call with nothing to move (still ordered after earlier ops)."""
