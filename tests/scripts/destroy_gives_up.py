@@ -16,7 +16,9 @@ import torch.distributed as dist  # noqa: E402
 import neuron_dist  # noqa: E402,F401
 
 TIMEOUT = 3.0
-dist.init_process_group("neuron", timeout=timedelta(seconds=TIMEOUT))
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
+dist.barrier()  # (under the long time-out: on a loaded host a rank may start seconds late)
+dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=TIMEOUT))
 n = 4 << 20 if op == "isend" else 4  # 16 MiB of float32: above the ring's eager bytes, lent
 if rank == 0:
     t = torch.full((n,), 1.0)

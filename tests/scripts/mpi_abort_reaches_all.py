@@ -13,8 +13,9 @@ import neuron_dist  # noqa: F401
 
 dist.init_process_group("neuron")
 r = dist.get_rank()
-sub = dist.new_group([0, 1, 2], timeout=timedelta(seconds=1.5 if r == 0 else 12))
-dist.all_reduce(torch.ones(2), group=sub)
+sub = dist.new_group([0, 1, 2], timeout=timedelta(seconds=60))
+dist.all_reduce(torch.ones(2), group=sub)  # (under the long time-out: a rank may start seconds late)
+sub.set_timeout(timedelta(seconds=1.5 if r == 0 else 12))
 t0 = time.monotonic()
 if r != 2:
     try:

@@ -15,7 +15,9 @@ import neuron_dist  # noqa: F401
 
 TIMEOUT = 3.0
 mode = os.environ["MODE"]
-dist.init_process_group("neuron", timeout=timedelta(seconds=TIMEOUT))
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
+dist.barrier()  # (under the long time-out: on a loaded host a rank may start seconds late)
+dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=TIMEOUT))
 rank, n = dist.get_rank(), 4 << 20
 if rank == 0:
     t = torch.full((n,), 1.0)

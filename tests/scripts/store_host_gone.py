@@ -13,8 +13,9 @@ import neuron_dist  # noqa: F401
 
 rank, port = int(sys.argv[1]), sys.argv[2]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="2")
-dist.init_process_group("neuron", timeout=timedelta(seconds=5))
-dist.all_reduce(torch.ones(4))
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
+dist.all_reduce(torch.ones(4))  # (under the long time-out: on a loaded host a rank may start seconds late)
+dist.distributed_c10d._get_default_group().set_timeout(timedelta(seconds=5))
 if rank == 0:
     os._exit(0)
 for i in range(4):
