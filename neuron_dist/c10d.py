@@ -24,7 +24,7 @@ from torch._C import _AutoDispatchBelowADInplaceOrView as _BelowAutograd  # priv
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
-from .collectives import reduce_ops
+from .collectives import algorithms, reduce_ops
 from .collectives.executor import Execution
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
@@ -859,7 +859,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         g = self.group
         if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or \
-                not (_outputs_apart(output, inp) or _own_block(output, inp, g.rank * output.numel())):
+                not (_outputs_apart(output, inp) or
+                     _own_block(output, inp, g.rank * output.numel()) and algorithms.own_block_out("reduce_scatter")):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -926,7 +927,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # until the end, so the result goes to a staging buffer first, unless it is this rank's
         # own block, which every reduce-scatter schedule writes last (algorithms.OWN_BLOCK_OUT)
         single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
-                                         _own_block(outputs[0], inp, sum(counts[:self.group.rank])))
+                                         _own_block(outputs[0], inp, sum(counts[:self.group.rank])) and
+                                         algorithms.own_block_out("reduce_scatter"))
         out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
 
         before = after = None

@@ -572,6 +572,44 @@ def in_place(rank, world):
                                                                        op=c10d_op(op), group=R.GLOO)):
                             same(mine, g.narrow(0, rank * count, count), f"reduce_scatter in place vs Gloo {op}")
                         checks += 1
+        # a builder registered without promising OWN_BLOCK_OUT (here the direct one as it was
+        # before it kept the promise: rank 0's block copied over OUT first, so rank 1 summed
+        # block 0 twice) makes in-place calls stage, whichever algorithm runs; the built-in one
+        # put back writes in place again
+        from neuron_dist.collectives import algorithms
+        from neuron_dist.collectives.schedule import IN, OUT, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
+        built_in = algorithms.BUILDERS[("reduce_scatter", "direct")]
+
+        def copy_first(spec):
+            r, n, c = spec.rank, spec.size, spec.counts[spec.rank]
+            sch, slot = Schedule("direct", tmp_count=c * n), (lambda q: Chunk(TMP, q * c, c))
+            sch.add(*[Send(q, Chunk(IN, q * c, c)) for q in range(n) if q != r], *[Recv(q, slot(q)) for q in range(n) if q != r])
+            mine = Chunk(IN, r * c, c)
+            return sch.add(Copy(mine if r == 0 else slot(0), Chunk(OUT, 0, c)),
+                           *[LocalReduce(mine if q == r else slot(q), Chunk(OUT, 0, c)) for q in range(1, n)])
+
+        try:
+            algorithms.register("reduce_scatter", "direct", copy_first)
+            assert not algorithms.own_block_out("reduce_scatter")
+            with env(NEURON_DIST_ALGO="reduce_scatter:direct"):
+                for count in (5, 70_001):
+                    ins = [values(r, count * world, torch.float32, "sum", 10) for r in range(world)]
+                    want = reference(ins, "sum", torch.float32)[rank * count:(rank + 1) * count]
+                    for form in ("tensor", "list"):
+                        x = ins[rank].clone()
+                        mine = x.narrow(0, rank * count, count)
+                        written.clear()
+                        if form == "tensor":
+                            dist.reduce_scatter_tensor(mine, x)
+                        else:
+                            dist.reduce_scatter(mine, list(x.chunk(world)))
+                        same(mine, want, f"reduce_scatter {form} in place, a builder that made no promise, n={count}")
+                        assert written and written != [mine.data_ptr()], \
+                            f"rank {rank}: a builder that made no promise wrote OUT in place ({form})"
+                        checks += 1
+        finally:
+            algorithms.register("reduce_scatter", "direct", built_in)
+        assert algorithms.own_block_out("reduce_scatter")
     finally:
         plans.Plan.execution = execution
     return checks

@@ -93,17 +93,36 @@ def algorithms_for(collective: str) -> list[str]:
     return [a for (c, a) in BUILDERS if c == collective]
 
 
-def register(collective: str, algorithm: str, builder: Builder) -> None:
+_BUILT_IN = dict(BUILDERS)
+# the (collective, algorithm) pairs of OWN_BLOCK_OUT collectives whose builder makes no promise
+# (registered without own_block_out=True): while a collective has one, its in-place calls stage
+_UNPROMISED: set[tuple[str, str]] = set()
+
+
+def own_block_out(collective: str) -> bool:
+    """Whether an in-place call of `collective` may have its schedule write the rank's own block
+    of the input directly: it is in OWN_BLOCK_OUT and every builder registered for it promises."""
+    return collective in OWN_BLOCK_OUT and not any(c == collective for c, _ in _UNPROMISED)
+
+
+def register(collective: str, algorithm: str, builder: Builder, *, own_block_out: bool = False) -> None:
     """Add or replace the builder run for `algorithm` (a lower-case name). A name the cost model
     prices (topology/cost.AVAILABLE) joins the model policy's choice; any other runs only when
-    NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones). A
-    builder of a collective in OWN_BLOCK_OUT must keep that promise (the built-in ones are
-    checked in the simulator, tests/test_schedules_topology.py; `simulate` can check another)."""
+    NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones). For a
+    collective in OWN_BLOCK_OUT, `own_block_out=True` says the builder keeps that promise (the
+    built-in ones are checked in the simulator, tests/test_schedules_topology.py; `simulate` can
+    check another); without it, the collective's in-place calls stage their result, whichever
+    algorithm runs, until the pair holds a builder that promises (a built-in one put back does)."""
     if algorithm != algorithm.strip().lower() or not algorithm:
         raise ValueError(f"algorithm names are lower case without spaces (NEURON_DIST_ALGO is read so): {algorithm!r}")
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
-    BUILDERS[(collective, algorithm)] = builder
+    key = (collective, algorithm)
+    BUILDERS[key] = builder
+    if collective in OWN_BLOCK_OUT and not own_block_out and _BUILT_IN.get(key) is not builder:
+        _UNPROMISED.add(key)
+    else:
+        _UNPROMISED.discard(key)
 
 
 def build(spec: Spec, algorithm: str) -> Schedule:
