@@ -45,8 +45,9 @@ backend ran (its flight record of the checked call; `-` for send/recv, which has
 NEURON_DIST_TUNING=host it may differ from `algo`. `model` is the busbw that
 `neuron_dist.topology.estimate` predicts for `algo`, the algorithm the backend picks under its
 model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`, default
-$NEURON_DIST_INSTANCE or trn2.48xlarge, ranks placed one per core, on one node or, under a
-launcher, LOCAL_WORLD_SIZE to a node): the device the backend is
+$NEURON_DIST_INSTANCE or trn2.48xlarge, each rank on `--cores-per-rank` cores, default
+$NEURON_RT_NUM_CORES, else one, as neuronrun places them (the ranks bench spawns are placed so
+too), on one node or, under a launcher, LOCAL_WORLD_SIZE to a node): the device the backend is
 tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The
 exit status is 1 if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
 
@@ -413,18 +414,20 @@ def job_nodes(n: int) -> int | None:
     return n // ppn if n % ppn == 0 else None
 
 
-def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1) -> tuple[str, float] | None:
+def model_busbw(op: str, nbytes: int, n: int, instance: str, nodes: int = 1,
+                cores_per_rank: int = 1) -> tuple[str, float] | None:
     """(algorithm, busbw GB/s) the topology's cost model predicts, or None if not modelled or
     predicted to take no time (one rank moves nothing: no bandwidth to divide by). The algorithm
     is the one the backend runs under its model policy: among those it has builders for, or the
     one NEURON_DIST_ALGO forces (read now, as the backend reads it at each call). The `n` ranks
-    sit `n // nodes` to a node, one per core (job_nodes: the launcher's layout)."""
+    sit `n // nodes` to a node (job_nodes: the launcher's layout), each on `cores_per_rank`
+    consecutive cores (`--cores-per-rank`, as neuronrun places them)."""
     if op == "sendrecv" or nodes is None:
         return None
     try:
         from .topology import estimate, place
         from .topology.select import ENV_ALGO, backend_choose, backend_forced
-        topo = place(instance, nodes, n // nodes, lnc=_lnc())
+        topo = place(instance, nodes, n // nodes, lnc=_lnc(), cores_per_rank=cores_per_rank)
         algo = backend_choose(op, nbytes, topo, backend_forced(os.environ.get(ENV_ALGO)))
         t = estimate(op, algo, nbytes, topo)
     except (ImportError, ValueError, KeyError):  # instance or collective not modelled
@@ -524,7 +527,8 @@ def worker(a) -> int:
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
         f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
-        + ("" if not a.instance else f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, one per core"
+        + ("" if not a.instance else f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, "
+           + (f"{a.cores_per_rank} cores per rank" if a.cores_per_rank > 1 else "one per core")
            if nodes else " | model: left out (the launcher's nodes hold unequal numbers of ranks)"))
     rows, sizes = [], sweep(a.min_bytes, a.max_bytes, a.factor)
     es = torch.empty(0, dtype=dtype).element_size()
@@ -583,7 +587,7 @@ def worker(a) -> int:
                 line += f" {_num(gr['time_us'], 9, 1)} {_num(gr['busbw'], 7, 3)} {_num(row['ratio'], 6, 2)}"
             line += f" {r['algorithm'] or '-':>6}"
             if a.instance:
-                m = model_busbw(op, row["size"], n, a.instance, nodes)
+                m = model_busbw(op, row["size"], n, a.instance, nodes, a.cores_per_rank)
                 row["model"] = None if m is None else {"algorithm": m[0], "busbw": m[1]}
                 line += f" {m[1]:>7.1f} {m[0]:>6}" if m else f" {'-':>7} {'-':>6}"
             say(line)
@@ -811,6 +815,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--instance", default=os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE,
                    help="instance the cost model predicts busbw for (default $NEURON_DIST_INSTANCE, "
                         "as the backend models, else trn2.48xlarge; '' to omit the column)")
+    p.add_argument("--cores-per-rank", type=int, metavar="M",
+                   help="logical cores each rank takes, as neuronrun's --cores-per-rank: the ranks it "
+                        "spawns are placed so, and the model column places them so (default "
+                        "$NEURON_RT_NUM_CORES, which neuronrun sets, else 1)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--port", type=int, help="rendezvous port of the ranks it spawns (default $MASTER_PORT, "
                                             "else a free one; under a launcher, the launcher's)")
@@ -931,13 +939,26 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(why)
     if not launched:
         check_port(p, a.port)
+        if a.cores_per_rank is not None:  # the ranks it spawns take them too, as neuronrun's would
+            os.environ["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
     check_neuron_job(p, world, None if launched else "-g/--world")
-    from .topology import place
+    from .topology import get_instance, place
+    from .topology.__main__ import cores_per_rank
+    m, a.cores_per_rank = a.cores_per_rank, 1
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
+        try:
+            inst = get_instance(a.instance)
+            lnc = inst.check_lnc(_lnc())
+        except ValueError as e:
+            p.error(f"--instance: {e} ('' omits the model column)")
+        try:  # (its errors name --cores-per-rank or NEURON_RT_NUM_CORES)
+            a.cores_per_rank = cores_per_rank(m, os.environ.get("NEURON_RT_NUM_CORES"), inst, lnc)
+        except ValueError as e:
+            p.error(str(e))
         try:
             nodes = job_nodes(world) if launched else 1
             if nodes:  # (unequal nodes: no column, nothing to refuse)
-                place(a.instance, nodes, world // nodes, lnc=_lnc())
+                place(a.instance, nodes, world // nodes, lnc=_lnc(), cores_per_rank=a.cores_per_rank)
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
 

@@ -658,3 +658,26 @@ def test_training_bench_with_torch_huge_pages(tmp_path, monkeypatch):
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
     with pytest.raises(SystemExit, match="THP_MEM_ALLOC_ENABLE"):
         bench_train.main(["--thp", "on", "--backends", "neuron"])
+
+
+def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_path):
+    """`neuronrun --cores-per-rank 4` on trn2 puts a rank on each of 4 chips, where the backend
+    runs the ring for a 1 MiB all-reduce; bench modelled one rank per core (4 ranks on one chip:
+    `direct`) and had no flag to say otherwise. --cores-per-rank now places the ranks it spawns
+    (NEURON_RT_NUM_CORES) and the model column alike, and is checked as neuronrun checks it."""
+    import os
+    assert bench.model_busbw("allreduce", 1 << 20, 4, "trn2.48xlarge")[0] == "direct"
+    assert bench.model_busbw("allreduce", 1 << 20, 4, "trn2.48xlarge", 1, 4)[0] == "ring"
+    env = {k: v for k, v in os.environ.items() if k not in ("NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO")}
+    out = tmp_path / "c.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", "--ops", "allreduce", "-b", "1M",
+                        "-e", "1M", "-n", "1", "-w", "0", "--instance", "trn2.48xlarge", "--cores-per-rank", "4",
+                        "--json", str(out)], env=dict(env, NEURON_DIST_TUNING="model"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 node(s) of 4 ranks, 4 cores per rank" in p.stdout, p.stdout
+    (row,) = json.load(open(out))["rows"]
+    assert row["neuron"]["algorithm"] == row["model"]["algorithm"] == "ring", row
+    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", "--cores-per-rank", "3"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip" in bad.stderr
