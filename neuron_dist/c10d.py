@@ -572,6 +572,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (what the general path's checks and plan depend on): on a miss the general path's op
         check (`check_as`, its error naming that call) and its plan (`Plans.get`). None for a
         dtype the general path refuses (its check says so)."""
+        if self._plans.generation != algorithms.GENERATION:  # a builder registered since (Plans.get)
+            self._common.clear()
         plan = self._common.get(key)
         if plan is None:
             if dtype not in DTYPE_CODE:
@@ -1055,7 +1057,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             scratch = self.group.scratch
             both = (n_in + n_out) * dtype.itemsize <= scratch.limit  # (else the output has it)
             buf = scratch.take(n_in + n_out if both else n_out, dtype)
-            staged[:] = [buf[n_in:] if both else buf]
+            if stage:
+                staged[:] = [buf[n_in:] if both else buf]
             if join:
                 return torch.cat([i.reshape(-1) for i in ins], out=buf[:n_in] if both else None)
 

@@ -108,6 +108,9 @@ class Op:
                 return
             self.error = error
             self.finished = True
+            # what the call's closures hold (a list call's staging in the group's scratch, joined
+            # inputs) goes now, not with a Work or future kept after, failed or not
+            self._start = self._finish = None
             if self._event is not None:
                 self._event.set()
             callbacks, self._callbacks = self._callbacks, None

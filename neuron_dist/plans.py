@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import debug
-from .collectives import reduce_ops
+from .collectives import algorithms, reduce_ops
 from .collectives.algorithms import Spec, build
 from .collectives.executor import Execution
 from .collectives.schedule import Schedule
@@ -40,11 +40,14 @@ class Plan:
     """One argument set's description, reducer and frame checksum, with the schedule once
     built and the small scratch buffer kept for it."""
     __slots__ = ("group", "desc", "reduce", "collective", "algo", "spec_args", "dtype", "tag", "_sched", "_tmp",
-                 "tmp_views")
+                 "tmp_views", "_builder")
 
     def __init__(self, group: Group, desc, reduce, collective, algo, spec_args, dtype, tag):
         self.group, self.desc, self.reduce, self.collective, self.algo = group, desc, reduce, collective, algo
         self.spec_args, self.dtype, self._sched, self._tmp = spec_args, dtype, None, None
+        # the builder registered as the call was made (None: none, an error once built): an op
+        # queued before a `register` runs what the checks made at its call assumed
+        self._builder = algorithms.BUILDERS.get((collective, algo))
         self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
         self.tag = tag  # the frames' argument checksum (debug.call_tag of kind, desc and algorithm)
 
@@ -77,7 +80,7 @@ class Plan:
         g = self.group
         spec = Spec(self.collective, g.rank, g.size, order=tuple(g.order), topo=g.topology,
                     eager_count=g.frame_bytes // self.dtype.itemsize, **self.spec_args)
-        return build(spec, self.algo)
+        return build(spec, self.algo, self._builder)
 
 
 class Plans:
@@ -86,12 +89,15 @@ class Plans:
     def __init__(self, group: Group):
         self.group = group
         self.by_args: dict[tuple, Plan] = {}
+        self.generation = algorithms.GENERATION  # the plans' builders' (algorithms.register)
 
     def get(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype, op_name: str,
             nbytes: int, name: str | None = None, detail: str = "") -> Plan:
         """The plan of a call with these arguments. `name` replaces the collective's in the
         description; `detail` ends the description's arguments, and so enters the checksum its
         frames carry."""
+        if self.generation != algorithms.GENERATION:  # a builder registered since: plans made afresh
+            self.by_args, self.generation = {}, algorithms.GENERATION
         key = (collective, algo, dtype, op_name, nbytes, name, detail, *spec_args.items())
         plan = self.by_args.get(key)
         if plan is None:

@@ -610,6 +610,45 @@ def in_place(rank, world):
         finally:
             algorithms.register("reduce_scatter", "direct", built_in)
         assert algorithms.own_block_out("reduce_scatter")
+        # the built-in one put back runs again (a group's plans kept the schedule the user's
+        # builder had made: rank 1 summed block 0 twice), in place; a builder registered after
+        # a form's first call runs at its next; and a call queued behind another runs the
+        # builder registered when it was made, as the checks made at its call assumed
+        ran = []
+
+        def spy(spec):
+            ran.append(spec.rank)
+            return built_in(spec)
+
+        with env(NEURON_DIST_ALGO="reduce_scatter:direct"):
+            count = 70_001
+            ins = [values(r, count * world, torch.float32, "sum", 11) for r in range(world)]
+            want = reference(ins, "sum", torch.float32)[rank * count:(rank + 1) * count]
+            x = ins[rank].clone()
+            mine = x.narrow(0, rank * count, count)
+            written.clear()
+            dist.reduce_scatter_tensor(mine, x)
+            same(mine, want, "reduce_scatter in place, the built-in builder put back")
+            assert written == [mine.data_ptr()], f"rank {rank}: the built-in builder put back was staged"
+            try:
+                algorithms.register("reduce_scatter", "direct", spy, own_block_out=True)
+                x = ins[rank].clone()
+                mine = x.narrow(0, rank * count, count)
+                dist.reduce_scatter_tensor(mine, x)
+                same(mine, want, "reduce_scatter in place, a builder registered after the form's first call")
+                assert ran == [rank], f"rank {rank}: the builder registered since the form's first call did not run"
+                big = torch.ones(4 << 20)
+                first = dist.all_reduce(big, async_op=True)  # (the next call queues behind it)
+                x = ins[rank].clone()
+                mine = x.narrow(0, rank * count, count)
+                queued = dist.reduce_scatter_tensor(mine, x, async_op=True)
+                algorithms.register("reduce_scatter", "direct", copy_first)
+                first.wait()
+                queued.wait()
+                same(mine, want, "reduce_scatter in place, queued, a builder that made no promise registered meanwhile")
+                checks += 3
+            finally:
+                algorithms.register("reduce_scatter", "direct", built_in)
     finally:
         plans.Plan.execution = execution
     return checks
@@ -1983,6 +2022,32 @@ def finished_calls_hold_no_tensors(rank, world):
         held = [r() for r in refs if r() is not None]
         assert not held, f"{kind}: a tensor still held after the call ended, by " + \
             ", ".join(sorted({type(o).__name__ for t in held for o in gc.get_referrers(t)}))
+        checks += 1
+    # a finished call's Work the caller keeps holds none of the group's kept scratch (a list
+    # all-to-all of separate inputs into one tensor's blocks kept a view of it through its
+    # closures: after destroy_process_group its 32 MiB stayed while the Work was kept)
+    scratch = dist.distributed_c10d._get_default_group().group.scratch
+    n = 1 << 18
+    for form in ("all_to_all joined", "all_to_all staged", "reduce_scatter joined"):
+        ins = [torch.ones(n) for _ in range(world)]
+        if form == "all_to_all joined":
+            out = torch.empty(n * world)
+            w = dist.all_to_all(list(out.chunk(world)), ins, async_op=True)
+        elif form == "all_to_all staged":
+            w = dist.all_to_all([torch.empty(n) for _ in range(world)], list(torch.ones(n * world).chunk(world)),
+                                async_op=True)
+        else:
+            w = dist.reduce_scatter(torch.empty(n), ins, async_op=True)
+        w.wait()
+        if scratch._buf is None:  # (world 1: nothing staged)
+            assert world == 1, f"{form}: the call used no scratch: the check tests nothing"
+            continue
+        from torch.multiprocessing.reductions import StorageWeakRef  # (views keep the storage, not the tensor)
+        buf = StorageWeakRef(scratch._buf.untyped_storage())
+        scratch.clear()
+        gc.collect()
+        assert buf.expired(), f"rank {rank}: {form}: a finished call's kept Work holds the group's scratch"
+        del w
         checks += 1
     dist.barrier()
     return checks

@@ -94,6 +94,9 @@ def algorithms_for(collective: str) -> list[str]:
 
 
 _BUILT_IN = dict(BUILDERS)
+# how many times `register` has run: a group's plans (plans.py, the c10d adapter's common paths)
+# are made afresh once it moves, so that a call runs the builder registered when it was made
+GENERATION = 0
 # the (collective, algorithm) pairs of OWN_BLOCK_OUT collectives whose builder makes no promise
 # (registered without own_block_out=True): while a collective has one, its in-place calls stage
 _UNPROMISED: set[tuple[str, str]] = set()
@@ -117,18 +120,23 @@ def register(collective: str, algorithm: str, builder: Builder, *, own_block_out
         raise ValueError(f"algorithm names are lower case without spaces (NEURON_DIST_ALGO is read so): {algorithm!r}")
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
+    global GENERATION
     key = (collective, algorithm)
     BUILDERS[key] = builder
+    GENERATION += 1
     if collective in OWN_BLOCK_OUT and not own_block_out and _BUILT_IN.get(key) is not builder:
         _UNPROMISED.add(key)
     else:
         _UNPROMISED.discard(key)
 
 
-def build(spec: Spec, algorithm: str) -> Schedule:
-    try:
-        builder = BUILDERS[(spec.collective, algorithm)]
-    except KeyError:
-        raise ValueError(f"no algorithm {algorithm!r} for {spec.collective}; available: "
-                         f"{', '.join(algorithms_for(spec.collective))}") from None
+def build(spec: Spec, algorithm: str, builder: Builder | None = None) -> Schedule:
+    """The schedule `builder` (by default the one registered now for the collective and
+    `algorithm`) makes for `spec`."""
+    if builder is None:
+        try:
+            builder = BUILDERS[(spec.collective, algorithm)]
+        except KeyError:
+            raise ValueError(f"no algorithm {algorithm!r} for {spec.collective}; available: "
+                             f"{', '.join(algorithms_for(spec.collective))}") from None
     return builder(spec)

@@ -24,6 +24,7 @@ import os
 from functools import lru_cache
 
 from ..config import env
+from . import algorithms
 from .algorithms import algorithms_for
 
 log = logging.getLogger("neuron_dist.tuning")
@@ -71,14 +72,16 @@ def check_settings() -> dict:
 def choose(collective: str, nbytes: int, group) -> str:
     """`nbytes` follows nccl-tests: the whole gathered/scattered buffer for all-gather and
     reduce-scatter, the buffer for all-reduce. The hot path is one dict lookup keyed by the raw
-    values of the two variables (so a changed NEURON_DIST_ALGO/TUNING takes effect at once)."""
+    values of the two variables (so a changed NEURON_DIST_ALGO/TUNING takes effect at once) and
+    the builders' generation (algorithms.register: a name the model prices joins its choice)."""
     fast = group.__dict__.get("_choice_cache")
     if fast is None:
         fast = group.__dict__.setdefault("_choice_cache", {})
     if _ENV_DATA is not None:  # os.environ's own dict: ~20x cheaper than os.environ.get
-        key = (collective, nbytes, _ENV_DATA.get(_ALGO_KEY), _ENV_DATA.get(_TUNING_KEY))
+        key = (collective, nbytes, _ENV_DATA.get(_ALGO_KEY), _ENV_DATA.get(_TUNING_KEY), algorithms.GENERATION)
     else:
-        key = (collective, nbytes, _environ.get("NEURON_DIST_ALGO"), _environ.get("NEURON_DIST_TUNING"))
+        key = (collective, nbytes, _environ.get("NEURON_DIST_ALGO"), _environ.get("NEURON_DIST_TUNING"),
+               algorithms.GENERATION)
     algo = fast.get(key)
     if algo is None:
         algo = _choose(collective, nbytes, group)
@@ -94,7 +97,7 @@ def _choose(collective: str, nbytes: int, group) -> str:
         return f[collective]
     cache = group.__dict__.setdefault("_algo_cache", {})
     policy = tuning()
-    key = (collective, nbytes, policy)
+    key = (collective, nbytes, policy, algorithms.GENERATION)  # (a registered builder may join the choice)
     algo = cache.get(key)
     if algo is None:
         topo = getattr(group, "topology", None)
