@@ -35,6 +35,8 @@ python "$CB" --backend neuron --import neuron_dist --op allreduce -g 2 -b 4K -e 
 python "$CB" --backend gloo --op allreduce -g 2 -b 4K -e 1M -f 4 --loop -n 200 -w 20 --json "$OUT/loop_gloo.json" > "$OUT/loop_gloo.txt" 2>&1; status loop_gloo $?
 python "$CB" --mpi --op allreduce -g 2 -b 4K -e 1M -f 4 --loop -n 200 -w 20 --json "$OUT/loop_mpi.json" > "$OUT/loop_mpi.txt" 2>&1; status loop_mpi $?
 python -m neuron_dist.bench -g 2 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2.json" > "$OUT/bench_w2.txt" 2>"$OUT/bench_w2.err"; status bench_w2 $?
+# the same three at world 2 with torch's huge pages in every rank (what neuronrun sets), Gloo's too
+python -m neuron_dist.bench -g 2 --ops allreduce,allgather,reduce_scatter --place out -b 1M -e 64M -f 4 --vs gloo -n 20 -w 5 --thp on --json "$OUT/bench_w2_thp.json" > "$OUT/bench_w2_thp.txt" 2>"$OUT/bench_w2_thp.err"; status bench_w2_thp $?
 python -m neuron_dist.bench -g 2 --ops allreduce -d bfloat16 -b 4K -e 64M -f 4 --vs gloo -n 20 -w 5 --json "$OUT/bench_w2_bf16.json" > "$OUT/bench_w2_bf16.txt" 2>"$OUT/bench_w2_bf16.err"; status bench_w2_bf16 $?
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 10 -w 3 --json "$OUT/bench_w4.json" > "$OUT/bench_w4.txt" 2>"$OUT/bench_w4.err"; status bench_w4 $?
 python -m neuron_dist.bench -g 4 --ops all -b 4K -e 64M -f 4 --vs gloo -n 20 -w 3 --loop --json "$OUT/bench_w4_loop.json" > "$OUT/bench_w4_loop.txt" 2>"$OUT/bench_w4_loop.err"; status bench_w4_loop $?

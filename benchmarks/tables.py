@@ -185,6 +185,8 @@ def main() -> None:
     bound(d)
     loop(d)
     bench(d, "bench_w2.json", "All collectives, world 2, float32")
+    bench(d, "bench_w2_thp.json", "All-reduce, all-gather, reduce-scatter, world 2, float32, torch's huge pages "
+                                  "in every rank (`--thp on`, as neuronrun runs jobs; Gloo too)")
     bench(d, "bench_w2_bf16.json", "All-reduce, world 2, bfloat16")
     bench(d, "bench_w4.json", "All collectives, world 4 on 2 cores, float32")
     bench(d, "bench_w4_loop.json", "All collectives, world 4 on 2 cores, float32, back to back (`--loop`)")

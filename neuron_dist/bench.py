@@ -56,6 +56,12 @@ rank's average. It shows a backend's own per-call cost; the default (a Gloo barr
 call) includes the cost of coming out of that barrier, which on a host with fewer cores than
 ranks favours whichever backend's next call is cheapest to schedule.
 
+`--thp on` runs every rank, Gloo's rows included, with torch's huge-page switch that neuronrun sets
+by default (THP_MEM_ALLOC_ENABLE=1: tensors of 2 MiB and more on transparent huge pages; the
+command restarts itself with it set); on the 2-vCPU hosts here it made the 64 MiB rows a quarter
+to a third faster under both backends (benchmarks/RESULTS.md, "Forty-eighth pass"). The default
+leaves the environment as it is, so rows compare with earlier runs.
+
 `--added` times what a call costs the job: per iteration, the wall time of (call + barrier) less
 that of the barrier just before it alone, averaged over the ranks, median over iterations. Work a
 backend leaves running when its call returns (Gloo's worker threads, the wake-ups they cause) is
@@ -525,7 +531,8 @@ def worker(a) -> int:
     transport = getattr(getattr(pg, "group", None), "transport", None)
     say(f"# neuron_dist.bench: world {n} dtype {a.dtype} redop {a.redop} root {a.root} iters {a.iters} warmup {a.warmup} "
         f"time {'loop-avg' if a.loop else 'added' if a.added else 'median'} "
-        f"threads/rank {a.threads} cpus {os.cpu_count()} host {platform.node()} transport "
+        f"threads/rank {a.threads} thp {'on' if os.environ.get('THP_MEM_ALLOC_ENABLE') == '1' else 'off'} "
+        f"cpus {os.cpu_count()} host {platform.node()} transport "
         f"{getattr(transport, 'name', '?')} torch {torch.__version__}"
         + ("" if not a.instance else f" | model: {a.instance}, {nodes} node(s) of {n // nodes} ranks, "
            + (f"{a.cores_per_rank} cores per rank" if a.cores_per_rank > 1 else "one per core")
@@ -820,6 +827,9 @@ def parser() -> argparse.ArgumentParser:
                         "spawns are placed so, and the model column places them so (default "
                         "$NEURON_RT_NUM_CORES, which neuronrun sets, else 1)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--thp", choices=("off", "on"), default="off",
+                   help="on: torch's huge pages for every rank's tensors, as neuronrun runs jobs "
+                        "(THP_MEM_ALLOC_ENABLE=1; Gloo's rows too); off (default): as set in the environment")
     p.add_argument("--port", type=int, help="rendezvous port of the ranks it spawns (default $MASTER_PORT, "
                                             "else a free one; under a launcher, the launcher's)")
     p.add_argument("--json", metavar="FILE", help="write the configuration and every row to FILE")
@@ -963,10 +973,27 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(f"--instance: {e} ('' omits the model column)")
 
 
+def _with_thp(p, argv) -> None:
+    """`--thp on`: restart with THP_MEM_ALLOC_ENABLE=1 unless it is set (torch reads it when a
+    process first allocates, and the ranks come from a fork server that imported torch). Ranks
+    a launcher started must have it already (neuronrun sets it by default)."""
+    from neuronrun_launcher.thp import THP_VAR, rank_vars
+    wanted = rank_vars(True, os.environ)
+    if not wanted:
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        p.error(f"--thp on: the launcher started these ranks without {THP_VAR}=1 (neuronrun --thp on sets it)")
+    if argv is not None:
+        p.error(f"--thp on: set {THP_VAR}=1 in the environment first (only the command line restarts itself with it)")
+    os.execve(sys.executable, [sys.executable, "-m", "neuron_dist.bench", *sys.argv[1:]], {**os.environ, **wanted})
+
+
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
     check(p, a)
+    if a.thp == "on":
+        _with_thp(p, argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return worker(a)
     return launch(a)

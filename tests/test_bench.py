@@ -681,3 +681,23 @@ def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_
     bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", "--cores-per-rank", "3"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip" in bad.stderr
+
+
+def test_thp_on_runs_every_rank_with_torchs_huge_pages():
+    """`--thp on` restarts the command with THP_MEM_ALLOC_ENABLE=1, so its ranks (a fork server
+    that imported torch) and Gloo's rows run as neuronrun runs jobs; ranks a launcher started
+    without it are refused, not run as if it were set."""
+    import os
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "-b", "4K", "-e", "4K", "-n", "1",
+                        "-w", "0", "--thp", "on", "--vs", "gloo", "--no-progress"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert " thp on " in p.stdout.splitlines()[0], p.stdout
+    off = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "-b", "4K", "-e", "4K", "-n", "1",
+                          "-w", "0", "--no-progress"], env=env, capture_output=True, text=True, timeout=300)
+    assert off.returncode == 0 and " thp off " in off.stdout.splitlines()[0], off.stdout + off.stderr
+    launched = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--thp", "on"],
+                              env=dict(env, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
+                              capture_output=True, text=True, timeout=120)
+    assert launched.returncode == 2 and "without THP_MEM_ALLOC_ENABLE=1" in launched.stderr, launched.stderr
