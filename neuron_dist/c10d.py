@@ -26,6 +26,7 @@ from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # 
 
 from .collectives import algorithms, reduce_ops
 from .collectives.executor import Execution
+from .collectives.scratch import fresh
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
 from . import debug, sparse
@@ -600,7 +601,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if len(tensors) == 1 and tensors[0].is_contiguous():
             buf, back = _flat(tensors[0]), None
         else:
-            buf = torch.cat([t.reshape(-1) for t in tensors]) if tensors else torch.empty(0, dtype=dtype)
+            buf = torch.cat([t.reshape(-1) for t in tensors], out=fresh(sum(t.numel() for t in tensors), dtype))
             back = tensors
 
         before = after = None
@@ -931,7 +932,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
                                          _own_block(outputs[0], inp, sum(counts[:self.group.rank])) and
                                          algorithms.own_block_out("reduce_scatter"))
-        out = outputs[0].view(-1) if single else torch.empty(c, dtype=dtype)
+        out = outputs[0].view(-1) if single else fresh(c, dtype)
 
         before = after = None
         if join:
@@ -1060,7 +1061,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if stage:
                 staged[:] = [buf[n_in:] if both else buf]
             if join:
-                return torch.cat([i.reshape(-1) for i in ins], out=buf[:n_in] if both else None)
+                return torch.cat([i.reshape(-1) for i in ins],
+                                 out=buf[:n_in] if both else fresh(n_in, dtype))
 
         def after():
             off, got = 0, staged.pop()

@@ -78,7 +78,8 @@ def test_a_plan_keeps_a_small_scratch_buffer_and_its_views_and_takes_a_large_one
         flat = g.scratch.take(20_000, torch.float32)
         src, dst = (flat, big) if staged == "in" else (big, flat)
         tmp = large.execution("op5", src, dst)[2][2]
-        assert tmp.numel() == sched.tmp_count and tmp.untyped_storage().data_ptr() != flat.data_ptr(), staged
+        assert tmp.numel() == sched.tmp_count and \
+            tmp.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr(), staged
         assert not g.scratch.holds(big, None) and g.scratch.holds(None, flat[5:])
 
 
@@ -156,3 +157,42 @@ def test_debug_reads_no_private_name_of_the_adapter_or_the_group():
                if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
                and n.attr != "_base"]  # (a tensor's view base, torch's documented attribute: not ours)
     assert not private, private
+
+
+def test_kept_scratch_lies_on_huge_pages_and_goes_back_with_its_group():
+    """The group's kept scratch (2 MiB and more) is advised MADV_HUGEPAGE on a 2 MiB boundary:
+    torch's allocator advises nothing without THP_MEM_ALLOC_ENABLE, and a root's staged scatter
+    blocks, which its peers read with process_vm_readv, took a fifth to a third longer to read
+    from small pages here (benchmarks/RESULTS.md, "Forty-eighth pass"). The memory goes back
+    with the buffer, and `holds` knows views of it (the buffer starts inside its mapping)."""
+    import gc
+    from neuron_dist.collectives.scratch import HUGE_PAGE, Scratch
+
+    def mapping(addr):  # this process's /proc/self/smaps entry that holds addr: (start, end, AnonHugePages kB)
+        entry = None
+        for line in open("/proc/self/smaps"):
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                entry = [lo, hi, 0] if lo <= addr < hi else None
+            elif entry is not None and line.startswith("AnonHugePages:"):
+                entry[2] = int(line.split()[1])
+                return tuple(entry)
+        return entry
+
+    s = Scratch(64 << 20)
+    t = s.take(3 << 20, torch.float32)  # 12 MiB: a 16 MiB buffer
+    t.fill_(1.0)
+    assert s.kept_bytes == 16 << 20 and s._buf.data_ptr() % HUGE_PAGE == 0
+    assert s.holds(t[5:]) and not s.holds(torch.ones(3))
+    mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    lo, hi, huge_kb = mapping(t.data_ptr())
+    if "[never]" in mode:  # (the host gives no huge pages: small ones, as torch.empty's)
+        assert huge_kb == 0
+    else:
+        assert huge_kb >= 8 << 10, f"{huge_kb} kB of the kept scratch on huge pages ({mode.strip()})"
+    del t
+    s.clear()
+    gc.collect()
+    assert mapping(lo) is None or mapping(lo)[:2] != (lo, hi), "the scratch's memory was not given back"
+    assert Scratch(64 << 20).take(100, torch.float32).numel() == 100  # small: torch.empty

@@ -23,6 +23,8 @@ freed when the call ends, as before. Small scratch (up to 64 KiB) stays with its
 """
 from __future__ import annotations
 
+import mmap
+
 import torch
 
 from ..config import env_int
@@ -53,19 +55,64 @@ class Scratch:
         `take`: the kept buffer when it fits the limit, else a fresh one."""
         nbytes = count * dtype.itemsize
         if nbytes > self.limit:
-            return torch.empty(count, dtype=dtype)
+            return fresh(count, dtype)
         buf = self._buf
         if buf is None or buf.numel() < nbytes:
             self._buf = None  # the old one goes before the new one is made
-            buf = self._buf = torch.empty(min(self.limit, 1 << (nbytes - 1).bit_length()), dtype=torch.uint8)
+            buf = self._buf = huge_page_bytes(min(self.limit, 1 << (nbytes - 1).bit_length()))
         return buf[:nbytes].view(dtype)
 
     def holds(self, *tensors) -> bool:
         """Whether any of `tensors` lies in the kept buffer (a scatter or gather root's staging,
         taken as its op started): the op's TMP must not be cut from the same memory."""
         buf = self._buf
-        return buf is not None and any(t is not None and t.untyped_storage().data_ptr() == buf.data_ptr()
-                                       for t in tensors)
+        if buf is None:
+            return False
+        base = buf.untyped_storage().data_ptr()  # (the buffer may start inside its storage: huge_page_bytes)
+        return any(t is not None and t.untyped_storage().data_ptr() == base for t in tensors)
 
     def clear(self) -> None:
         self._buf = None
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_bytes(nbytes: int) -> torch.Tensor:
+    """`nbytes` of uint8 that the kernel may back with transparent huge pages (MADV_HUGEPAGE,
+    on a 2 MiB boundary; the setting's "madvise" mode, the usual one, gives them only to memory
+    so advised). Why: torch's allocator advises nothing unless THP_MEM_ALLOC_ENABLE is set
+    (neuronrun sets it), and on the 2-vCPU VMs measured a 64 MiB copy into 4 KiB pages took
+    7.2 ms against 3.8 into huge pages, a kernel read (process_vm_readv) 13.7 against 4.8
+    (benchmarks/RESULTS.md, "Forty-eighth pass"). The memory goes back to the kernel with the
+    tensor (the tensor holds the mapping). Smaller than a huge page, or where the platform
+    has no MADV_HUGEPAGE: torch.empty."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < HUGE_PAGE or advice is None:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    # private: an anonymous mapping is shared by default, which is shmem, whose huge pages are a
+    # setting of their own (off on these hosts); room to start on a huge page's boundary
+    m = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(m, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE
+    try:
+        m.madvise(advice, start, nbytes)
+    except OSError:  # (a kernel without transparent huge pages: small pages, as before)
+        pass
+    return whole[start:start + nbytes]
+
+
+# glibc's malloc maps a block afresh (and faults its pages in) on every allocation above its
+# mmap threshold, which rises with the blocks freed up to this size and no further
+GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+def fresh(count: int, dtype: torch.dtype) -> torch.Tensor:
+    """A call's own buffer of `count` elements: above GLIBC_MMAP_THRESHOLD_MAX on huge pages
+    (huge_page_bytes), where malloc would map it in 4 KiB pages every call (a 64 MiB all-to-all
+    of two lists joined its input so: 53-66 ms a call against 28-34; RESULTS.md "Forty-eighth
+    pass"); below it, torch.empty, which malloc serves again from memory it kept."""
+    nbytes = count * dtype.itemsize
+    if nbytes <= GLIBC_MMAP_THRESHOLD_MAX:
+        return torch.empty(count, dtype=dtype)
+    return huge_page_bytes(nbytes).view(dtype)
