@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces every table in benchmarks/RESULTS.md (about 10 minutes on 2 cores).
+# Reproduces every table in benchmarks/RESULTS.md (about 11 minutes on 2 cores).
 # Usage: benchmarks/run_all.sh OUTDIR   (a new folder, e.g. benchmarks/results/NAME; then
 # python benchmarks/tables.py OUTDIR). collbench is the reference harness beside this repository
 # (the workspace's shared/tools/collbench.py), not part of it: COLLBENCH=PATH names another copy.

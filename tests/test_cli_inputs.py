@@ -303,7 +303,7 @@ def test_results_commands_match_run_all():
     doc = (ROOT / "benchmarks" / "RESULTS.md").read_text()
     commands = doc.split("## Commands", 1)[1].split("\n## ", 1)[0]
     runs = [re.sub(r" --json .*", "", l) for l in script.splitlines() if "python -m neuron_dist." in l]
-    assert len(runs) == 8
+    assert len(runs) == 9
     for r in runs:
         assert r in commands.splitlines(), r
     minutes = re.search(r"about (\d+) minutes", script).group(1)
