@@ -947,10 +947,22 @@ def check(p: argparse.ArgumentParser, a) -> None:
         why = inexact_reduction(a.redop, world, getattr(torch, a.dtype))
         if why:
             p.error(why)
+    if a.cores_per_rank is not None:
+        placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
+        if launched and placed != str(a.cores_per_rank):  # (the launcher placed the ranks, not bench)
+            p.error(f"--cores-per-rank {a.cores_per_rank}: the launcher placed these ranks on {placed} cores each "
+                    f"(NEURON_RT_NUM_CORES; neuronrun --cores-per-rank sets it)")
+        if not launched:  # the ranks it spawns take them, as neuronrun's would: checked as neuronrun checks
+            from .topology import get_instance
+            from .topology.__main__ import cores_per_rank
+            try:
+                inst = get_instance(os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+                cores_per_rank(a.cores_per_rank, None, inst, inst.check_lnc(_lnc()))
+            except ValueError as e:
+                p.error(str(e))
+            os.environ["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
     if not launched:
         check_port(p, a.port)
-        if a.cores_per_rank is not None:  # the ranks it spawns take them too, as neuronrun's would
-            os.environ["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
     check_neuron_job(p, world, None if launched else "-g/--world")
     from .topology import get_instance, place
     from .topology.__main__ import cores_per_rank
@@ -978,6 +990,8 @@ def _with_thp(p, argv) -> None:
     process first allocates, and the ranks come from a fork server that imported torch). Ranks
     a launcher started must have it already (neuronrun sets it by default)."""
     from neuronrun_launcher.thp import THP_VAR, rank_vars
+    if os.environ.get(THP_VAR, "1") != "1":
+        p.error(f"--thp on: {THP_VAR}={os.environ[THP_VAR]!r} is set in the environment (torch takes \"1\" only)")
     wanted = rank_vars(True, os.environ)
     if not wanted:
         return

@@ -379,6 +379,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
                            global_ranks=global_ranks, outside_autograd=_BelowAutograd)
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
+        self._common_generation = algorithms.GENERATION  # their builders' (algorithms.register)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
         self.torch_detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
 
@@ -573,8 +574,9 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (what the general path's checks and plan depend on): on a miss the general path's op
         check (`check_as`, its error naming that call) and its plan (`Plans.get`). None for a
         dtype the general path refuses (its check says so)."""
-        if self._plans.generation != algorithms.GENERATION:  # a builder registered since (Plans.get)
+        if self._common_generation != algorithms.GENERATION:  # a builder registered since (as Plans.get)
             self._common.clear()
+            self._common_generation = algorithms.GENERATION
         plan = self._common.get(key)
         if plan is None:
             if dtype not in DTYPE_CODE:
@@ -601,7 +603,8 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if len(tensors) == 1 and tensors[0].is_contiguous():
             buf, back = _flat(tensors[0]), None
         else:
-            buf = torch.cat([t.reshape(-1) for t in tensors], out=fresh(sum(t.numel() for t in tensors), dtype))
+            with torch.no_grad():  # (a cat into `out` refuses inputs that require grad)
+                buf = torch.cat([t.reshape(-1) for t in tensors], out=fresh(sum(t.numel() for t in tensors), dtype))
             back = tensors
 
         before = after = None

@@ -607,6 +607,9 @@ def in_place(rank, world):
                         assert written and written != [mine.data_ptr()], \
                             f"rank {rank}: a builder that made no promise wrote OUT in place ({form})"
                         checks += 1
+                    apart = torch.empty(count)  # (out of place: its common path keeps this builder's plan)
+                    dist.reduce_scatter_tensor(apart, ins[rank].clone())
+                    same(apart, want, f"reduce_scatter out of place, a builder that made no promise, n={count}")
         finally:
             algorithms.register("reduce_scatter", "direct", built_in)
         assert algorithms.own_block_out("reduce_scatter")
@@ -624,6 +627,9 @@ def in_place(rank, world):
             count = 70_001
             ins = [values(r, count * world, torch.float32, "sum", 11) for r in range(world)]
             want = reference(ins, "sum", torch.float32)[rank * count:(rank + 1) * count]
+            joined = torch.empty(count)  # (first a general-path call, which makes its plans afresh: the
+            dist.reduce_scatter(joined, [t.clone() for t in ins[rank].chunk(world)])  # common path's must be too)
+            same(joined, want, "reduce_scatter list, the built-in builder put back")
             x = ins[rank].clone()
             mine = x.narrow(0, rank * count, count)
             written.clear()
@@ -678,7 +684,16 @@ def autograd_tensors(rank, world):
         w = dist.all_reduce(torch.nn.Parameter(torch.ones(count)), async_op=True)
         w.wait()
         same(w.result()[0].detach(), torch.full((count,), float(world)), f"async all_reduce Parameter n={count}")
-        checks += 6
+        # the general path's joins: a non-contiguous view of a Parameter, and a coalesced call
+        # of tensors that require grad (a cat into a buffer refused them: "functions with out=...")
+        q = torch.nn.Parameter(torch.ones(max(2, count // 4), 4))
+        dist.all_reduce(q.t()[:, :2])
+        same(q.detach()[:2].t(), torch.full((4, 2), float(world)), f"all_reduce non-contiguous view of a Parameter n={count}")
+        a, b = torch.ones(3, requires_grad=True) * 2, torch.ones(count, requires_grad=True) * 3
+        dist.all_reduce_coalesced([a, b])
+        same(a.detach(), torch.full((3,), 2.0 * world), "all_reduce_coalesced requires_grad")
+        same(b.detach(), torch.full((count,), 3.0 * world), f"all_reduce_coalesced requires_grad n={count}")
+        checks += 8
     return checks
 
 

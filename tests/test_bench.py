@@ -678,9 +678,18 @@ def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_
     assert "1 node(s) of 4 ranks, 4 cores per rank" in p.stdout, p.stdout
     (row,) = json.load(open(out))["rows"]
     assert row["neuron"]["algorithm"] == row["model"]["algorithm"] == "ring", row
-    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", "--cores-per-rank", "3"],
-                         env=env, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip" in bad.stderr
+    for args, msg in ((["--cores-per-rank", "3"], "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip"),
+                      (["--cores-per-rank", "3", "--instance", ""], "--cores-per-rank: 3 cores per rank do not fit"),
+                      (["--cores-per-rank", "0"], "--cores-per-rank: cores per rank must be at least 1")):
+        bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", *args],
+                             env=env, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and msg in bad.stderr, (args, bad.stderr)
+    # under a launcher the ranks are placed already: a flag that says otherwise is refused
+    launched = dict(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="1")
+    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--cores-per-rank", "4"],
+                         env=launched, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "the launcher placed these ranks on 1 cores each" in bad.stderr, bad.stderr
 
 
 def test_thp_on_runs_every_rank_with_torchs_huge_pages():
@@ -701,3 +710,6 @@ def test_thp_on_runs_every_rank_with_torchs_huge_pages():
                               env=dict(env, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
                               capture_output=True, text=True, timeout=120)
     assert launched.returncode == 2 and "without THP_MEM_ALLOC_ENABLE=1" in launched.stderr, launched.stderr
+    off = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--thp", "on"], env=dict(env, THP_MEM_ALLOC_ENABLE="0"),
+                         capture_output=True, text=True, timeout=120)
+    assert off.returncode == 2 and "THP_MEM_ALLOC_ENABLE='0' is set" in off.stderr, off.stderr
