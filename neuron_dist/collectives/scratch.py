@@ -82,9 +82,10 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
     """`nbytes` of uint8 that the kernel may back with transparent huge pages (MADV_HUGEPAGE,
     on a 2 MiB boundary; the setting's "madvise" mode, the usual one, gives them only to memory
     so advised). Why: torch's allocator advises nothing unless THP_MEM_ALLOC_ENABLE is set
-    (neuronrun sets it), and on the 2-vCPU VMs measured a 64 MiB copy into 4 KiB pages took
-    7.2 ms against 3.8 into huge pages, a kernel read (process_vm_readv) 13.7 against 4.8
-    (benchmarks/RESULTS.md, "Forty-eighth pass"). The memory goes back to the kernel with the
+    (neuronrun sets it), and on the 2-vCPU VMs measured, peers' kernel reads (process_vm_readv)
+    of a scatter root's staged blocks were slower from 4 KiB pages: a 16 MiB scatter of separate
+    tensors took 4.0-4.9 ms against 2.5-3.4 from huge pages, interleaved rounds (benchmarks/
+    RESULTS.md, "Forty-eighth pass"). The memory goes back to the kernel with the
     tensor (the tensor holds the mapping). Smaller than a huge page, or where the platform
     has no MADV_HUGEPAGE: torch.empty."""
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
