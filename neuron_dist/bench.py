@@ -947,14 +947,14 @@ def check(p: argparse.ArgumentParser, a) -> None:
         why = inexact_reduction(a.redop, world, getattr(torch, a.dtype))
         if why:
             p.error(why)
+    from .topology import get_instance, place
+    from .topology.__main__ import cores_per_rank
     if a.cores_per_rank is not None:
         placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
         if launched and placed != str(a.cores_per_rank):  # (the launcher placed the ranks, not bench)
             p.error(f"--cores-per-rank {a.cores_per_rank}: the launcher placed these ranks on {placed} cores each "
                     f"(NEURON_RT_NUM_CORES; neuronrun --cores-per-rank sets it)")
         if not launched:  # the ranks it spawns take them, as neuronrun's would: checked as neuronrun checks
-            from .topology import get_instance
-            from .topology.__main__ import cores_per_rank
             try:
                 inst = get_instance(os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
                 cores_per_rank(a.cores_per_rank, None, inst, inst.check_lnc(_lnc()))
@@ -964,8 +964,6 @@ def check(p: argparse.ArgumentParser, a) -> None:
     if not launched:
         check_port(p, a.port)
     check_neuron_job(p, world, None if launched else "-g/--world")
-    from .topology import get_instance, place
-    from .topology.__main__ import cores_per_rank
     m, a.cores_per_rank = a.cores_per_rank, 1
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:

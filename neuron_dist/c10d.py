@@ -303,6 +303,13 @@ def _own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
         output.data_ptr() == inp.data_ptr() + start * inp.element_size() and output.numel() + start <= inp.numel()
 
 
+def _reduce_scatter_own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
+    """Whether a reduce-scatter may write `output`, its rank's own block of `inp` (from element
+    `start`), without staging: every registered reduce-scatter builder promised to read that
+    block before writing it (collectives/algorithms.own_block_out)."""
+    return _own_block(output, inp, start) and algorithms.own_block_out("reduce_scatter")
+
+
 def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
     """Whether a call may write its result straight into `output`: contiguous, and sharing no
     memory with `inp`. Schedules read their input until their last round, so an output that
@@ -378,8 +385,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
         self.group = Group(store, rank, size, timeout, name=group_name or "default",
                            global_ranks=global_ranks, outside_autograd=_BelowAutograd)
         self._plans = Plans(self.group)  # collectives' plans, per argument set
-        self._common: dict[tuple, Plan] = {}  # the common paths' plans, checks passed (_common_plan)
-        self._common_generation = algorithms.GENERATION  # their builders' (algorithms.register)
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
         self.torch_detail = debug.torch_detail()  # torch's debug level as this group is made (debug.enabled)
 
@@ -546,7 +551,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         """The common all-reduce, `dist.all_reduce` of one contiguous dense CPU tensor with any op
         but PREMUL_SUM, with what `_allreduce_flat` checks and decides per call looked up instead:
         for such a tensor the checks and the plan depend on (dtype, size, op, algorithm) alone,
-        so they are made once per group and kept (`_common`). The same plan, so the same frames
+        so they are made once per group and kept (`Plans.common`). The same plan, so the same frames
         and checksum, as the general path (a peer may take either). About a tenth of a 4 KiB
         call at two ranks (RESULTS.md "Thirty-fourth pass"). None: take the general path (the
         debug check on, any other argument form, an unsupported dtype: its error comes from
@@ -574,17 +579,15 @@ class NeuronProcessGroup(dist.ProcessGroup):
         (what the general path's checks and plan depend on): on a miss the general path's op
         check (`check_as`, its error naming that call) and its plan (`Plans.get`). None for a
         dtype the general path refuses (its check says so)."""
-        if self._common_generation != algorithms.GENERATION:  # a builder registered since (as Plans.get)
-            self._common.clear()
-            self._common_generation = algorithms.GENERATION
-        plan = self._common.get(key)
+        common = self._plans.common()
+        plan = common.get(key)
         if plan is None:
             if dtype not in DTYPE_CODE:
                 return None
             if check_as:
                 _check_op(op_name, dtype, check_as, self.group.rank)
             plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
-            keep(self._common, key, plan)
+            keep(common, key, plan)
         return plan
 
     def allreduce_coalesced(self, tensors, opts=None):
@@ -865,8 +868,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         g = self.group
         if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or \
-                not (_outputs_apart(output, inp) or
-                     _own_block(output, inp, g.rank * output.numel()) and algorithms.own_block_out("reduce_scatter")):
+                not (_outputs_apart(output, inp) or _reduce_scatter_own_block(output, inp, g.rank * output.numel())):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -933,8 +935,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # until the end, so the result goes to a staging buffer first, unless it is this rank's
         # own block, which every reduce-scatter schedule writes last (algorithms.OWN_BLOCK_OUT)
         single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
-                                         _own_block(outputs[0], inp, sum(counts[:self.group.rank])) and
-                                         algorithms.own_block_out("reduce_scatter"))
+                                         _reduce_scatter_own_block(outputs[0], inp, sum(counts[:self.group.rank])))
         out = outputs[0].view(-1) if single else fresh(c, dtype)
 
         before = after = None

@@ -89,15 +89,27 @@ class Plans:
     def __init__(self, group: Group):
         self.group = group
         self.by_args: dict[tuple, Plan] = {}
+        self._common: dict[tuple, Plan] = {}  # the c10d adapter's common paths' plans, by their own keys
         self.generation = algorithms.GENERATION  # the plans' builders' (algorithms.register)
+
+    def _renew(self) -> None:
+        """Both caches made afresh: a builder was registered since their plans were made."""
+        self.by_args, self._common, self.generation = {}, {}, algorithms.GENERATION
+
+    def common(self) -> dict[tuple, Plan]:
+        """The common paths' cache (c10d's _common_plan: plans whose checks passed, kept under
+        what those checks depend on), current with the registered builders."""
+        if self.generation != algorithms.GENERATION:
+            self._renew()
+        return self._common
 
     def get(self, collective: str, kind: Kind, algo: str, spec_args: dict, dtype: torch.dtype, op_name: str,
             nbytes: int, name: str | None = None, detail: str = "") -> Plan:
         """The plan of a call with these arguments. `name` replaces the collective's in the
         description; `detail` ends the description's arguments, and so enters the checksum its
         frames carry."""
-        if self.generation != algorithms.GENERATION:  # a builder registered since: plans made afresh
-            self.by_args, self.generation = {}, algorithms.GENERATION
+        if self.generation != algorithms.GENERATION:
+            self._renew()
         key = (collective, algo, dtype, op_name, nbytes, name, detail, *spec_args.items())
         plan = self.by_args.get(key)
         if plan is None:
