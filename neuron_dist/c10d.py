@@ -24,7 +24,7 @@ from torch._C import _AutoDispatchBelowADInplaceOrView as _BelowAutograd  # priv
 from torch._C._distributed_c10d import ReduceOp as _ReduceOp  # private: the op enum + PREMUL factor
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions  # private: the type c10d passes
 
-from .collectives import algorithms, reduce_ops
+from .collectives import reduce_ops
 from .collectives.executor import Execution
 from .collectives.scratch import fresh
 from .collectives.executor import overlaps as _overlap
@@ -303,11 +303,6 @@ def _own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
         output.data_ptr() == inp.data_ptr() + start * inp.element_size() and output.numel() + start <= inp.numel()
 
 
-def _reduce_scatter_own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
-    """Whether a reduce-scatter may write `output`, its rank's own block of `inp` (from element
-    `start`), without staging: every registered reduce-scatter builder promised to read that
-    block before writing it (collectives/algorithms.own_block_out)."""
-    return _own_block(output, inp, start) and algorithms.own_block_out("reduce_scatter")
 
 
 def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
@@ -481,22 +476,29 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",
                     before=None, after=None, outputs=(), nbytes: int = 0, algorithm: str | None = None,
-                    opts=None, name: str | None = None, detail: str = "", out_at_start=None, call=None):
+                    opts=None, name: str | None = None, detail: str = "", out_at_start=None, call=None,
+                    own_block: bool = False):
         """Submit one collective on flat buffers IN/OUT. `before` runs as the op starts, just
         before its schedule, on whichever thread runs it (premultiply; it may return a new IN to
         use), `after` once it has finished (AVG, copy-back); `out_at_start`, if given, returns OUT
         as the op starts (a buffer in the group's kept scratch, which a call may take only then).
         `name` replaces the collective's in the description; `detail` is added to its arguments
-        (see Plans.get); `call`: the user's call form and tensors, for the debug check (_submit)."""
+        (see Plans.get); `call`: the user's call form and tensors, for the debug check (_submit);
+        `own_block`: OUT is this rank's own block of IN, a reduce-scatter's in-place output."""
         algo = algorithm or _choose_algorithm(collective, nbytes, self.group)
         plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name, detail)
         return self._run_plan(plan, kind, algo, inp, out, dtype, op_name, before, after, outputs, nbytes, opts,
-                              out_at_start, call)
+                              out_at_start, call, own_block)
 
     def _run_plan(self, plan: Plan, kind: Kind, algo: str, inp, out, dtype: torch.dtype, op_name: str,
-                  before, after, outputs, nbytes: int, opts, out_at_start=None, call=None) -> NeuronWork:
+                  before, after, outputs, nbytes: int, opts, out_at_start=None, call=None,
+                  own_block: bool = False) -> NeuronWork:
         """Submit one call of `plan` on flat buffers IN/OUT (see _collective)."""
         g = self.group
+        # a reduce-scatter's own block written in place only by a builder that promised to read
+        # it first (algorithms.OWN_BLOCK_OUT); the plan holds the builder and its promise as read
+        # together when it was made, so a `register` from another thread cannot part them
+        staged = fresh(out.numel(), dtype) if own_block and not plan.own_block_out else None
 
         def start(op: Op) -> Execution:
             src = inp
@@ -505,11 +507,13 @@ class NeuronProcessGroup(dist.ProcessGroup):
                 if replaced is not None:
                     src = replaced
             dst = out_at_start() if out_at_start else out
-            return plan.execution(op, src, dst)  # its schedule built on first use: an error reaches wait()
+            return plan.execution(op, src, dst if staged is None else staged)  # built on first use: an error reaches wait()
 
         finish = None
-        if (op_name == "avg" and out is not None) or after:
+        if (op_name == "avg" and out is not None) or after or staged is not None:
             def finish(op: Op) -> None:
+                if staged is not None:
+                    out.copy_(staged)
                 if op_name == "avg" and out is not None:
                     reduce_ops.finish_avg(out, g.size)
                 if after:
@@ -868,7 +872,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         g = self.group
         if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
                 inp.numel() != output.numel() * g.size or \
-                not (_outputs_apart(output, inp) or _reduce_scatter_own_block(output, inp, g.rank * output.numel())):
+                not (_outputs_apart(output, inp) or _own_block(output, inp, g.rank * output.numel())):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -882,7 +886,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if plan is None:
             return None
         return self._run_plan(plan, Kind.REDUCE_SCATTER, algo, _flat(inp), _flat(output), dtype, op_name, None, None,
-                              [output], nbytes, opts)
+                              [output], nbytes, opts, own_block=not _outputs_apart(output, inp))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         what = "reduce_scatter_tensor_coalesced"
@@ -933,9 +937,12 @@ class NeuronProcessGroup(dist.ProcessGroup):
             inp = torch.cat([i.reshape(n, -1) for i in inputs], dim=1).view(-1) if c else torch.empty(0, dtype=dtype)
         # in place (the output a piece of the input, as NCCL allows): schedules read the input
         # until the end, so the result goes to a staging buffer first, unless it is this rank's
-        # own block, which every reduce-scatter schedule writes last (algorithms.OWN_BLOCK_OUT)
+        # own block, which the built-in reduce-scatter schedules write last (OWN_BLOCK_OUT; a
+        # call whose builder made no such promise stages as it starts, _run_plan)
+        own_block = len(outputs) == 1 and not join and not _outputs_apart(outputs[0], inp) and \
+            _own_block(outputs[0], inp, sum(counts[:self.group.rank]))
         single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
-                                         _reduce_scatter_own_block(outputs[0], inp, sum(counts[:self.group.rank])))
+                                         own_block)
         out = outputs[0].view(-1) if single else fresh(c, dtype)
 
         before = after = None
@@ -957,7 +964,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         return self._collective("reduce_scatter", Kind.REDUCE_SCATTER, {"counts": counts}, inp, out, dtype,
                                 op_name, before, after, outputs if work_outputs is None else work_outputs,
                                 sum(counts) * dtype.itemsize, opts=opts, name=what, detail=detail,
-                                call=call or (what, ()))
+                                call=call or (what, ()), own_block=own_block)
 
     # -- rooted collectives --------------------------------------------------------------------
     def reduce(self, tensors, opts=None, op=None, timeout=None):

@@ -40,14 +40,15 @@ class Plan:
     """One argument set's description, reducer and frame checksum, with the schedule once
     built and the small scratch buffer kept for it."""
     __slots__ = ("group", "desc", "reduce", "collective", "algo", "spec_args", "dtype", "tag", "_sched", "_tmp",
-                 "tmp_views", "_builder")
+                 "tmp_views", "_builder", "own_block_out")
 
     def __init__(self, group: Group, desc, reduce, collective, algo, spec_args, dtype, tag):
         self.group, self.desc, self.reduce, self.collective, self.algo = group, desc, reduce, collective, algo
         self.spec_args, self.dtype, self._sched, self._tmp = spec_args, dtype, None, None
-        # the builder registered as the call was made (None: none, an error once built): an op
-        # queued before a `register` runs what the checks made at its call assumed
-        self._builder = algorithms.BUILDERS.get((collective, algo))
+        # the builder registered as the call was made (None: none, an error once built), and
+        # whether it keeps OWN_BLOCK_OUT's promise (an in-place call stages where it does not,
+        # c10d._run_plan), read together: an op queued before a `register` runs what its call saw
+        self._builder, self.own_block_out = algorithms.registered(collective, algo)
         self.tmp_views = None  # the executor's views of the kept scratch buffer, kept (and freed) with it
         self.tag = tag  # the frames' argument checksum (debug.call_tag of kind, desc and algorithm)
 

@@ -574,8 +574,8 @@ def in_place(rank, world):
                         checks += 1
         # a builder registered without promising OWN_BLOCK_OUT (here the direct one as it was
         # before it kept the promise: rank 0's block copied over OUT first, so rank 1 summed
-        # block 0 twice) makes in-place calls stage, whichever algorithm runs; the built-in one
-        # put back writes in place again
+        # block 0 twice) makes the in-place calls that run it stage; the built-in one put back
+        # writes in place again
         from neuron_dist.collectives import algorithms
         from neuron_dist.collectives.schedule import IN, OUT, TMP, Chunk, Copy, LocalReduce, Recv, Schedule, Send
         built_in = algorithms.BUILDERS[("reduce_scatter", "direct")]
@@ -590,7 +590,7 @@ def in_place(rank, world):
 
         try:
             algorithms.register("reduce_scatter", "direct", copy_first)
-            assert not algorithms.own_block_out("reduce_scatter")
+            assert not algorithms.registered("reduce_scatter", "direct")[1]
             with env(NEURON_DIST_ALGO="reduce_scatter:direct"):
                 for count in (5, 70_001):
                     ins = [values(r, count * world, torch.float32, "sum", 10) for r in range(world)]
@@ -612,7 +612,7 @@ def in_place(rank, world):
                     same(apart, want, f"reduce_scatter out of place, a builder that made no promise, n={count}")
         finally:
             algorithms.register("reduce_scatter", "direct", built_in)
-        assert algorithms.own_block_out("reduce_scatter")
+        assert algorithms.registered("reduce_scatter", "direct")[1]
         # the built-in one put back runs again (a group's plans kept the schedule the user's
         # builder had made: rank 1 summed block 0 twice), in place; a builder registered after
         # a form's first call runs at its next; and a call queued behind another runs the
@@ -652,7 +652,26 @@ def in_place(rank, world):
                 first.wait()
                 queued.wait()
                 same(mine, want, "reduce_scatter in place, queued, a builder that made no promise registered meanwhile")
-                checks += 3
+                # another thread registers one between the call's in-place check and its plan
+                # (the check read the promise, the plan the builder: rank 1 summed block 0 twice,
+                # 90 of 3000 calls with a thread registering in a loop)
+                algorithms.register("reduce_scatter", "direct", built_in)
+                x = ins[rank].clone()
+                mine = x.narrow(0, rank * count, count)
+                from neuron_dist import c10d as c10d_module
+                choose = c10d_module._choose_algorithm
+
+                def then_register(*args):  # (after the in-place check, before the plan)
+                    algorithms.register("reduce_scatter", "direct", copy_first)
+                    return choose(*args)
+
+                c10d_module._choose_algorithm = then_register
+                try:
+                    dist.reduce_scatter_tensor(mine, x)
+                finally:
+                    c10d_module._choose_algorithm = choose
+                same(mine, want, "reduce_scatter in place, a builder that made no promise registered during the call")
+                checks += 4
             finally:
                 algorithms.register("reduce_scatter", "direct", built_in)
     finally:

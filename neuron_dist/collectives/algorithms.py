@@ -5,6 +5,7 @@ selector names the algorithm, this table turns the name into a schedule.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -98,14 +99,21 @@ _BUILT_IN = dict(BUILDERS)
 # are made afresh once it moves, so that a call runs the builder registered when it was made
 GENERATION = 0
 # the (collective, algorithm) pairs of OWN_BLOCK_OUT collectives whose builder makes no promise
-# (registered without own_block_out=True): while a collective has one, its in-place calls stage
+# (registered without own_block_out=True): an in-place call whose plan holds one stages
 _UNPROMISED: set[tuple[str, str]] = set()
+# taken by `register` while it changes the three above and by `registered` while it reads a
+# pair: a builder and its promise are always read together (a plan made while another thread
+# registered held the new builder with the old promise, and wrote an in-place result early)
+_LOCK = threading.Lock()
 
 
-def own_block_out(collective: str) -> bool:
-    """Whether an in-place call of `collective` may have its schedule write the rank's own block
-    of the input directly: it is in OWN_BLOCK_OUT and every builder registered for it promises."""
-    return collective in OWN_BLOCK_OUT and not any(c == collective for c, _ in _UNPROMISED)
+def registered(collective: str, algorithm: str) -> tuple[Builder | None, bool]:
+    """The builder registered now for the pair (None: none) and whether it keeps OWN_BLOCK_OUT's
+    promise: an in-place call may have its schedule write the rank's own block of the input
+    directly (false for the collectives outside OWN_BLOCK_OUT)."""
+    key = (collective, algorithm)
+    with _LOCK:
+        return BUILDERS.get(key), collective in OWN_BLOCK_OUT and key not in _UNPROMISED
 
 
 def register(collective: str, algorithm: str, builder: Builder, *, own_block_out: bool = False) -> None:
@@ -114,20 +122,22 @@ def register(collective: str, algorithm: str, builder: Builder, *, own_block_out
     NEURON_DIST_ALGO forces it (an experimental schedule, tried beside the built-in ones). For a
     collective in OWN_BLOCK_OUT, `own_block_out=True` says the builder keeps that promise (the
     built-in ones are checked in the simulator, tests/test_schedules_topology.py; `simulate` can
-    check another); without it, the collective's in-place calls stage their result, whichever
-    algorithm runs, until the pair holds a builder that promises (a built-in one put back does)."""
+    check another); without it, an in-place call that runs this builder stages its result (a
+    built-in one put back keeps the promise). A call runs the builder registered when it was
+    made: calls already made, queued or not, are not affected."""
     if algorithm != algorithm.strip().lower() or not algorithm:
         raise ValueError(f"algorithm names are lower case without spaces (NEURON_DIST_ALGO is read so): {algorithm!r}")
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     global GENERATION
     key = (collective, algorithm)
-    BUILDERS[key] = builder
-    GENERATION += 1
-    if collective in OWN_BLOCK_OUT and not own_block_out and _BUILT_IN.get(key) is not builder:
-        _UNPROMISED.add(key)
-    else:
-        _UNPROMISED.discard(key)
+    with _LOCK:
+        BUILDERS[key] = builder
+        if collective in OWN_BLOCK_OUT and not own_block_out and _BUILT_IN.get(key) is not builder:
+            _UNPROMISED.add(key)
+        else:
+            _UNPROMISED.discard(key)
+        GENERATION += 1
 
 
 def build(spec: Spec, algorithm: str, builder: Builder | None = None) -> Schedule:
