@@ -257,8 +257,10 @@ def _options(cls, **fields):
 
 
 def _factor_for(factor, dtype: torch.dtype):
-    """PREMUL_SUM's factor in the tensor's dtype (a float64 factor tensor must not promote)."""
-    return factor.to(dtype) if isinstance(factor, torch.Tensor) else factor
+    """PREMUL_SUM's factor rounded to the tensor's dtype, as NCCL's PreMulSum takes it: a float64
+    factor tensor must not promote, and a Python number kept in double precision gave bfloat16
+    and float16 products other than the same factor as a tensor gave."""
+    return (factor if isinstance(factor, torch.Tensor) else torch.tensor(factor, dtype=torch.float64)).to(dtype)
 
 
 def _sizes(splits) -> list[int]:

@@ -2180,3 +2180,40 @@ def read_only_expanded_inputs(rank, world):
                  f"reduce with expanded inputs to root {root}")
         checks += 2
     return checks
+
+
+def rounding_as_nccl(rank, world):
+    """Two roundings where the call form changed the result. A complex AVG reduce-scatter was
+    divided in complex arithmetic (an ulp off the parts' own quotients at world 3, 5), while
+    `dist.all_reduce` hands the backend the real view; and PREMUL_SUM's Python-number factor
+    stayed in double precision while the same factor as a tensor was rounded to the data's
+    dtype first, as NCCL's PreMulSum takes it (bfloat16 and float16 products differed). Against
+    the parts' quotients and a reference built from the rounded factor."""
+    checks = 0
+    count = 12
+    parts = [values(r, 2 * count * world, torch.float32, "sum", 12) for r in range(world)]
+    ins = [torch.view_as_complex(p.view(-1, 2)) for p in parts]
+    want = torch.view_as_complex(torch.view_as_real(sum(ins)).div_(world))[rank * count:(rank + 1) * count]
+    out = torch.empty(count, dtype=torch.complex64)
+    dist.reduce_scatter_tensor(out, ins[rank].clone(), op=dist.ReduceOp.AVG)
+    assert torch.equal(out, want), f"rank {rank}: complex AVG reduce_scatter_tensor {out} != {want}"
+    dist.reduce_scatter(out, list(ins[rank].clone().chunk(world)), op=dist.ReduceOp.AVG)
+    assert torch.equal(out, want), f"rank {rank}: complex AVG reduce_scatter (list) {out} != {want}"
+    whole = ins[rank].clone()
+    dist.all_reduce(whole, op=dist.ReduceOp.AVG)
+    assert torch.equal(whole[rank * count:(rank + 1) * count], want), f"rank {rank}: complex AVG all_reduce"
+    checks += 3
+    for dtype in (torch.bfloat16, torch.float16):
+        ins = [values(r, 64, dtype, "sum", 13) for r in range(world)]
+        scaled = [x * torch.tensor(0.3, dtype=torch.float64).to(dtype) for x in ins]  # NCCL: x * T(factor)
+        results = []
+        for f in (0.3, torch.tensor(0.3, dtype=torch.float64)):
+            t = ins[rank].clone()
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(f))
+            results.append(t)
+        assert torch.equal(results[0], results[1]), \
+            f"rank {rank}: {dtype} PREMUL_SUM with the factor 0.3 as a number and as a tensor differ"
+        if world <= 2:  # (one addition: no order to differ in)
+            same(results[0], scaled[0] if world == 1 else scaled[0] + scaled[1], f"{dtype} PREMUL_SUM 0.3")
+        checks += 1
+    return checks

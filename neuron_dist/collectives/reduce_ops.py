@@ -79,8 +79,12 @@ def reducer(op: str, dtype: torch.dtype) -> Reducer:
 
 
 def finish_avg(t: torch.Tensor, size: int) -> None:
-    """In place: the SUM already in `t` becomes the average over `size` ranks."""
-    if t.dtype.is_floating_point or t.dtype in _COMPLEX:
+    """In place: the SUM already in `t` becomes the average over `size` ranks (a complex one part
+    by part, as `dist.all_reduce` divides it through `view_as_real`: torch's complex division
+    is off by an ulp where a real one is exact to the rounding)."""
+    if t.dtype.is_floating_point:
         t.div_(size)
+    elif t.dtype in _COMPLEX:
+        torch.view_as_real(t).div_(size)
     else:
         t.copy_(torch.div(t, size, rounding_mode="trunc"))
