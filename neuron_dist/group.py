@@ -797,6 +797,8 @@ class Group(HangDiagnosis):
         stamp = Stamp(op.kind, dtype, self.token, self.group_id, op.nbytes if op.kind == _P2P else op.seq, tag)
         if op.kind == _P2P:
             return Execution(schedule, bufs, reduce, stamp, self.rank, self.mailbox, self.frame_bytes, tmp_views)
+        if schedule.algorithm != op.algorithm:  # a builder that fell back (a torus without a grid,
+            op.algorithm = op.record.algorithm = schedule.algorithm  # uneven blocks): record what runs
         plans, key = schedule.plans, (op.kind, dtype, self._plan_key)
         plan = plans.get(key)
         if plan is None:

@@ -10,21 +10,20 @@ A group on one node, or one with a different number of ranks per node, runs the 
 """
 from __future__ import annotations
 
-from ..topology.graph import grid_for
 from .schedule import Schedule
-from .torus import grid_allgather, grid_allreduce, grid_reduce_scatter
+from .torus import grid_allgather, grid_allreduce, grid_reduce_scatter, placed_grid
 
 
 def hierarchical_allreduce(rank: int, topo, count: int) -> Schedule:
-    g = grid_for(topo, "hierarchical")
-    return grid_allreduce(rank, g.shape, g.coords, count, "hierarchical")
+    g, name = placed_grid(topo, "hierarchical")
+    return grid_allreduce(rank, g.shape, g.coords, count, name)
 
 
 def hierarchical_reduce_scatter(rank: int, topo, count: int) -> Schedule:
-    g = grid_for(topo, "hierarchical")
-    return grid_reduce_scatter(rank, g.shape, g.coords, count, "hierarchical")
+    g, name = placed_grid(topo, "hierarchical")
+    return grid_reduce_scatter(rank, g.shape, g.coords, count, name)
 
 
 def hierarchical_allgather(rank: int, topo, count: int) -> Schedule:
-    g = grid_for(topo, "hierarchical")
-    return grid_allgather(rank, g.shape, g.coords, count, "hierarchical")
+    g, name = placed_grid(topo, "hierarchical")
+    return grid_allgather(rank, g.shape, g.coords, count, name)

@@ -165,21 +165,26 @@ def grid_allgather(rank: int, shape: Sequence[int], coords: Sequence[tuple], cou
 
 
 # ---- entry points on a GroupTopology ------------------------------------------------------------
-def _grid(topo, algorithm):
+def placed_grid(topo, algorithm: str):
+    """(grid, name) for `algorithm` ("torus", "hierarchical") on the group's placement: its grid
+    and name, or the ring's grid and "ring" where the placement has none, so that the op's
+    record names the schedule that runs (a torus forced at five ranks on one chip was recorded
+    as a torus)."""
     from ..topology.graph import grid_for
-    return grid_for(topo, algorithm)
+    g = grid_for(topo, algorithm)
+    return g, "ring" if g.kinds == ("ring",) else algorithm
 
 
 def torus_allreduce(rank: int, topo, count: int) -> Schedule:
-    g = _grid(topo, "torus")
-    return grid_allreduce(rank, g.shape, g.coords, count, "torus")
+    g, name = placed_grid(topo, "torus")
+    return grid_allreduce(rank, g.shape, g.coords, count, name)
 
 
 def torus_reduce_scatter(rank: int, topo, count: int) -> Schedule:
-    g = _grid(topo, "torus")
-    return grid_reduce_scatter(rank, g.shape, g.coords, count, "torus")
+    g, name = placed_grid(topo, "torus")
+    return grid_reduce_scatter(rank, g.shape, g.coords, count, name)
 
 
 def torus_allgather(rank: int, topo, count: int) -> Schedule:
-    g = _grid(topo, "torus")
-    return grid_allgather(rank, g.shape, g.coords, count, "torus")
+    g, name = placed_grid(topo, "torus")
+    return grid_allgather(rank, g.shape, g.coords, count, name)
