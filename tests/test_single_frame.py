@@ -446,7 +446,7 @@ def test_group_execution_runs_the_pair_form_exactly_for_plans_of_that_shape():
                                           (2, 0, Kind.P2P, 8, Execution)):
         g.size, g.rank = size, rank
         out = torch.ones(count)
-        op = SimpleNamespace(kind=kind, nbytes=4 * count, seq=3)
+        op = SimpleNamespace(kind=kind, nbytes=4 * count, seq=3, algorithm="direct")
         sched = direct.allreduce(rank, size, count, FRAME // 4)
         exe = Group.execution(g, op, sched, [out, out, torch.empty(3 * count)], red, torch.float32, TAG)
         assert type(exe) is want, (size, rank, kind, count)
