@@ -162,6 +162,18 @@ def ultraserver_domains(rank, world):
                     checks += 1
     used = {(r["collective"], r["algorithm"]) for r in g.group.report()}
     assert {("allreduce", "torus"), ("allgather", "torus"), ("reduce_scatter", "torus")} <= used, used
+    # uneven blocks: the torus builder runs the ring, and the call is recorded as the ring (it was
+    # recorded as the torus forced), against Gloo
+    with env(NEURON_DIST_ALGO="reduce_scatter:torus"):
+        sizes = [1 + r for r in range(world)]
+        blocks = [values(rank, n, torch.float32, "sum", 34 + q) for q, n in enumerate(sizes)]
+        a, b = torch.empty(sizes[rank]), torch.empty(sizes[rank])
+        dist.reduce_scatter(a, [t.clone() for t in blocks], group=g)
+        dist.reduce_scatter(b, [t.clone() for t in blocks], group=rankctx.GLOO)
+        same(a, b, "trn2u nodes 0,1,4,5 reduce_scatter:torus of uneven blocks")
+        ran = g.group.records[-1]
+        assert (ran.kind, ran.algorithm) == ("reduce_scatter", "ring"), (ran.kind, ran.algorithm)
+        checks += 1
     dist.destroy_process_group(g)
     return checks
 
