@@ -305,8 +305,6 @@ def _own_block(output: torch.Tensor, inp: torch.Tensor, start: int) -> bool:
         output.data_ptr() == inp.data_ptr() + start * inp.element_size() and output.numel() + start <= inp.numel()
 
 
-
-
 def _outputs_apart(output: torch.Tensor, inp: torch.Tensor) -> bool:
     """Whether a call may write its result straight into `output`: contiguous, and sharing no
     memory with `inp`. Schedules read their input until their last round, so an output that
@@ -873,8 +871,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         staged there)."""
         g = self.group
         if self._checked() or not (_common_tensor(output) and _common_tensor(inp)) or output.dtype is not inp.dtype or \
-                inp.numel() != output.numel() * g.size or \
-                not (_outputs_apart(output, inp) or _own_block(output, inp, g.rank * output.numel())):
+                inp.numel() != output.numel() * g.size:
+            return None
+        apart = _outputs_apart(output, inp)
+        if not (apart or _own_block(output, inp, g.rank * output.numel())):
             return None
         op_name = _common_op(opts.reduceOp)
         if op_name is None:
@@ -888,7 +888,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
         if plan is None:
             return None
         return self._run_plan(plan, Kind.REDUCE_SCATTER, algo, _flat(inp), _flat(output), dtype, op_name, None, None,
-                              [output], nbytes, opts, own_block=not _outputs_apart(output, inp))
+                              [output], nbytes, opts, own_block=not apart)
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         what = "reduce_scatter_tensor_coalesced"
@@ -941,10 +941,10 @@ class NeuronProcessGroup(dist.ProcessGroup):
         # until the end, so the result goes to a staging buffer first, unless it is this rank's
         # own block, which the built-in reduce-scatter schedules write last (OWN_BLOCK_OUT; a
         # call whose builder made no such promise stages as it starts, _run_plan)
-        own_block = len(outputs) == 1 and not join and not _outputs_apart(outputs[0], inp) and \
-            _own_block(outputs[0], inp, sum(counts[:self.group.rank]))
-        single = len(outputs) == 1 and (outputs[0].is_contiguous() if join else _outputs_apart(outputs[0], inp) or
-                                         own_block)
+        one = len(outputs) == 1
+        apart = one and not join and _outputs_apart(outputs[0], inp)
+        own_block = one and not join and not apart and _own_block(outputs[0], inp, sum(counts[:self.group.rank]))
+        single = one and (outputs[0].is_contiguous() if join else apart or own_block)
         out = outputs[0].view(-1) if single else fresh(c, dtype)
 
         before = after = None
