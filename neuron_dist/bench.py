@@ -48,8 +48,13 @@ model policy (NEURON_DIST_ALGO honoured), on the modelled instance (`--instance`
 $NEURON_DIST_INSTANCE or trn2.48xlarge, each rank on `--cores-per-rank` cores, default
 $NEURON_RT_NUM_CORES, else one, as neuronrun places them (the ranks bench spawns are placed so
 too), on one node or, under a launcher, LOCAL_WORLD_SIZE to a node): the device the backend is
-tuned for, not this host; `-` where it predicts no time, as for one rank. GB = 1e9 bytes. The
-exit status is 1 if any element was wrong, neuron's or (with `--vs gloo`) the Gloo reference's.
+tuned for, not this host; `-` where it predicts no time, as for one rank. The ranks model the
+`--instance` too (it is exported to them as NEURON_DIST_INSTANCE), so under the model policy `ran`
+is `algo`; under a launcher whose ranks already model another one (neuronrun --instance) it is
+refused. GB = 1e9 bytes. The exit status is 1 if any element was wrong, neuron's or (with
+`--vs gloo`) the Gloo reference's. Python's cyclic collector is paused while a row is timed
+(a collection in one rank stalls its peers inside a timed call: 100-200 ms rows), for both
+backends.
 
 `--loop` times as nccl-tests does: one barrier, then `-n` back-to-back calls, time = the slowest
 rank's average. It shows a backend's own per-call cost; the default (a Gloo barrier before every
@@ -73,6 +78,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import gc
 import json
 import math
 import os
@@ -159,14 +165,19 @@ def distinct_sizes(op: str, sizes: list[int], elem_size: int, n: int) -> list[in
     return out
 
 
+# the variables that place a rank on the modelled cores, and so decide the algorithm (neuronrun sets them)
+PLACEMENT_VARS = ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_NUM_CORES", "NEURON_RT_VISIBLE_CORES")
+
+
 def run_env() -> dict:
     """The environment that decides what the backend runs: TUNING_VARS always (None where unset,
-    the default), and whatever other NEURON_DIST_* variable or NEURON_LOGICAL_NC_CONFIG is set, so
-    a JSON file says how its numbers were made (a run under NEURON_DIST_TUNING=host and one under
-    the model policy were indistinguishable)."""
+    the default), and whatever other NEURON_DIST_* variable or placement variable (PLACEMENT_VARS:
+    rank 0's, under a launcher) is set, so a JSON file says how its numbers were made (a run under
+    NEURON_DIST_TUNING=host and one under the model policy were indistinguishable, and so were
+    ranks on one core and on four)."""
     env = {k: os.environ.get(k) for k in TUNING_VARS}
     env.update({k: v for k, v in sorted(os.environ.items())
-                if k.startswith("NEURON_DIST_") or k == "NEURON_LOGICAL_NC_CONFIG"})
+                if k.startswith("NEURON_DIST_") or k in PLACEMENT_VARS})
     return env
 
 
@@ -447,6 +458,20 @@ def _num(v: float | None, width: int, digits: int) -> str:
 
 def _time(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool = False,
           added: bool = False) -> float:
+    """The row's time (see the module's docstring), with Python's cyclic collector paused: a
+    collection in one rank (100-200 ms at a sweep's first rows) stalls every peer inside a timed
+    call, which nccl-tests' C loop never sees; both backends are timed so."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        return _timed(case, iters, warmup, meta, dist, torch, loop, added)
+    finally:
+        if was:
+            gc.enable()
+
+
+def _timed(case: Case, iters: int, warmup: int, meta, dist, torch, loop: bool, added: bool) -> float:
     for _ in range(warmup):
         case.run()
     if added:  # wall time a call adds to a barrier: (call + barrier) - barrier, paired per iteration
@@ -949,6 +974,12 @@ def check(p: argparse.ArgumentParser, a) -> None:
             p.error(why)
     from .topology import get_instance, place
     from .topology.__main__ import cores_per_rank
+    modelled = os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE
+    if a.instance and a.instance != modelled:  # the ranks model what the column prices, so `ran` is `algo`'s
+        if launched and os.environ.get("NEURON_DIST_INSTANCE"):
+            p.error(f"--instance {a.instance}: the launcher's ranks model {modelled} (NEURON_DIST_INSTANCE; "
+                    f"neuronrun --instance sets it)")
+        os.environ["NEURON_DIST_INSTANCE"] = a.instance  # (every rank of a launched job parses the same flags)
     if a.cores_per_rank is not None:
         placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
         if launched and placed != str(a.cores_per_rank):  # (the launcher placed the ranks, not bench)
@@ -956,7 +987,7 @@ def check(p: argparse.ArgumentParser, a) -> None:
                     f"(NEURON_RT_NUM_CORES; neuronrun --cores-per-rank sets it)")
         if not launched:  # the ranks it spawns take them, as neuronrun's would: checked as neuronrun checks
             try:
-                inst = get_instance(os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE)
+                inst = get_instance(a.instance or modelled)
                 cores_per_rank(a.cores_per_rank, None, inst, inst.check_lnc(_lnc()))
             except ValueError as e:
                 p.error(str(e))
@@ -964,7 +995,9 @@ def check(p: argparse.ArgumentParser, a) -> None:
     if not launched:
         check_port(p, a.port)
     check_neuron_job(p, world, None if launched else "-g/--world")
-    m, a.cores_per_rank = a.cores_per_rank, 1
+    m = a.cores_per_rank  # what the ranks take, for the JSON's config, with or without a model column
+    placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
+    a.cores_per_rank = m if m is not None else int(placed) if placed.isdigit() else 1
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
             inst = get_instance(a.instance)

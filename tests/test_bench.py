@@ -692,6 +692,57 @@ def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_
     assert bad.returncode == 2 and "the launcher placed these ranks on 1 cores each" in bad.stderr, bad.stderr
 
 
+def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_path):
+    """`--instance` priced the model column while the ranks bench spawns modelled
+    $NEURON_DIST_INSTANCE (trn2.48xlarge), so under the model policy `ran` (trn2's direct) and
+    `algo` (trn1.2xlarge's ring) differed for a 4 MiB all-reduce; the ranks now model it too. The
+    JSON recorded one core per rank where `--instance ''` ran them on four, and no placement
+    variable: it now records both. Under a launcher whose ranks model another instance the flag
+    is refused."""
+    import os
+    assert bench.model_busbw("allreduce", 4 << 20, 2, "trn1.2xlarge")[0] != \
+        bench.model_busbw("allreduce", 4 << 20, 2, "trn2.48xlarge")[0]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE")}
+    out = tmp_path / "i.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce", "-b", "4M",
+                        "-e", "4M", "-n", "1", "-w", "0", "--instance", "trn1.2xlarge", "--json", str(out)],
+                       env=dict(env, NEURON_DIST_TUNING="model"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (row,) = json.load(open(out))["rows"]
+    assert row["neuron"]["algorithm"] == row["model"]["algorithm"], row
+    out = tmp_path / "c.json"
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce", "-b", "4K",
+                        "-e", "4K", "-n", "1", "-w", "0", "--instance", "", "--cores-per-rank", "4",
+                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    config = json.load(open(out))["config"]
+    assert config["cores_per_rank"] == 4 and config["env"]["NEURON_RT_NUM_CORES"] == "4", config
+    launched = dict(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="1", NEURON_DIST_INSTANCE="trn2.48xlarge")
+    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--instance", "trn1.2xlarge"],
+                         env=launched, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "the launcher's ranks model trn2.48xlarge" in bad.stderr, bad.stderr
+
+
+def test_the_collector_is_paused_while_a_row_is_timed():
+    """A cyclic collection in one rank (100-200 ms early in a sweep) stalled every peer inside a
+    timed call; the collector is now off while a row is timed, in every timing mode, and back on
+    after."""
+    import gc
+    import torch
+    from types import SimpleNamespace
+    seen = []
+    case = SimpleNamespace(run=lambda: seen.append(gc.isenabled()))
+    fake = SimpleNamespace(barrier=lambda group=None: None, all_reduce=lambda t, op=None, group=None: None,
+                           get_world_size=lambda g=None: 1, ReduceOp=SimpleNamespace(MAX=0, SUM=1))
+    assert gc.isenabled()
+    for loop, added in ((False, False), (True, False), (False, True)):
+        bench._time(case, 3, 1, None, fake, torch, loop, added)
+    assert seen and not any(seen), seen
+    assert gc.isenabled()
+
+
 def test_thp_on_runs_every_rank_with_torchs_huge_pages():
     """`--thp on` restarts the command with THP_MEM_ALLOC_ENABLE=1, so its ranks (a fork server
     that imported torch) and Gloo's rows run as neuronrun runs jobs; ranks a launcher started
