@@ -132,6 +132,14 @@ def _pick(args: ParsedArgs, dest: str, env: Mapping[str, str], var: str, conv=st
     return exported_val
 
 
+def _source(args: ParsedArgs, dest: str, var: str) -> str:
+    """Where a value `_pick` returned came from, for an error about it: the flag, else the
+    exported variable (the user may never have given the flag the message would name)."""
+    if args.explicit(dest):
+        return f"--{dest.replace('_', '-')}, from {args.sources[dest]}"
+    return f"from ${var}"
+
+
 def _instance(args: ParsedArgs, env: Mapping[str, str]):
     """The instance model, and the name ranks get in NEURON_DIST_INSTANCE: the model's own
     name, or the file path when the user described the instance in a .json/.toml file."""
@@ -161,13 +169,15 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
     lnc = _pick(args, "lnc", env, "NEURON_LOGICAL_NC_CONFIG", int)
     lnc = model.default_lnc if lnc is None else lnc  # 0 is an error below, not the default
     if lnc not in tuple(model.supported_lnc):
-        raise ConfigError(f"{model.name} supports LNC {', '.join(map(str, model.supported_lnc))}, not {lnc}")
+        raise ConfigError(f"{model.name} supports LNC {', '.join(map(str, model.supported_lnc))}, not {lnc} "
+                          f"({_source(args, 'lnc', 'NEURON_LOGICAL_NC_CONFIG')})")
     cores_per_chip = model.cores_per_chip(lnc)
     total = model.chips * cores_per_chip
     m = _pick(args, "cores_per_rank", env, "NEURON_RT_NUM_CORES", int)
     m = 1 if m is None else m  # 0 is an error below, not the default
     try:
-        check_cores_per_rank(m, cores_per_chip)
+        check_cores_per_rank(m, cores_per_chip,
+                             "--cores-per-rank" if args.explicit("cores_per_rank") else "$NEURON_RT_NUM_CORES")
         visible = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
         base, pool = visible_pool(visible) if visible else (0, total)
     except PlacementError as exc:
@@ -337,6 +347,11 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
                 check_host_port(endpoint, "--rdzv-endpoint")
             except ValueError as exc:
                 raise ConfigError(f"{exc} (static rendezvous: give the port, e.g. node0:29500)") from None
+            # its port is the ranks' MASTER_PORT, and the next one NEURON_RT_ROOT_COMM_ID's default
+            if endpoint.rsplit(":", 1)[1] == "65535" and not env.get("NEURON_RT_ROOT_COMM_ID", "").strip():
+                raise ConfigError(f"--rdzv-endpoint {endpoint}: expected a port of 1-65534 (static rendezvous "
+                                  f"makes it MASTER_PORT, and the port after it is NEURON_RT_ROOT_COMM_ID's "
+                                  f"default), or export NEURON_RT_ROOT_COMM_ID")
         endpoint = endpoint or join_host_port(values["master_addr"], master_port)
 
     plan = _neuron_plan(args, env, max_nodes)

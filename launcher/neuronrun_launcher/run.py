@@ -78,7 +78,8 @@ neuronrun itself gets a signal), restarts the group if --max-restarts
 allows, and otherwise neuronrun prints the root cause (rank, node, host, exit code
 or signal, last lines of its stderr/stdout) and exits with the rank's exit code
 (128+N for signal N). Ctrl-C or SIGTERM to neuronrun stops every rank and its
-children; ranks also die if neuronrun itself is killed. Whatever a rank leaves
+children, and neuronrun then exits 128+N (130, 143; torchrun exits 1); ranks also
+die if neuronrun itself is killed. Whatever a rank leaves
 running in its process group (it is a session leader) is killed when the next
 attempt starts or the job ends. With c10d rendezvous, a node whose ranks have all
 ended while its rendezvous store stopped answering (the store's node cut off or

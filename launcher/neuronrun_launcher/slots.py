@@ -47,15 +47,16 @@ class Slot:
         return str(self.chips[0]) if len(self.chips) == 1 else f"{self.chips[0]}-{self.chips[-1]}"
 
 
-def check_cores_per_rank(cores_per_rank: int, cores_per_chip: int) -> None:
+def check_cores_per_rank(cores_per_rank: int, cores_per_chip: int, what: str = "--cores-per-rank") -> None:
     """A rank's core range may cross chips only in whole chips: ``m`` must divide
-    ``k`` (ranks never straddle a chip) or be a multiple of it (ranks own whole chips)."""
+    ``k`` (ranks never straddle a chip) or be a multiple of it (ranks own whole chips).
+    ``what`` names where ``m`` came from (the flag, or ``$NEURON_RT_NUM_CORES`` exported)."""
     m, k = cores_per_rank, cores_per_chip
     if m < 1:
-        raise PlacementError(f"--cores-per-rank must be >= 1, got {m}")
+        raise PlacementError(f"{what} must be >= 1, got {m}")
     if k % m and m % k:
         raise PlacementError(
-            f"--cores-per-rank {m} does not fit {k} logical cores per chip: it must divide {k} "
+            f"{what} {m} does not fit {k} logical cores per chip: it must divide {k} "
             f"or be a multiple of it, so that no rank's range straddles a chip boundary"
         )
 

@@ -108,7 +108,8 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
 
 @pytest.mark.parametrize("argv, env, message", [
     (["--nproc-per-node", "33", "--instance", "trn1.32xlarge"], {}, "only 32 logical NeuronCores"),
-    (["--lnc", "2", "--instance", "trn1.32xlarge"], {}, "supports LNC 1, not 2"),
+    (["--lnc", "2", "--instance", "trn1.32xlarge"], {}, r"supports LNC 1, not 2 \(--lnc, from command line\)"),
+    (["--instance", "trn1.32xlarge"], {"NEURON_LOGICAL_NC_CONFIG": "2"}, r"not 2 \(from \$NEURON_LOGICAL_NC_CONFIG\)"),
     (["--lnc", "1"], {"NEURON_LOGICAL_NC_CONFIG": "2"}, r"--lnc 1 \(from command line\) conflicts with "
                                                          r"\$NEURON_LOGICAL_NC_CONFIG=2"),
     (["--instance", "trn1.32xlarge"], {"NEURON_DIST_INSTANCE": "trn2.48xlarge"}, "conflicts with"),
@@ -117,15 +118,18 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
     (["--instance", "p4d.24xlarge"], {}, "unknown instance"),
     (["--nproc-per-node", "gpu"], {}, "integer, 'auto' or 'cpu'"),
     (["--cores-per-rank", "0"], {}, "must be >= 1, got 0"),
-    ([], {"NEURON_RT_NUM_CORES": "0"}, "must be >= 1, got 0"),
+    ([], {"NEURON_RT_NUM_CORES": "0"}, r"^\$NEURON_RT_NUM_CORES must be >= 1, got 0"),  # not a flag never given
+    ([], {"NEURON_RT_NUM_CORES": "3"}, r"^\$NEURON_RT_NUM_CORES 3 does not fit"),
     (["--master-port", "65535"], {}, "expected 1-65534"),
     (["--master-port", "99999"], {}, "expected 1-65534"),
+    (["--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:65535"], {}, "expected a port of 1-65534"),
+    (["--nnodes", "2", "--rdzv-endpoint", "[::1]:65535"], {}, "expected a port of 1-65534"),
     (["--nnodes", "2", "--instance", "inf2.48xlarge"], {}, "single-instance"),
     (["--nnodes", "1:2", "--rdzv-backend", "static", "--master-port", "1"], {}, "fixed --nnodes"),
     (["--nnodes", "2", "--node-rank", "2"], {}, r"outside 0\.\.1"),
     (["--nproc-per-node", "4"], {"NEURON_RT_VISIBLE_CORES": "0-2"}, "restricted to 3"),
     ([], {"NEURON_RT_ROOT_COMM_ID": "nohostport"}, "not host:port"),
-    ([], {"NEURON_LOGICAL_NC_CONFIG": "0"}, "supports LNC 1, 2, not 0"),  # 0 is not "the default"
+    ([], {"NEURON_LOGICAL_NC_CONFIG": "0"}, r"supports LNC 1, 2, not 0 \(from"),  # 0 is not "the default"
     (["--nnodes", "2", "--rdzv-endpoint", "node0"], {}, "static rendezvous: give the port"),
     (["--rdzv-endpoint", "127.0.0.1"], {}, "static rendezvous: give the port"),
     (["--no-python", "-m"], {}, "cannot be used together"),
@@ -134,6 +138,15 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
 def test_mistakes_are_clear_errors(argv, env, message):
     with pytest.raises(ConfigError, match=message):
         cfg(*argv, "t.py", **env)
+
+
+def test_a_static_endpoint_on_the_last_port_runs_where_the_root_comm_id_is_given():
+    """A static --rdzv-endpoint on port 65535 left no port for NEURON_RT_ROOT_COMM_ID's default:
+    --dry-run crashed with a traceback and a real launch started every rank to fail. It is refused
+    up front, unless the user exports NEURON_RT_ROOT_COMM_ID."""
+    c = cfg("--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:65535", "t.py",
+            NEURON_RT_ROOT_COMM_ID="127.0.0.1:40000")
+    assert c.plan.root_comm_id == "127.0.0.1:40000"
 
 
 @pytest.mark.parametrize("argv, env, message", [
