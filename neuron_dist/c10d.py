@@ -128,9 +128,9 @@ class NeuronWork(dist.Work):
     reach DDP's reducer as a value and crash it). The future is made on the first get_future()
     (most callers only wait): completed at once if the op already finished, else when it does."""
 
-    def __init__(self, op: Op, rank: int = -1):
+    def __init__(self, op: Op, group: Group | None = None):
         super().__init__()
-        self._op, self._rank = op, rank
+        self._op, self._group = op, group  # (the group names this rank in a wait's time-out)
         self._fut = None
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
@@ -144,7 +144,8 @@ class NeuronWork(dist.Work):
         op = self._op
         if op.finished and op.error is None:
             return True
-        op.wait(secs if secs > 0 else None, self._rank)
+        g = self._group
+        op.wait(secs if secs > 0 else None, g.who(g.rank) if g is not None and secs > 0 else "")
         return True
 
     def is_completed(self) -> bool:
@@ -471,7 +472,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             timeout = getattr(opts, "timeout", None)  # unset: -1 ms (c10d's kUnsetTimeout)
             if timeout is not None and timeout > _NO_TIMEOUT:  # dist.barrier(timeout=...), as Gloo
                 op.timeout = timeout.total_seconds()
-        return NeuronWork(self.group.submit(op), self.group.rank)
+        return NeuronWork(self.group.submit(op), self.group)
 
     def _collective(self, collective: str, kind: Kind, spec_args: dict, inp: torch.Tensor | None,
                     out: torch.Tensor | None, dtype: torch.dtype, op_name: str = "sum",

@@ -111,12 +111,13 @@ class DeathWatch:
             return
         r = dead[0]
         if len(self.dead) == 1 and r not in self.failed:
-            raise GroupError(f"[rank {g.rank}] {g._name(op)} failed: {g.who(r)} is gone "
+            raise GroupError(f"[{g.who(g.rank)}] {g._name(op)} failed: {g.who(r)} is gone "
                              f"({self.dead[r]}) before the operation started")
         # several members gone, seen in one look: which went first is what their ABORT frames say
         # (a peer that failed on another's death tells its cause, then exits); a member that
         # failed says why in its ABORT too (a mismatch it found, the rank it timed out on)
-        raise GroupError(f"[rank {g.rank}] {g._name(op)} failed before it started: {g._gone_cause(r, self.dead[r])}")
+        raise GroupError(f"[{g.who(g.rank)}] {g._name(op)} failed before it started: "
+                         f"{g._gone_cause(r, self.dead[r])}")
 
     def close(self) -> None:
         for fd in self.fds:

@@ -460,6 +460,25 @@ def _elastic_attempt() -> int:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
 
 
+def _retire_generation(store, key: str, generation: int, size: int) -> None:
+    """A group whose forming failed (a member that never came: a rank's `new_group` that timed
+    out alone, with `use_local_synchronization`) may have left its generation's count short of
+    `size` adds: the next attempt's adds then split across two generations and its members met
+    under different keys, again and again (the retry never formed, where Gloo's did). The count
+    is raised to the generation's end, so the next attempt starts a fresh one; no generation is
+    met twice, so keys a failed attempt left are never read. Best effort: a store that is gone
+    leaves the error that brought us here to be raised."""
+    end = (generation + 1) * size
+    try:
+        for _ in range(64):  # compare-and-set: a late member's add in between is kept, not undone
+            now = int(store.add(key, 0))
+            if now >= end or int(store.compare_set(key, str(now), str(end))) >= end:
+                return
+    except (RuntimeError, NotImplementedError, ValueError):  # the store is gone, or cannot compare
+        if key in _LOCAL_COUNTS:  # (a store without add: this process's own count)
+            _LOCAL_COUNTS[key] = max(_LOCAL_COUNTS[key], end)
+
+
 class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
@@ -518,7 +537,20 @@ class Group(HangDiagnosis):
         # which lives on across attempts: the attempt number keeps them apart
         attempt = _elastic_attempt()
         members = f"{zlib.crc32(','.join(map(str, self.global_ranks)).encode()):08x}"  # the member list's key
-        store = dist.PrefixStore(f"gen-{attempt}.{self._generation(store, attempt, members)}/", store)
+        key, generation = self._generation(store, attempt, members)
+        try:
+            self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement, placement_error,
+                       forced, choice, t0)
+        except BaseException:
+            _retire_generation(store, key, generation, size)
+            raise
+
+    def _meet(self, store, members: str, placement, placement_error, forced, choice: dict, t0: float) -> None:
+        """Meet the peers under this group's generation of the store (agree on the members, the
+        token, every rank's set-up), connect the transport and start the engine. Its failure
+        retires the generation (`_retire_generation`), so that the next attempt meets afresh."""
+        from .transport import select as transport_select
+        rank, size, name, timeout = self.rank, self.size, self.name, self.timeout
         self._agree_on_members(store)
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
@@ -1228,16 +1260,18 @@ class Group(HangDiagnosis):
         self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
         self._hb_thread.start()
 
-    def _generation(self, store, attempt: int, members: str) -> int:
-        """How many groups of these members this store has seen by this name before, counted in
-        the store: each member adds one, and none can start the next such group before every
-        member has added for this one (_agree_on_members waits for them all), so the n-th group
-        is the one whose adds are n*size+1..(n+1)*size. A count kept in each process went wrong
-        where processes had different pasts (one ran a world of its own in between; a process
-        not in an earlier world's subgroup never counted that name): the ranks met under
-        different keys and waited out the time-out, where Gloo formed the group. The member list
-        is in the key, not in the meeting's keys: ranks that disagree on it still meet there and
-        are told so at once. `members`: the member list's key (a checksum of the global ranks)."""
+    def _generation(self, store, attempt: int, members: str) -> tuple[str, int]:
+        """How many groups of these members this store has seen by this name before (and the
+        count's key), counted in the store: each member adds one, and none can start the next
+        such group before every member has added for this one (_agree_on_members waits for them
+        all), so the n-th group is the one whose adds are n*size+1..(n+1)*size; a generation that
+        failed before every member added is retired (`_retire_generation`). A count kept in each
+        process went wrong where processes had different pasts (one ran a world of its own in
+        between; a process not in an earlier world's subgroup never counted that name): the ranks
+        met under different keys and waited out the time-out, where Gloo formed the group. The
+        member list is in the key, not in the meeting's keys: ranks that disagree on it still
+        meet there and are told so at once. `members`: the member list's key (a checksum of the
+        global ranks)."""
         key = f"gen-{attempt}/groups/{members}"
         try:
             k = store.add(key, 1)
@@ -1245,7 +1279,7 @@ class Group(HangDiagnosis):
             k = _LOCAL_COUNTS[key] = _LOCAL_COUNTS.get(key, 0) + self.size  # this process's own count, as before
             log.debug("rank %d: the store has no add; group %r counts its generations in this process",
                       self.rank, self.name)
-        return (k - 1) // self.size
+        return key, (k - 1) // self.size
 
     def _agree_on_members(self, store) -> None:
         """Every member must have called new_group with the same ranks, checked before this

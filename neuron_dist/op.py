@@ -127,12 +127,13 @@ class Op:
             except Exception:  # a user's future callback must not kill the thread that runs it
                 log.exception("completion callback failed")
 
-    def wait(self, timeout: float | None = None, rank: int = -1) -> None:
+    def wait(self, timeout: float | None = None, who: str = "") -> None:
         """Block until the op completes (for at most `timeout` seconds) and raise its error. A
         wait's own time-out fails the wait, not the op, which goes on (a later wait may see it
-        complete): the error says so, naming the rank and the call as the op's own errors do."""
+        complete): the error says so, naming the rank (`who`: "rank 0 (global rank 1)" in a
+        subgroup, as `Group.who` names it) and the call as the op's own errors do."""
         if not self.finished and not self.event.wait(timeout):
-            where = f"[rank {rank}] " if rank >= 0 else ""
+            where = f"[{who}] " if who else ""
             seq = "" if self.is_p2p else f" (seq {self.call})"
             raise GroupError(f"{where}{self.desc}{seq}: wait() timed out after {timeout:.1f}s; the operation "
                              f"is still running (a later wait() may still see it complete)")

@@ -1397,6 +1397,52 @@ def a_wait_that_times_out_leaves_its_op_running(rank, world):
     return dict(first=first, right=right)
 
 
+def a_subgroup_names_its_ranks_global_rank_in_a_wait_time_out(rank, world):
+    """In a subgroup of global ranks 1 and 2, a wait() that times out on global rank 1 said
+    "[rank 0] allreduce...": its log claimed to be rank 0. It now says "rank 0 (global rank 1)",
+    as the group's other errors name a member (a review's probe)."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group([1, 2], timeout=timedelta(seconds=30))
+    msg = None
+    if rank in (1, 2):
+        dist.all_reduce(torch.ones(4), group=sub)
+        if rank == 2:
+            time.sleep(1.0)
+        work = dist.all_reduce(torch.ones(100), group=sub, async_op=True)
+        if rank == 1:
+            msg = _outcome(lambda: work.wait(timedelta(seconds=0.2)))["msg"]
+        work.wait()
+    dist.destroy_process_group(sub)
+    return msg
+
+
+def a_new_group_retried_after_a_lone_time_out_forms(rank, world):
+    """A rank whose `new_group(..., use_local_synchronization=True)` timed out alone (its peer
+    not there yet) retries with the same ranks, as does its peer, now there: the retry formed
+    under Gloo, and here waited out its time-out on every member ("global ranks [1] did not
+    join"), and so did every later retry: the failed attempt had added one to the store's count
+    of such groups, so the members' next adds fell in two generations. The generation of a
+    failed attempt is now retired. Members: global ranks 0 and `world - 1`."""
+    import torch
+    import torch.distributed as dist
+    members = [0, world - 1]
+    lone = None
+    if rank == 0:
+        lone = _outcome(lambda: dist.new_group(members, timeout=timedelta(seconds=1), use_local_synchronization=True))
+    dist.barrier()  # the lone attempt has failed by now
+    out = None
+    if rank in members:
+        t0 = time.monotonic()
+        sub = dist.new_group(members, timeout=timedelta(seconds=20), use_local_synchronization=True)
+        x = torch.full((3,), float(rank + 1))
+        dist.all_reduce(x, group=sub)
+        out = dict(values=x.tolist(), elapsed=time.monotonic() - t0)
+        dist.destroy_process_group(sub)
+    dist.barrier()
+    return dict(out=out, lone=lone)
+
+
 def a_message_sent_before_its_sender_failed_is_delivered(rank, world, count=4):
     """Rank 1 sends eagerly, then its copy of the group fails (a barrier with a short time-out of
     its own that rank 0 never joins); rank 0's receive, made afterwards, takes the message that

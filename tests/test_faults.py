@@ -425,6 +425,19 @@ def test_a_wait_that_times_out_names_the_call_and_leaves_it_running(pools):
     assert all(r["right"] for r in res), res
 
 
+def test_a_subgroup_wait_time_out_names_the_global_rank(pools):
+    res = pools(3).run("cases_faults:a_subgroup_names_its_ranks_global_rank_in_a_wait_time_out", timeout=120)
+    assert res[1].startswith("[rank 0 (global rank 1)] allreduce") and "still running" in res[1], res[1]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_new_group_retried_after_a_lone_time_out_forms(pools, world):
+    res = pools(world).run("cases_faults:a_new_group_retried_after_a_lone_time_out_forms", timeout=120)
+    assert res[0]["lone"]["outcome"] == "GroupError" and "did not join within 1s" in res[0]["lone"]["msg"], res[0]
+    for r in (0, world - 1):
+        assert res[r]["out"]["values"] == [world + 1.0] * 3 and res[r]["out"]["elapsed"] < 10, res[r]
+
+
 @pytest.mark.parametrize("count", [4, 1 << 18])  # one frame; a 1 MiB message through a schedule
 def test_a_message_sent_before_its_sender_failed_is_delivered(pools, count):
     got = pools(2).run("cases_faults:a_message_sent_before_its_sender_failed_is_delivered", count=count,
