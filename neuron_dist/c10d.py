@@ -15,6 +15,8 @@ import functools
 import operator
 import os
 import sys
+import threading
+import time
 import zlib
 from datetime import timedelta
 
@@ -30,8 +32,9 @@ from .collectives.scratch import fresh
 from .collectives.executor import overlaps as _overlap
 from .collectives.select import choose as _choose_algorithm
 from . import debug, sparse
+from .errors import GroupError
 from .group import Group, _dtype_name
-from .op import Op
+from .op import Op, fresh_error
 from .p2p import PeerPlans
 from .plans import Plan, Plans, keep
 from .transport.frame import DTYPE_CODE, Kind
@@ -121,6 +124,9 @@ def _eager_under_compile(cls):
     return cls
 
 
+_COMPLETING = threading.local()  # .op: the op whose future this thread is completing (its callbacks may wait() on it)
+
+
 @_eager_under_compile
 class NeuronWork(dist.Work):
     """A handle on one Op: wait() blocks and raises the op's error; get_future() completes with
@@ -132,8 +138,13 @@ class NeuronWork(dist.Work):
         super().__init__()
         self._op, self._group = op, group  # (the group names this rank in a wait's time-out)
         self._fut = None
+        self._fut_done: threading.Event | None = None  # set once get_future()'s future and its callbacks are done
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Block until the op is done and, where get_future() was called, its future completed
+        and the future's `then` callbacks run, as Gloo's wait() returns (its future completes
+        before the Work does): a wait() that returned first let `fut.value()` fail torch's
+        INTERNAL ASSERT and a callback's writes land after the caller read the tensor."""
         if isinstance(timeout, timedelta):  # torch's binding takes a timedelta or float seconds
             secs = timeout.total_seconds()
         elif isinstance(timeout, float):
@@ -141,21 +152,33 @@ class NeuronWork(dist.Work):
         else:
             raise TypeError(f"wait(): timeout must be a datetime.timedelta or float seconds, "
                             f"not {type(timeout).__name__}")
-        op = self._op
-        if op.finished and op.error is None:
+        op, done = self._op, self._fut_done
+        if op.finished and op.error is None and (done is None or done.is_set()):
             return True
         g = self._group
-        op.wait(secs if secs > 0 else None, g.who(g.rank) if g is not None and secs > 0 else "")
+        t0 = time.monotonic()
+        try:
+            op.wait(secs if secs > 0 else None, g.who(g.rank) if g is not None and secs > 0 else "")
+        except Exception:  # noqa: BLE001 - the op's error, or this wait's time-out
+            if done is not None and op.finished and getattr(_COMPLETING, "op", None) is not op:
+                done.wait(1.0)  # its future fails first, as Gloo's (bounded: the error matters more)
+            raise
+        if done is not None and not done.is_set() and getattr(_COMPLETING, "op", None) is not op:
+            left = max(secs - (time.monotonic() - t0), 0.001) if secs > 0 else None
+            if not done.wait(left):  # (not from one of this future's own callbacks: they run before it is set)
+                raise GroupError(f"[{g.who(g.rank) if g is not None else 'rank ?'}] {op.desc}: wait() timed out "
+                                 f"after {secs:.1f}s; the operation is done, its future's callbacks still run")
         return True
 
     def is_completed(self) -> bool:
+        done = self._fut_done
         if self._op.finished:
-            return True
+            return done is None or done.is_set()
         # a caller polling in a loop holds the GIL the engine thread needs, which then ran once
         # per switch interval (5 ms): a 16 MiB async all-reduce polled to completion took 60-190
         # ms against 6-8 ms waited for (Gloo's engine is C++). A yield, GIL released, lets it run
         os.sched_yield()
-        return self._op.finished
+        return self._op.finished and (done is None or done.is_set())
 
     def is_success(self) -> bool:
         return self._op.error is None  # torch's Work::isSuccess: no error so far, finished or not
@@ -187,12 +210,20 @@ class NeuronWork(dist.Work):
         fut = self._fut
         if fut is None:
             fut = self._fut = torch.futures.Future()
-            # outputs is always a list: a future is never completed with None
-            op.add_done_callback(lambda o: fut.set_result(o.outputs))
+            done = self._fut_done = threading.Event()
+
+            def complete(o: Op) -> None:  # (on a callback thread: `then` callbacks run inside set_result)
+                outer, _COMPLETING.op = getattr(_COMPLETING, "op", None), o
+                try:
+                    fut.set_result(o.outputs)  # outputs is always a list: a future is never completed with None
+                finally:
+                    _COMPLETING.op = outer
+                    done.set()
+            op.add_done_callback(complete)
 
         def check(f):
             if op.error is not None:
-                raise op.error
+                raise fresh_error(op.error)
             return f.value()
 
         return fut.then(check)

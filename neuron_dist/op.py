@@ -6,6 +6,7 @@ An `Op` is built by the c10d adapter, numbered by `Group.submit`, driven by the 
 """
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -138,7 +139,20 @@ class Op:
             raise GroupError(f"{where}{self.desc}{seq}: wait() timed out after {timeout:.1f}s; the operation "
                              f"is still running (a later wait() may still see it complete)")
         if self.error is not None:
-            raise self.error
+            raise fresh_error(self.error)
+
+
+def fresh_error(err: BaseException) -> BaseException:
+    """A copy of an op's error to raise: raising the one object at every wait() chained each
+    waiting caller's frames onto its traceback, and the failed op (and the broken group) kept
+    them, with their locals, until the group was destroyed (three callers' 100 MB tensors; Gloo
+    raises afresh). `Work.exception()` still hands out the op's own."""
+    try:
+        new = copy.copy(err)
+    except Exception:  # noqa: BLE001 - an exception type that cannot be copied: raise it as it is
+        return err.with_traceback(None)
+    new.__cause__, new.__suppress_context__ = err.__cause__, err.__suppress_context__
+    return new
 
 
 class CallbackRunner:

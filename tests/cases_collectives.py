@@ -285,6 +285,30 @@ def allreduce_coalesced(rank, world):
     return checks
 
 
+def futures_complete_before_wait_returns(rank, world):
+    """wait() returned once the op was done, before get_future()'s future completed and its
+    `then` callbacks ran (Gloo completes the future first): with a late peer `fut.value()` right
+    after wait() failed torch's INTERNAL ASSERT in 18 of 20 calls, and a callback's write landed
+    after the caller had read the tensor (a review's probe). The same calls on the Gloo group."""
+    import time
+    checks = 0
+    for group in (None, R.GLOO):
+        for i in range(4):
+            if rank == world - 1 and world > 1:
+                time.sleep(0.02)  # the others' waits start before the op is done
+            x = torch.full((4,), 2.0)
+            w = dist.all_reduce(x, async_op=True, group=group)
+            fut = w.get_future()
+            halved = fut.then(lambda f: f.value()[0].div_(2))
+            w.wait()
+            where = f"{'gloo' if group is not None else 'neuron'} call {i}"
+            assert fut.done() and halved.done() and w.is_completed(), f"{where}: the future or its callback still ran"
+            assert fut.value()[0] is x, where
+            same(x, torch.full((4,), float(world)), f"{where}: the callback's write before wait() returned")
+            checks += 1
+    return checks
+
+
 def async_ops(rank, world):
     """async_op=True: several in flight, completed out of order of waiting, futures resolve."""
     xs = [values(rank, 1000 + i, torch.float32, "sum", i) for i in range(4)]

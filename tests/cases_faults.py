@@ -1443,6 +1443,37 @@ def a_new_group_retried_after_a_lone_time_out_forms(rank, world):
     return dict(out=out, lone=lone)
 
 
+def failed_waits_keep_no_callers_frames(rank, world):
+    """Every wait() on a failed op raised the op's one exception object, which chained each
+    waiting caller's frames (and their locals) onto its traceback; the failed op and the broken
+    group kept them until destroy_process_group (three callers' 100 MB tensors; Gloo: none kept;
+    a review's probe). Rank 0 waits three times on an all-reduce the others never join; returns
+    how many of its callers' tensors outlived their frames."""
+    import weakref
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    alive = None
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), group=sub, async_op=True)
+        refs = []
+
+        def caller():
+            mine = torch.ones(1 << 16)
+            refs.append(weakref.ref(mine))
+            try:
+                work.wait()
+            except Exception:  # noqa: BLE001 - the failure this case makes
+                pass
+        for _ in range(3):
+            caller()
+        gc.collect()
+        alive = sum(r() is not None for r in refs)
+    dist.barrier()
+    dist.destroy_process_group(sub)
+    return alive
+
+
 def a_message_sent_before_its_sender_failed_is_delivered(rank, world, count=4):
     """Rank 1 sends eagerly, then its copy of the group fails (a barrier with a short time-out of
     its own that rank 0 never joins); rank 0's receive, made afterwards, takes the message that

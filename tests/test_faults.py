@@ -438,6 +438,10 @@ def test_a_new_group_retried_after_a_lone_time_out_forms(pools, world):
         assert res[r]["out"]["values"] == [world + 1.0] * 3 and res[r]["out"]["elapsed"] < 10, res[r]
 
 
+def test_failed_waits_keep_no_callers_frames(pools):
+    assert pools(2).run("cases_faults:failed_waits_keep_no_callers_frames", timeout=120)[0] == 0
+
+
 @pytest.mark.parametrize("count", [4, 1 << 18])  # one frame; a 1 MiB message through a schedule
 def test_a_message_sent_before_its_sender_failed_is_delivered(pools, count):
     got = pools(2).run("cases_faults:a_message_sent_before_its_sender_failed_is_delivered", count=count,
