@@ -198,7 +198,8 @@ class ZmqTransport(Transport):
         except (zmq.ZMQError, OSError) as e:  # a socket or pipe the process could not make: say whose, and why
             why = f"rank {self.rank}: cannot set up zmq sockets for {len(self.peers)} peers ({e})"
             if e.errno == errno.EMFILE:
-                why += (f"; each open group holds 1 + 3 per zmq peer, within the process's descriptor limit "
+                why += (f"; each open group holds 1 + 3 sockets per zmq peer (11 descriptors in a two-rank group), "
+                        f"within the process's descriptor limit "
                         f"(ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): destroy groups no longer "
                         f"used, or raise the limit")
             self.closed = False
