@@ -1131,6 +1131,46 @@ def p2p_tags_apart(rank, world):
     return checks
 
 
+def receives_out_of_order_look_at_each_peer_once(rank, world, n=1500):
+    """Rank 1 posts n receives in reverse tag order of rank 0's n sends: while they waited, the
+    engine looked whether their peer was alive once per receive on every look (a /proc read
+    each, 4,000 per look at n=4,000: 15 s, and a 5 s group time-out failed where Gloo took
+    0.2 s; a review's probe). Each peer is now looked at once per look. Returns the looks at a
+    peer per look taken (at most the peer count, 1), and checks the messages against Gloo's."""
+    if world == 1:
+        return 1
+    import time
+    from neuron_dist.group import LOOK_INTERVAL_S
+    sub = dist.new_group([0, 1])
+    looks = 0
+    if rank in (0, 1):
+        g = sub.group if hasattr(sub, "group") else sub._get_backend(torch.device("cpu")).group
+        gone = g._peer_gone
+
+        def counted(*args, **kwargs):
+            nonlocal looks
+            looks += 1
+            return gone(*args, **kwargs)
+        g._peer_gone = counted
+        for group in (sub, R.GLOO):
+            ts = [torch.full((4,), float(i)) if rank == 0 else torch.zeros(4) for i in range(n)]
+            t0 = time.monotonic()
+            if rank == 0:
+                ws = [dist.isend(t, 1, group=group, tag=i) for i, t in enumerate(ts)]
+            else:
+                ws = [dist.irecv(ts[i], 0, group=group, tag=i) for i in reversed(range(n))]
+            for w in ws:
+                w.wait()
+            took = time.monotonic() - t0
+            assert all(t[0].item() == i for i, t in enumerate(ts)), "a receive took another tag's message"
+            if group is sub:
+                bound = 2 * took / LOOK_INTERVAL_S + 20  # at most one peer per look (and the sweeps)
+                assert looks <= bound, f"{looks} looks at the peer in {took:.2f}s (at most {bound:.0f})"
+        del g._peer_gone
+    dist.destroy_process_group(sub)
+    return 1
+
+
 def p2p_posted_order(rank, world):
     """Receives take messages in the order they were posted, from any source or not, and a
     message's frames all go to the receive that took its first, as with MPI and Gloo. Rank 0

@@ -9,7 +9,7 @@ CASES = ["allreduce", "allreduce_noncontig", "allreduce_common_path", "common_pa
          "in_place", "autograd_tensors", "inference_tensors", "call_forms", "move_only_dtypes", "no_reference_cycles",
          "lent_frames", "lent_reductions", "kept_scratch", "back_to_back_lists", "groups_on_threads", "sparse_allreduce",
          "ddp_sparse_embedding", "read_only_expanded_inputs", "finished_calls_hold_no_tensors", "rounding_as_nccl",
-         "futures_complete_before_wait_returns"]
+         "futures_complete_before_wait_returns", "receives_out_of_order_look_at_each_peer_once"]
 
 
 @pytest.mark.parametrize("world", WORLDS)
