@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import ipaddress
 import itertools
 import json
 import logging
 import os
+import resource  # (imported here: at the descriptor limit an import fails)
 import secrets
 import signal
 import socket
@@ -460,6 +462,20 @@ def _elastic_attempt() -> int:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
 
 
+def _descriptors_full() -> tuple[int, int] | None:
+    """(open descriptors, soft limit) where this process is at its descriptor limit, else None:
+    a group's set-up that ran out failed with whatever call hit it first, naming no rank, group
+    or limit (an import's "Too many open files: '.../mpi.py'")."""
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    try:
+        held = len(os.listdir("/proc/self/fd"))  # (takes a descriptor of its own)
+    except OSError as e:
+        return (limit, limit) if e.errno == errno.EMFILE else None
+    return (held, limit) if held >= limit - 4 else None
+
+
 def _retire_generation(store, key: str, generation: int, size: int) -> None:
     """A group whose forming failed (a member that never came: a rank's `new_group` that timed
     out alone, with `use_local_synchronization`) may have left its generation's count short of
@@ -541,8 +557,14 @@ class Group(HangDiagnosis):
         try:
             self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement, placement_error,
                        forced, choice, t0)
-        except BaseException:
+        except BaseException as e:
             _retire_generation(store, key, generation, size)
+            full = _descriptors_full() if isinstance(e, Exception) and not isinstance(e, GroupError) else None
+            if full:  # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
+                raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up: the process holds {full[0]} "
+                                 f"open descriptors, its limit (ulimit -n {full[1]}); each open group holds some "
+                                 f"(4 per rank of a two-rank group over shared memory, 11 over zmq): destroy groups "
+                                 f"no longer used, or raise the limit ({type(e).__name__}: {e})") from None
             raise
 
     def _meet(self, store, members: str, placement, placement_error, forced, choice: dict, t0: float) -> None:

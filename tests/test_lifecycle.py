@@ -234,3 +234,15 @@ def test_a_destroy_waits_for_callbacks_stuck_in_user_code_once_not_per_thread():
     took = time.monotonic() - t0
     release.set()
     assert len(runner._threads) == 4 and took < 1.2, f"close took {took:.2f}s for {len(runner._threads)} threads"
+
+
+def test_running_out_of_descriptors_is_a_clear_error():
+    """Groups made until the process's descriptor limit runs out: the set-up that hits it fails
+    naming the rank, the group and the limit, on both ranks (it failed with whatever call ran
+    out first: an import's OSError, zmq's "Authenticator thread failed to start")."""
+    port = free_port()
+    for rank, (code, out) in enumerate(run_scripts("descriptor_limit.py", [[r, port] for r in range(2)], timeout=150)):
+        x = json.loads(out.strip().splitlines()[-1])
+        assert x["made"] > 5 and "ulimit -n 256" in x["error"] and "raise the limit" in x["error"], x
+        assert f"rank {rank}" in x["error"] and "Enlarge /dev/shm" not in x["error"], x
+

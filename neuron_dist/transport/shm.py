@@ -48,10 +48,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import errno
 import logging
 import mmap
 import os
 import re
+import resource  # (imported here: at the descriptor limit an import fails)
 import signal
 import stat
 import struct
@@ -413,9 +415,14 @@ class ShmTransport(Transport):
         try:
             self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
         except OSError as e:
-            why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in {SHM_DIR}: "
-                   f"{e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS or "
-                   f"NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
+            if e.errno in (errno.EMFILE, errno.ENFILE):  # not the space: the descriptors ran out
+                why = (f"rank {self.rank} cannot open its shared-memory segment: {e} (ulimit -n "
+                       f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); each open group holds some (4 per "
+                       f"rank of a two-rank group): destroy groups no longer used, or raise the limit")
+            else:
+                why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in "
+                       f"{SHM_DIR}: {e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS "
+                       f"or NEURON_DIST_FRAME_BYTES, or set NEURON_DIST_TRANSPORT=zmq")
             self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at a time-out
             raise TransportError(why) from None
         try:
