@@ -545,6 +545,8 @@ def worker(a) -> int:
     import torch.distributed as dist
     from . import c10d  # noqa: F401  registers "neuron"
     torch.set_num_threads(a.threads)
+    if a.instance:  # in the rank only: the caller's environment stays as it was (check() may run in a test's process)
+        os.environ["NEURON_DIST_INSTANCE"] = a.instance
     dist.init_process_group("neuron")
     rank, n = dist.get_rank(), dist.get_world_size()
     nodes = job_nodes(n)  # as the launcher laid the ranks out (the model column)
@@ -911,19 +913,19 @@ def settings_error(world: int) -> str | None:
     return None
 
 
-def placement_error(world: int) -> str | None:
+def placement_error(world: int, env=None) -> str | None:
     """Why the `world` ranks this command spawns on this host cannot place themselves as the
     backend does (the modelled instance, NEURON_LOGICAL_NC_CONFIG, NEURON_RT_*), else None: the
     last one is checked, on one node (bench, bench_train)."""
     from .topology import placement_from_env
     try:
-        placement_from_env(os.environ, world - 1, world, world - 1, world)
+        placement_from_env(os.environ if env is None else env, world - 1, world, world - 1, world)
     except ValueError as e:
         return str(e)
     return None
 
 
-def check_neuron_job(p: argparse.ArgumentParser, world: int, world_flag: str | None) -> None:
+def check_neuron_job(p: argparse.ArgumentParser, world: int, world_flag: str | None, env=None) -> None:
     """A usage error (p.error) for what every neuron rank of a `world`-rank job would raise at
     init, each with a traceback of its own: the environment's settings (settings_error) and, for
     ranks the command spawns on this host (`world_flag`, the flag that sets their number; None
@@ -933,7 +935,7 @@ def check_neuron_job(p: argparse.ArgumentParser, world: int, world_flag: str | N
     if why:
         p.error(why)
     if world_flag is not None:
-        why = placement_error(world)
+        why = placement_error(world, env)
         if why:
             p.error(f"{world_flag} {world}: the ranks cannot place themselves: {why}")
 
@@ -975,11 +977,11 @@ def check(p: argparse.ArgumentParser, a) -> None:
     from .topology import get_instance, place
     from .topology.__main__ import cores_per_rank
     modelled = os.environ.get("NEURON_DIST_INSTANCE") or DEFAULT_INSTANCE
-    if a.instance and a.instance != modelled:  # the ranks model what the column prices, so `ran` is `algo`'s
-        if launched and os.environ.get("NEURON_DIST_INSTANCE"):
-            p.error(f"--instance {a.instance}: the launcher's ranks model {modelled} (NEURON_DIST_INSTANCE; "
-                    f"neuronrun --instance sets it)")
-        os.environ["NEURON_DIST_INSTANCE"] = a.instance  # (every rank of a launched job parses the same flags)
+    # the ranks model what the column prices, so `ran` is `algo`'s (worker exports it in each rank)
+    if a.instance and a.instance != modelled and launched and os.environ.get("NEURON_DIST_INSTANCE"):
+        p.error(f"--instance {a.instance}: the launcher's ranks model {modelled} (NEURON_DIST_INSTANCE; "
+                f"neuronrun --instance sets it)")
+    rank_env = dict(os.environ, NEURON_DIST_INSTANCE=a.instance) if a.instance else os.environ
     if a.cores_per_rank is not None:
         placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
         if launched and placed != str(a.cores_per_rank):  # (the launcher placed the ranks, not bench)
@@ -994,7 +996,7 @@ def check(p: argparse.ArgumentParser, a) -> None:
             os.environ["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
     if not launched:
         check_port(p, a.port)
-    check_neuron_job(p, world, None if launched else "-g/--world")
+    check_neuron_job(p, world, None if launched else "-g/--world", rank_env)
     m = a.cores_per_rank  # what the ranks take, for the JSON's config, with or without a model column
     placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
     a.cores_per_rank = m if m is not None else int(placed) if placed.isdigit() else 1

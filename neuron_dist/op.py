@@ -179,7 +179,10 @@ class CallbackRunner:
     def submit(self, fn, arg) -> None:
         with self._cv:
             self._jobs.append((fn, arg))
-            if self._idle == 0 and len(self._threads) < self.MAX_THREADS:
+            # more jobs queued than idle threads: an idle thread already told of an earlier job
+            # still counts as idle until it wakes, and two jobs on one thread put a callback's
+            # wait on the other's future behind that same callback (a hang; a review's probe)
+            if len(self._jobs) > self._idle and len(self._threads) < self.MAX_THREADS:
                 t = threading.Thread(target=self._run, name=f"{self.name}-callbacks-{len(self._threads)}",
                                      daemon=True)
                 self._threads.append(t)

@@ -33,7 +33,7 @@ def _check(argv):
     (["--threads", "0"], "--threads must be at least 1"),
     (["--json", "/nonexistent-dir/out.json"], "does not exist"),  # was found after the sweep
     (["--instance", "trn9.bogus"], "unknown instance 'trn9.bogus'"),  # was a silent '-' column
-    (["--instance", "trn1.2xlarge", "-g", "4"], "need 4 cores"),
+    (["--instance", "trn1.2xlarge", "-g", "4"], "trn1.2xlarge at LNC=1 has"),  # (where the ranks are placed, too)
     (["--ops", "allreduce,bogus"], "unknown ops ['bogus']"),
 ])
 def test_bench_rejects_bad_sweeps(argv, msg, capsys):

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -214,6 +215,31 @@ def test_worlds_after_worlds_form_whatever_each_process_did_before(mode, want):
         rank = n - 1 - proc if mode == "solo" else proc
         assert x["kind"] == "ok" and x["values"] == want[rank], x
         assert x["elapsed"] < 6, x
+
+
+def test_a_callback_waiting_on_another_finds_a_thread_for_it():
+    """Two ops finishing in one engine pass with one idle callback thread: the runner started no
+    thread for the second job (the idle one, told of the first, had not woken yet), so both ran
+    on it, and a `then` callback that waited on the second op's future (Work.wait() waits for
+    it now) waited for ever behind itself (a review's probe: 7 of 10 callbacks). A job queued
+    beyond the idle threads now starts one."""
+    import threading
+
+    from neuron_dist.op import CallbackRunner
+
+    runner, second_ran, waited = CallbackRunner("pair"), threading.Event(), []
+    runner.submit(lambda _: None, None)  # one thread, idle once it has run this
+    deadline = time.monotonic() + 5
+    while runner._idle != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with runner._cv:  # both submitted before the idle thread can wake (the condition's lock is held)
+        runner.submit(lambda _: waited.append(second_ran.wait(5)), None)
+        runner.submit(lambda _: second_ran.set(), None)
+    deadline = time.monotonic() + 10
+    while not waited and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runner.close(timeout=1)
+    assert waited == [True] and len(runner._threads) == 2, (waited, len(runner._threads))
 
 
 def test_a_destroy_waits_for_callbacks_stuck_in_user_code_once_not_per_thread():

@@ -176,8 +176,8 @@ def _neuron_plan(args: ParsedArgs, env: Mapping[str, str], max_nodes: int) -> Ne
     m = _pick(args, "cores_per_rank", env, "NEURON_RT_NUM_CORES", int)
     m = 1 if m is None else m  # 0 is an error below, not the default
     try:
-        check_cores_per_rank(m, cores_per_chip,
-                             "--cores-per-rank" if args.explicit("cores_per_rank") else "$NEURON_RT_NUM_CORES")
+        named = args.sources["cores_per_rank"] if args.explicit("cores_per_rank") else "$NEURON_RT_NUM_CORES"
+        check_cores_per_rank(m, cores_per_chip, "--cores-per-rank" if named == "command line" else named)
         visible = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
         base, pool = visible_pool(visible) if visible else (0, total)
     except PlacementError as exc:
@@ -332,7 +332,8 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
     elif backend == "static" and not endpoint and master_port is None and max_nodes == 1:
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     master_port = DEFAULT_MASTER_PORT if master_port is None else master_port
-    if not 1 <= master_port <= 65534:  # NEURON_RT_ROOT_COMM_ID defaults to the next port
+    root_given = bool(env.get("NEURON_RT_ROOT_COMM_ID", "").strip())
+    if not 1 <= master_port <= (65535 if root_given else 65534):  # NEURON_RT_ROOT_COMM_ID defaults to the next port
         raise ConfigError(f"--master-port {master_port}: expected 1-65534 (the port after it is "
                           f"NEURON_RT_ROOT_COMM_ID's default)")
     if args.explicit("redirects") and not args.explicit("tee"):
@@ -348,7 +349,7 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
             except ValueError as exc:
                 raise ConfigError(f"{exc} (static rendezvous: give the port, e.g. node0:29500)") from None
             # its port is the ranks' MASTER_PORT, and the next one NEURON_RT_ROOT_COMM_ID's default
-            if endpoint.rsplit(":", 1)[1] == "65535" and not env.get("NEURON_RT_ROOT_COMM_ID", "").strip():
+            if endpoint.rsplit(":", 1)[1] == "65535" and not root_given:
                 raise ConfigError(f"--rdzv-endpoint {endpoint}: expected a port of 1-65534 (static rendezvous "
                                   f"makes it MASTER_PORT, and the port after it is NEURON_RT_ROOT_COMM_ID's "
                                   f"default), or export NEURON_RT_ROOT_COMM_ID")

@@ -120,6 +120,7 @@ def test_auto_is_one_rank_per_logical_core(argv, env, nproc, cpc):
     (["--cores-per-rank", "0"], {}, "must be >= 1, got 0"),
     ([], {"NEURON_RT_NUM_CORES": "0"}, r"^\$NEURON_RT_NUM_CORES must be >= 1, got 0"),  # not a flag never given
     ([], {"NEURON_RT_NUM_CORES": "3"}, r"^\$NEURON_RT_NUM_CORES 3 does not fit"),
+    ([], {"NEURONRUN_CORES_PER_RANK": "3"}, r"^\$NEURONRUN_CORES_PER_RANK 3 does not fit"),
     (["--master-port", "65535"], {}, "expected 1-65534"),
     (["--master-port", "99999"], {}, "expected 1-65534"),
     (["--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:65535"], {}, "expected a port of 1-65534"),
@@ -147,6 +148,8 @@ def test_a_static_endpoint_on_the_last_port_runs_where_the_root_comm_id_is_given
     c = cfg("--rdzv-backend", "static", "--rdzv-endpoint", "127.0.0.1:65535", "t.py",
             NEURON_RT_ROOT_COMM_ID="127.0.0.1:40000")
     assert c.plan.root_comm_id == "127.0.0.1:40000"
+    c = cfg("--master-port", "65535", "t.py", NEURON_RT_ROOT_COMM_ID="127.0.0.1:40000")  # the same rule
+    assert c.master_port == 65535
 
 
 @pytest.mark.parametrize("argv, env, message", [
