@@ -46,7 +46,7 @@ from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import CallbackRunner, Op, Record
-from .transport.base import TransportContext
+from .transport.base import TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
 
 log = logging.getLogger("neuron_dist.init")
@@ -462,18 +462,17 @@ def _elastic_attempt() -> int:
     return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
 
 
-def _descriptors_full() -> tuple[int, int] | None:
-    """(open descriptors, soft limit) where this process is at its descriptor limit, else None:
-    a group's set-up that ran out failed with whatever call hit it first, naming no rank, group
-    or limit (an import's "Too many open files: '.../mpi.py'")."""
+def _descriptors_full() -> bool:
+    """Whether this process is at its descriptor limit: a group's set-up that ran out failed
+    with whatever call hit it first, naming no rank, group or limit (an import's "Too many open
+    files: '.../mpi.py'")."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if limit == resource.RLIM_INFINITY:
-        return None
+        return False
     try:
-        held = len(os.listdir("/proc/self/fd"))  # (takes a descriptor of its own)
+        return len(os.listdir("/proc/self/fd")) >= limit - 4  # (the listing takes a descriptor of its own)
     except OSError as e:
-        return (limit, limit) if e.errno == errno.EMFILE else None
-    return (held, limit) if held >= limit - 4 else None
+        return e.errno == errno.EMFILE
 
 
 def _retire_generation(store, key: str, generation: int, size: int) -> None:
@@ -559,12 +558,11 @@ class Group(HangDiagnosis):
                        forced, choice, t0)
         except BaseException as e:
             _retire_generation(store, key, generation, size)
-            full = _descriptors_full() if isinstance(e, Exception) and not isinstance(e, GroupError) else None
-            if full:  # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
-                raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up: the process holds {full[0]} "
-                                 f"open descriptors, its limit (ulimit -n {full[1]}); each open group holds some "
-                                 f"(4 per rank of a two-rank group over shared memory, 11 over zmq): destroy groups "
-                                 f"no longer used, or raise the limit ({type(e).__name__}: {e})") from None
+            # the transports say so themselves; elsewhere the call that hit the limit named none
+            # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
+            if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
+                raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up, out of descriptors: "
+                                 f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
             raise
 
     def _meet(self, store, members: str, placement, placement_error, forced, choice: dict, t0: float) -> None:

@@ -12,6 +12,7 @@ Implementations: `zmq_transport.ZmqTransport` (TCP between hosts, IPC within a h
 from __future__ import annotations
 
 import abc
+import resource  # (imported here: at the descriptor limit an import fails)
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -181,6 +182,14 @@ def bye_seen(finished: set, peer: int, read_pending) -> bool:
         except FrameError:
             pass
     return peer in finished
+
+
+def descriptor_advice() -> str:
+    """What a set-up that ran out of descriptors tells its user (the shared-memory and zmq
+    transports, and a group's set-up that hit the limit elsewhere)."""
+    return (f"each open group holds some (4 per rank of a two-rank group over shared memory, 11 over zmq), "
+            f"within the process's descriptor limit (ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): "
+            f"destroy groups no longer used, or raise the limit")
 
 
 def process_dead(pid: int) -> bool:

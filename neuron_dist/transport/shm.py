@@ -53,7 +53,6 @@ import logging
 import mmap
 import os
 import re
-import resource  # (imported here: at the descriptor limit an import fails)
 import signal
 import stat
 import struct
@@ -67,7 +66,7 @@ import torch
 from ..config import env_flag, env_int
 from . import cma, frame
 from .bytecopy import copy_into
-from .base import Transport, TransportContext, TransportError, process_dead
+from .base import Transport, TransportContext, TransportError, descriptor_advice, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -416,9 +415,7 @@ class ShmTransport(Transport):
             self.mine = _Segment(path, nbytes, True, npeers, self.nslots, self.slot_bytes)
         except OSError as e:
             if e.errno in (errno.EMFILE, errno.ENFILE):  # not the space: the descriptors ran out
-                why = (f"rank {self.rank} cannot open its shared-memory segment: {e} (ulimit -n "
-                       f"{resource.getrlimit(resource.RLIMIT_NOFILE)[0]}); each open group holds some (4 per "
-                       f"rank of a two-rank group): destroy groups no longer used, or raise the limit")
+                why = f"rank {self.rank} cannot open its shared-memory segment: {e}; {descriptor_advice()}"
             else:
                 why = (f"rank {self.rank} cannot allocate its {nbytes >> 10} KiB shared-memory segment in "
                        f"{SHM_DIR}: {e}. Enlarge {SHM_DIR} (docker run --shm-size), lower NEURON_DIST_SHM_SLOTS "

@@ -35,7 +35,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import frame
-from .base import PeerGone, Transport, TransportContext, TransportError, bye_seen
+from .base import PeerGone, Transport, TransportContext, TransportError, bye_seen, descriptor_advice
 
 log = logging.getLogger("neuron_dist.transport")
 
@@ -198,10 +198,7 @@ class ZmqTransport(Transport):
         except (zmq.ZMQError, OSError) as e:  # a socket or pipe the process could not make: say whose, and why
             why = f"rank {self.rank}: cannot set up zmq sockets for {len(self.peers)} peers ({e})"
             if e.errno == errno.EMFILE:
-                why += (f"; each open group holds 1 + 3 sockets per zmq peer (11 descriptors in a two-rank group), "
-                        f"within the process's descriptor limit "
-                        f"(ulimit -n {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}): destroy groups no longer "
-                        f"used, or raise the limit")
+                why += f"; {descriptor_advice()} (zmq: 1 + 3 sockets per peer)"
             self.closed = False
             self.close(abort=True)
             self.publish_error(ctx.store, key, self.rank, why)  # peers fail at once, not at the time-out
