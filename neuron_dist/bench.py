@@ -545,8 +545,7 @@ def worker(a) -> int:
     import torch.distributed as dist
     from . import c10d  # noqa: F401  registers "neuron"
     torch.set_num_threads(a.threads)
-    if a.instance:  # in the rank only: the caller's environment stays as it was (check() may run in a test's process)
-        os.environ["NEURON_DIST_INSTANCE"] = a.instance
+    os.environ.update(a.rank_vars)  # in the rank only: check() may run in a test's own process
     dist.init_process_group("neuron")
     rank, n = dist.get_rank(), dist.get_world_size()
     nodes = job_nodes(n)  # as the launcher laid the ranks out (the model column)
@@ -981,7 +980,9 @@ def check(p: argparse.ArgumentParser, a) -> None:
     if a.instance and a.instance != modelled and launched and os.environ.get("NEURON_DIST_INSTANCE"):
         p.error(f"--instance {a.instance}: the launcher's ranks model {modelled} (NEURON_DIST_INSTANCE; "
                 f"neuronrun --instance sets it)")
-    rank_env = dict(os.environ, NEURON_DIST_INSTANCE=a.instance) if a.instance else os.environ
+    # what each rank sets in its own environment as it starts (worker): the instance the column
+    # prices, and the cores bench places its spawned ranks on; the caller's stays as it was
+    a.rank_vars = {"NEURON_DIST_INSTANCE": a.instance} if a.instance else {}
     if a.cores_per_rank is not None:
         placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
         if launched and placed != str(a.cores_per_rank):  # (the launcher placed the ranks, not bench)
@@ -993,12 +994,13 @@ def check(p: argparse.ArgumentParser, a) -> None:
                 cores_per_rank(a.cores_per_rank, None, inst, inst.check_lnc(_lnc()))
             except ValueError as e:
                 p.error(str(e))
-            os.environ["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
+            a.rank_vars["NEURON_RT_NUM_CORES"] = str(a.cores_per_rank)
+    rank_env = dict(os.environ, **a.rank_vars)
     if not launched:
         check_port(p, a.port)
     check_neuron_job(p, world, None if launched else "-g/--world", rank_env)
     m = a.cores_per_rank  # what the ranks take, for the JSON's config, with or without a model column
-    placed = (os.environ.get("NEURON_RT_NUM_CORES") or "1").strip()
+    placed = (rank_env.get("NEURON_RT_NUM_CORES") or "1").strip()
     a.cores_per_rank = m if m is not None else int(placed) if placed.isdigit() else 1
     if a.instance:  # the check `python -m neuron_dist.topology predict` makes: known, and big enough
         try:
@@ -1007,7 +1009,7 @@ def check(p: argparse.ArgumentParser, a) -> None:
         except ValueError as e:
             p.error(f"--instance: {e} ('' omits the model column)")
         try:  # (its errors name --cores-per-rank or NEURON_RT_NUM_CORES)
-            a.cores_per_rank = cores_per_rank(m, os.environ.get("NEURON_RT_NUM_CORES"), inst, lnc)
+            a.cores_per_rank = cores_per_rank(m, rank_env.get("NEURON_RT_NUM_CORES"), inst, lnc)
         except ValueError as e:
             p.error(str(e))
         try:

@@ -720,10 +720,11 @@ def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_pat
     assert config["cores_per_rank"] == 4 and config["env"]["NEURON_RT_NUM_CORES"] == "4", config
     # the check runs in the caller's process (tests call it): the instance goes to the ranks, not into
     # the caller's environment (it reached every worker the test session started after it)
-    before = os.environ.get("NEURON_DIST_INSTANCE")
+    before = [os.environ.get(k) for k in ("NEURON_DIST_INSTANCE", "NEURON_RT_NUM_CORES")]
     p = bench.parser()
     bench.check(p, p.parse_args(["-g", "2", "--instance", "trn1.2xlarge"]))
-    assert os.environ.get("NEURON_DIST_INSTANCE") == before
+    bench.check(p, p.parse_args(["-g", "2", "--instance", "", "--cores-per-rank", "2"]))
+    assert [os.environ.get(k) for k in ("NEURON_DIST_INSTANCE", "NEURON_RT_NUM_CORES")] == before
     launched = dict(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                     MASTER_PORT="1", NEURON_DIST_INSTANCE="trn2.48xlarge")
     bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--instance", "trn1.2xlarge"],
