@@ -333,9 +333,10 @@ def build_config(args: ParsedArgs, env: Mapping[str, str]) -> RunConfig:
         backend, endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     master_port = DEFAULT_MASTER_PORT if master_port is None else master_port
     root_given = bool(env.get("NEURON_RT_ROOT_COMM_ID", "").strip())
-    if not 1 <= master_port <= (65535 if root_given else 65534):  # NEURON_RT_ROOT_COMM_ID defaults to the next port
-        raise ConfigError(f"--master-port {master_port}: expected 1-65534 (the port after it is "
-                          f"NEURON_RT_ROOT_COMM_ID's default)")
+    top = 65535 if root_given else 65534  # NEURON_RT_ROOT_COMM_ID defaults to the port after MASTER_PORT
+    if not 1 <= master_port <= top:
+        raise ConfigError(f"--master-port {master_port}: expected 1-{top}"
+                          + ("" if root_given else " (the port after it is NEURON_RT_ROOT_COMM_ID's default)"))
     if args.explicit("redirects") and not args.explicit("tee"):
         values["tee"] = "0"  # --redirects alone means files only, as with torchrun (tee's default is 3)
     if backend == "static":
