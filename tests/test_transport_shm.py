@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -978,3 +979,23 @@ def test_a_close_over_several_transports_passes_abort_and_lets_their_errors_thro
         both.close(abort=True)
     # and a part after the one that raised is closed all the same (its sockets would leak)
     assert ok.calls == [True] and bad.calls == [True] and after.calls == [True], (ok.calls, bad.calls, after.calls)
+
+
+def test_process_dead_sees_exit_zombies_included():
+    """`process_dead` (the liveness check of a same-host peer): a live process is not dead; one
+    that exited counts at once, as a zombie its parent has not reaped (a SIGKILLed rank) and
+    once reaped (its /proc entry gone)."""
+    from neuron_dist.transport.base import process_dead
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert not process_dead(child.pid) and not process_dead(os.getpid())
+        child.stdin.close()
+        deadline = time.monotonic() + 10
+        while not process_dead(child.pid):  # a zombie until the wait below
+            assert time.monotonic() < deadline, "an exited child never read as dead"
+        assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT).si_pid == child.pid  # still a zombie
+        assert process_dead(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_dead(child.pid)

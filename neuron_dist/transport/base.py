@@ -12,6 +12,7 @@ Implementations: `zmq_transport.ZmqTransport` (TCP between hosts, IPC within a h
 from __future__ import annotations
 
 import abc
+import os
 import resource  # (imported here: at the descriptor limit an import fails)
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -195,11 +196,19 @@ def descriptor_advice() -> str:
 def process_dead(pid: int) -> bool:
     """True if process `pid` (on this host) has exited, zombies included: a SIGKILLed rank
     stays a zombie until its parent reaps it, and os.kill(pid, 0) still succeeds on it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+    try:  # os.open, not open(): a stalled engine asks ~20 times a second per peer (8 us, not 13)
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] in (b"Z", b"X")
+    try:
+        stat = os.read(fd, 4096)
+    except ProcessLookupError:  # reaped between the open and the read
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    state = stat.rindex(b")") + 2
+    return stat[state:state + 1] in (b"Z", b"X")
