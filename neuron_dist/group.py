@@ -61,12 +61,15 @@ STATS_SIZES = 512  # distinct (collective, algorithm, size) rows a group counts 
 PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
 SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often (who went first)
 LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often (at most)
-# A stalled engine waits on its transport for a quarter of the stall so far, within these: a
-# rank that waits long for a late peer wakes ~10 times a second (a fixed 5 ms wait took
-# ~2% of a core per waiting rank over zmq and kept the shm wait from sleeping long); every
-# frame, freed slot, peer's close or failure and new call wakes it at once, and a peer that
-# dies without a word is seen within STALL_WAIT_MAX_S
-STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.1
+# A stalled engine waits on its transport for half the stall so far, within these, and never
+# past the moment something falls due that no peer's word would wake it for (an op's time-out,
+# the end of a gone peer's grace). Every frame, freed slot, peer's close or failure and new
+# call wakes it at once; a peer that dies without a word is seen within STALL_WAIT_MAX_S. A
+# wake-up costs a sleeping engine ~0.27 ms of CPU on the VMs measured (mostly the futex's own
+# return): with a quarter of the stall and a 0.1 s cap, a rank that waited 2 s for a late peer
+# woke 36 times (0.6% of a core, and a fixed 5 ms wait ~2% over zmq); now ~16
+STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.25
+DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are "more than")
 
 
 _PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
@@ -990,7 +993,7 @@ class Group(HangDiagnosis):
                         self._check_stalled(active, waiting)
                         # wait with the drive lock held: nobody else may drive meanwhile, and the
                         # transport's wait releases the GIL (spin with yields, then futex/poll)
-                        self.transport.wait(min(STALL_WAIT_MAX_S, max(STALL_WAIT_MIN_S, (now - stalled_since) / 4)))
+                        self.transport.wait(self._stall_wait(active, now, stalled_since))
                     except BaseException as e:  # noqa: BLE001 - a broken transport (a malformed frame,
                         # an MPI error on a dead peer): fail what runs, never let it kill the engine
                         for op in list(active):
@@ -1170,6 +1173,17 @@ class Group(HangDiagnosis):
         now = time.monotonic() if now is None else now
         first = self._gone_seen.setdefault(p, now)
         return reason if now - first >= grace else None
+
+    def _stall_wait(self, active: list[Op], now: float, since: float) -> float:
+        """How long a stalled engine waits on its transport (see STALL_WAIT_MAX_S)."""
+        wait = min(STALL_WAIT_MAX_S, max(STALL_WAIT_MIN_S, (now - since) / 2))
+        limit = self.timeout.total_seconds()
+        for op in active:
+            wait = min(wait, op.t0 + (op.timeout or limit) - now + DUE_SLACK_S)
+        for seen in self._gone_seen.values():
+            if seen + PEER_GRACE_S > now:
+                wait = min(wait, seen + PEER_GRACE_S - now + DUE_SLACK_S)
+        return max(wait, 0.0)
 
     def _check_stalled(self, active: list[Op], waiting: _Waiting) -> None:
         now = time.monotonic()

@@ -447,3 +447,28 @@ def test_a_message_sent_before_its_sender_failed_is_delivered(pools, count):
     got = pools(2).run("cases_faults:a_message_sent_before_its_sender_failed_is_delivered", count=count,
                        timeout=120)[0]
     assert got["outcome"] == "ok" and got["right"], got
+
+
+def test_a_stalled_engine_wakes_for_what_falls_due_and_seldom_otherwise():
+    """A stalled engine's transport wait (Group._stall_wait) grows with the stall to
+    STALL_WAIT_MAX_S, so a rank that waits long for a late peer wakes a few times a second (a
+    wake-up costs ~0.27 ms of CPU here), yet ends no later than an op's time-out or a gone
+    peer's grace: those need no peer's word to fall due, and a longer cap made errors late."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from neuron_dist.group import DUE_SLACK_S, PEER_GRACE_S, STALL_WAIT_MAX_S, STALL_WAIT_MIN_S, Group
+
+    g = SimpleNamespace(timeout=timedelta(seconds=30), _gone_seen={})
+    op = SimpleNamespace(t0=100.0, timeout=None)
+    wait = lambda now, since: Group._stall_wait(g, [op], now, since)  # noqa: E731
+    assert wait(100.0, 100.0) == STALL_WAIT_MIN_S  # the stall just began
+    assert wait(100.4, 100.0) == pytest.approx(0.2)  # half the stall so far
+    assert wait(110.0, 100.0) == STALL_WAIT_MAX_S
+    op.timeout = 2.0  # the call's own time-out, 0.1 s away
+    assert wait(101.9, 100.0) == pytest.approx(0.1 + DUE_SLACK_S)
+    op.timeout = None  # the group's, already past (the op fails before the wait): not below zero
+    assert wait(131.0, 100.0) == 0.0
+    g._gone_seen = {1: 110.0 - PEER_GRACE_S + 0.2}  # a peer seen gone, its grace ending in 0.2 s
+    assert wait(110.0, 100.0) == pytest.approx(0.2 + DUE_SLACK_S)
+    g._gone_seen = {1: 100.0}  # ... or long over: not due any more
+    assert wait(110.0, 100.0) == STALL_WAIT_MAX_S

@@ -79,9 +79,9 @@ DEFAULT_SLOTS = 4
 # enough that a segment's size stays a number mmap takes (10**17 slots: a bare OverflowError)
 MAX_SLOTS = 1 << 16
 # cap of one futex sleep: a safety net (`ring`'s fence loses no wake-up), no shorter than a
-# stalled engine's longest wait (group.STALL_WAIT_MAX_S): at 50 ms a rank waiting long for a late
-# peer woke twice per engine wait to find nothing, ~0.3% of a core per waiting rank
-MAX_SLEEP = 0.1
+# stalled engine's longest wait (group.STALL_WAIT_MAX_S): at 50 ms against the engine's 0.1 s, a
+# rank waiting long for a late peer woke twice per engine wait to find nothing
+MAX_SLEEP = 0.25
 YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
