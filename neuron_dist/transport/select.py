@@ -193,10 +193,10 @@ class Composite(Transport):
         # no single fd/futex covers every transport: a slice on each, then let the caller look
         # (spurious wake-ups are allowed by the interface). A slice is 0.5 ms, so news on one
         # transport waits at most that while another is waited on; in a long stall (the engine
-        # waits 50 ms and more once nothing has moved for 0.2 s) a tenth of the wait: 0.5 ms
-        # slices had a rank waiting for a late peer on another host poll ~2,000 times a
-        # second (shared memory beside MPI: 8-11% of a core)
-        slice_ = min(timeout, 0.0005) if timeout < 0.05 else timeout / 10
+        # waits 50 ms and more once nothing has moved for 0.1 s) a tenth of the wait, at most
+        # 10 ms, so news waits at most that: 0.5 ms slices had a rank waiting for a late peer on
+        # another host poll ~2,000 times a second (shared memory beside MPI: 8-11% of a core)
+        slice_ = min(timeout, 0.0005) if timeout < 0.05 else min(timeout / 10, 0.01)
         for t in self.parts.values():
             t0 = time.perf_counter()
             t.wait(slice_)
