@@ -36,7 +36,7 @@ from .errors import GroupError
 from .group import Group, _dtype_name
 from .op import Op, fresh_error
 from .p2p import PeerPlans
-from .plans import Plan, Plans, keep
+from .plans import Plan, Plans
 from .transport.frame import DTYPE_CODE, Kind
 
 BACKEND = "neuron"
@@ -623,7 +623,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
             if check_as:
                 _check_op(op_name, dtype, check_as, self.group.rank)
             plan = self._plans.get(collective, kind, algo, spec_args, dtype, op_name, nbytes, name)
-            keep(common, key, plan)
+            self._plans.keep_common(key, plan)
         return plan
 
     def allreduce_coalesced(self, tensors, opts=None):

@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 from .collectives.executor import (BarredFrameRecv, Execution, Mailbox, PairExchange, SingleFrameRecv,
-                                   SingleFrameSend, Stamp, execution_plan, one_copied_frame)
+                                   MAX_KEPT_FRAMES, SingleFrameSend, Stamp, execution_plan,
+                                   one_copied_frame)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env, env_int
@@ -857,7 +858,9 @@ class Group(HangDiagnosis):
         plans, key = schedule.plans, (op.kind, dtype, self._plan_key)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = execution_plan(schedule, stamp, self.mailbox.transport, self.frame_bytes)
+            plan = execution_plan(schedule, stamp, self.mailbox.transport, self.frame_bytes)
+            if plan.frames <= MAX_KEPT_FRAMES:  # (a longer one is cut again per call)
+                plans[key] = plan
         pair = plan.pair
         if pair is not None and pair.peer != self.rank:  # one frame each way with one peer: the small
             return PairExchange(pair, bufs, reduce, stamp, self.rank, self.mailbox)  # calls at two ranks
@@ -960,7 +963,7 @@ class Group(HangDiagnosis):
                     waiting.extend(self._queue, active)
                     self._queue.clear()
                 self._admit(active, waiting)
-                moved = False
+                moved, aside = False, self.mailbox.set_aside
                 for op in list(active):
                     if op.finished:  # failed by an earlier op's failure in this pass (`_break`)
                         continue
@@ -983,7 +986,9 @@ class Group(HangDiagnosis):
                             active.remove(op)
                         self._fail(op, e, active, waiting)
                         moved = True
-                if moved or not active:
+                # a frame one op set aside for another that had looked already this pass: its
+                # doorbell's news is spent, so look again rather than sleep on it (up to 0.25 s)
+                if moved or not active or self.mailbox.set_aside != aside:
                     stalled_since = None
                 else:
                     now = time.monotonic()
@@ -1391,6 +1396,8 @@ class Group(HangDiagnosis):
                 pending = list(self._queue)
                 self._queue.clear()
             self._cv.notify_all()
+        if abort:  # the engine may sleep in the transport's wait with the drive lock held, which
+            self.transport.wake()  # _abort_peers takes: the abort waited out that sleep (to 0.25 s)
         if abort and self.broken is None:
             self._abort_peers(f"rank {self.rank} aborted the process group")
         self._hb_stop.set()
@@ -1403,6 +1410,7 @@ class Group(HangDiagnosis):
                 self._abort = True
                 with self._cv:
                     self._cv.notify_all()
+                self.transport.wake()
                 self._thread.join(timeout=1.0)
             with self._cv:  # what the engine never took up (it was aborted first)
                 pending = list(self._queue)

@@ -22,14 +22,14 @@ from .op import Op
 from .transport.frame import Kind
 
 PLAN_CACHE = 1024  # argument sets remembered per process group (cleared when full)
-KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size are kept with their plan (larger: Group.scratch)
+KEEP_SCRATCH = 64 << 10  # scratch buffers up to this size may be kept with their plan (larger: Group.scratch)
 _REDUCING = (Kind.ALLREDUCE, Kind.REDUCE, Kind.REDUCE_SCATTER)  # kinds whose description names the op
 
 
 def keep(cache: dict, key, value):
-    """Store `value` under `key` in one of a group's plan caches and return it. Every cache holds
-    at most PLAN_CACHE entries and starts again when full: a program that calls ever new forms
-    (sizes that change every step) must not grow it for good, and a plan is cheap to make again."""
+    """Store `value` under `key` in a cache (p2p.py's) and return it. A cache holds at most
+    PLAN_CACHE entries and starts again when full: a program that calls ever new forms (sizes
+    that change every step) must not grow it for good, and a plan is cheap to make again."""
     if len(cache) >= PLAN_CACHE:
         cache.clear()
     cache[key] = value
@@ -66,9 +66,10 @@ class Plan:
         if sched.tmp_count:
             tmp = self._tmp
             if tmp is None:
+                nbytes = sched.tmp_count * dtype.itemsize
                 if g.scratch.holds(src, out):  # staged there as the op started (c10d.scatter, gather):
                     tmp = torch.empty(sched.tmp_count, dtype=dtype)  # a builder of one's own with a TMP
-                elif sched.tmp_count * dtype.itemsize > KEEP_SCRATCH:
+                elif nbytes > KEEP_SCRATCH or not g.scratch.keep_small(nbytes):
                     tmp = g.scratch.take(sched.tmp_count, dtype)
                 else:
                     tmp = self._tmp = torch.empty(sched.tmp_count, dtype=dtype)
@@ -85,7 +86,12 @@ class Plan:
 
 
 class Plans:
-    """A process group's collective plans, one per argument set (`by_args`)."""
+    """A process group's collective plans, one per argument set (`by_args`), and the common
+    paths' (`common`: plans `get` made, under the adapter's own keys). What they keep is bounded:
+    at most PLAN_CACHE plans and one (when either cache is full both start again, so the plans
+    of `common` are those of `by_args` but for the one kept as it started again; counted apart,
+    the two kept twice PLAN_CACHE), whose small scratch is within the group's budget for it
+    (Scratch.keep_small) and whose frame plans are short (executor.MAX_KEPT_FRAMES)."""
 
     def __init__(self, group: Group):
         self.group = group
@@ -94,8 +100,17 @@ class Plans:
         self.generation = algorithms.GENERATION  # the plans' builders' (algorithms.register)
 
     def _renew(self) -> None:
-        """Both caches made afresh: a builder was registered since their plans were made."""
+        """Both caches made afresh (a builder was registered since their plans were made, or one
+        is full): the plans' small scratch goes with them."""
         self.by_args, self._common, self.generation = {}, {}, algorithms.GENERATION
+        self.group.scratch.forget_small()
+
+    def keep_common(self, key, plan: Plan) -> Plan:
+        """Keep `plan` (one `get` made) for a common path under `key`."""
+        if len(self._common) >= PLAN_CACHE:
+            self._renew()
+        self._common[key] = plan
+        return plan
 
     def common(self) -> dict[tuple, Plan]:
         """The common paths' cache (c10d's _common_plan: plans whose checks passed, kept under
@@ -119,7 +134,9 @@ class Plans:
                    (f", {op_name}" if kind in _REDUCING else "") + \
                    (f", root {spec_args['root']}" if "root" in spec_args else "") + \
                    (f", {detail}" if detail else "") + ")"
-            plan = keep(self.by_args, key, Plan(g, desc, reduce, collective, algo, dict(spec_args), dtype,
-                                                debug.call_tag(kind, desc, algo)))
+            if len(self.by_args) >= PLAN_CACHE:
+                self._renew()
+            plan = self.by_args[key] = Plan(g, desc, reduce, collective, algo, dict(spec_args), dtype,
+                                            debug.call_tag(kind, desc, algo))
             coll_log.debug("rank %d group %s: %s runs as %s (first call of this form)", g.rank, g.name, desc, algo)
         return plan

@@ -1301,6 +1301,116 @@ def abort_frames_under_the_drive_lock(rank, world):
     return out
 
 
+def abort_wakes_a_sleeping_engine(rank, world, sleep=5.0):
+    """An abort from another thread while the group's engine sleeps in its transport's wait (an
+    async all-reduce whose peer is late; the engine's waits stretched to `sleep` seconds here,
+    its longest is 0.25 s) returns at once: the abort takes the drive lock the sleeping engine
+    holds, and it waited out the sleep, as did the failing of the op. Returns, on rank 0, how
+    long the abort took and how long the op's wait() took after it to fail; the peers say how
+    their call (made after rank 0's abort) failed."""
+    import torch
+    import torch.distributed as dist
+    import neuron_dist.group as G
+    import rankctx
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
+    dist.barrier(group=sub)
+    out = None
+    if rank == 0:
+        saved = G.STALL_WAIT_MIN_S, G.STALL_WAIT_MAX_S
+        G.STALL_WAIT_MIN_S = G.STALL_WAIT_MAX_S = sleep
+        try:
+            w = dist.all_reduce(torch.ones(1 << 19), group=sub, async_op=True)  # past the inline size
+            time.sleep(0.5)  # the engine asleep in its transport's wait
+            t0 = time.monotonic()
+            sub.abort()
+            aborted = time.monotonic() - t0
+            try:
+                w.wait()
+                err = "no error"
+            except Exception as e:  # noqa: BLE001
+                err = str(e)
+            out = {"abort_s": aborted, "failed_s": time.monotonic() - t0, "error": err}
+        finally:
+            G.STALL_WAIT_MIN_S, G.STALL_WAIT_MAX_S = saved
+    dist.barrier(group=rankctx.GLOO)
+    if rank:
+        try:
+            dist.all_reduce(torch.ones(1 << 19), group=sub)
+            out = "no error"
+        except Exception as e:  # noqa: BLE001
+            out = str(e)
+    dist.barrier(group=rankctx.GLOO)
+    try:
+        dist.destroy_process_group(sub)
+    except Exception:  # noqa: BLE001 - (rank 0's group is aborted: torch may refuse)
+        pass
+    return out
+
+
+def a_frame_set_aside_for_another_op_is_taken_at_once(rank, world, late=0.3, quiet=1.5, rounds=2):
+    """Rank 0 runs an async all-reduce (A) and then a receive (B) from rank 1 at once. When B's
+    look at rank 1's frames takes A's frame (set aside in the mailbox's `early` for it), the
+    doorbell that frame rang is spent: the engine counted nothing as moved and slept (its longest
+    wait, stretched to 5 s here) with A's data at hand, until rank 1's next message. The frame
+    is made to come during B's look (B's take waits for it). Returns, on rank 0, how long A took
+    to finish after its frame came, per round; rank 1 sends B's message `quiet` seconds after
+    the all-reduce."""
+    import torch
+    import torch.distributed as dist
+    import neuron_dist.group as G
+    import rankctx
+    sub = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+    out = None
+    if rank == 0:
+        group, saved = sub.group, (G.STALL_WAIT_MIN_S, G.STALL_WAIT_MAX_S)
+        mailbox = group.mailbox
+        real, came, looks = mailbox.take, [], []
+
+        def take(peer, key, *a):  # B's look on the engine's thread (not the caller's brief try):
+            # waits (up to 2 s) until A's frame comes and is set aside
+            got = real(peer, key, *a)
+            looks.append(key)
+            if key[0] == "p2p" and len(came) < key[1] - 6 and threading.current_thread() is group._thread and \
+                    looks.count(key) > 1:  # (the pass that started A counted as moving)
+                group.transport.wait(0)  # a wake-up left from B's call (its submit's) taken now
+                deadline = time.monotonic() + 2
+                while got is None and not mailbox.early and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                    got = real(peer, key, *a)
+                if mailbox.early:
+                    came.append(time.monotonic())
+            return got
+
+        out = []
+        dist.barrier(group=sub)
+        G.STALL_WAIT_MIN_S = G.STALL_WAIT_MAX_S = 5.0
+        mailbox.take = take
+        try:
+            for tag in range(7, 7 + rounds):
+                x, got = torch.full((4,), 1.0), torch.zeros(4)
+                a = dist.all_reduce(x, group=sub, async_op=True)  # one frame each way; the engine takes
+                b = dist.irecv(got, src=1, group=sub, tag=tag)   # it over after the caller's brief try
+                a.wait()
+                finished = time.monotonic()
+                b.wait()
+                assert torch.equal(x, torch.full((4,), 3.0)) and torch.equal(got, torch.full((4,), 5.0)), (x, got)
+                out.append(finished - came[-1] if len(came) == tag - 6 else None)
+        finally:
+            G.STALL_WAIT_MIN_S, G.STALL_WAIT_MAX_S = saved
+            mailbox.take = real
+    elif rank == 1:
+        dist.barrier(group=sub)
+        for tag in range(7, 7 + rounds):
+            time.sleep(late)  # rank 0's B is looking by now
+            dist.all_reduce(torch.full((4,), 2.0), group=sub)
+            time.sleep(quiet)  # nothing else rings rank 0's doorbell meanwhile
+            dist.send(torch.full((4,), 5.0), dst=0, group=sub, tag=tag)
+    dist.barrier(group=rankctx.GLOO)
+    if rank in (0, 1):
+        dist.destroy_process_group(sub)
+    return out
+
+
 class _Limit(Exception):
     """What a signal handler raises (an alarm's time limit), here at a chosen point."""
 

@@ -409,6 +409,25 @@ def test_an_abort_sends_its_frames_under_the_drive_lock(pools):
     assert all("rank 0" in p for p in peers), peers
 
 
+@pytest.mark.parametrize("world", (2, 3))
+def test_an_abort_wakes_an_engine_asleep_in_its_wait(pools, world):
+    """cases_faults.abort_wakes_a_sleeping_engine: the abort and the failing of the op it ends
+    take well under the engine's (stretched, 5 s) sleep, which they waited out before; the
+    peers fail naming rank 0's abort."""
+    mine, *peers = pools(world).run("cases_faults:abort_wakes_a_sleeping_engine")
+    assert mine["abort_s"] < 1.0 and mine["failed_s"] < 1.5, mine
+    assert "abort" in mine["error"], mine
+    assert all("rank 0" in p for p in peers), peers
+
+
+def test_a_frame_one_op_sets_aside_for_another_wakes_the_engine(pools):
+    """cases_faults.a_frame_set_aside_for_another_op_is_taken_at_once: an all-reduce whose frame
+    a receive's look set aside finishes at once (it waited for the peer's next message, 1.5 s
+    later, or the engine's longest wait: to 0.25 s a time in real runs)."""
+    res = pools(2).run("cases_faults:a_frame_set_aside_for_another_op_is_taken_at_once")[0]
+    assert all(s is not None and s < 0.75 for s in res), res
+
+
 def test_an_exception_between_the_fast_paths_lock_and_its_run_fails_the_group_and_lets_go(pools):
     mine, peer = pools(2).run("cases_faults:exception_between_lock_and_run")
     assert mine["raised"] == "time limit", mine

@@ -83,6 +83,53 @@ def test_a_plan_keeps_a_small_scratch_buffer_and_its_views_and_takes_a_large_one
         assert not g.scratch.holds(big, None) and g.scratch.holds(None, flat[5:])
 
 
+def test_the_plans_keep_bounded_memory_however_many_call_forms_a_job_makes():
+    """A job whose call sizes change every step (dynamic shapes) makes a plan per size. Kept
+    with them: small scratch only within the group's budget (none with NEURON_DIST_SCRATCH_BYTES
+    at 0; a budget spent, the plan cuts it from the one buffer), at most PLAN_CACHE plans in the
+    two caches together, and frame plans only up to MAX_KEPT_FRAMES frames. Before, ~2,000
+    plans each kept up to 64 KiB (~120 MiB a group, with the setting at 0 too) and a 4 MB
+    all-reduce's frame plan at 4 KiB frames 0.34 MB."""
+    from neuron_dist.collectives.algorithms import Spec, build
+    from neuron_dist.collectives.executor import MAX_KEPT_FRAMES, frame_plan
+    from neuron_dist.collectives.scratch import SMALL_KEPT_BYTES
+
+    def kept(plans):
+        return sum(p._tmp.numel() * p._tmp.itemsize for c in (plans.by_args, plans.common()) for p in c.values()
+                   if p._tmp is not None)
+
+    g = _collective_group([])
+    g.scratch = Scratch(0)  # none kept: each call's small scratch is its own
+    plans = Plans(g)
+    plan = _allreduce(plans, 1000)
+    first, second = plan.execution("op1", None, None)[2][2], plan.execution("op2", None, None)[2][2]
+    assert plan._tmp is None and first is not second and first.numel() == second.numel() > 0
+    g.scratch = Scratch(64 << 20)
+    plans = Plans(g)
+    count = (KEEP_SCRATCH // 4) // 3 - 10  # direct at 3 ranks: 3 x count floats of TMP, just under 64 KiB
+    for i in range(2 * SMALL_KEPT_BYTES // KEEP_SCRATCH):
+        _allreduce(plans, count - i).execution(f"op{i}", None, None)
+    assert SMALL_KEPT_BYTES - KEEP_SCRATCH < kept(plans) <= SMALL_KEPT_BYTES, kept(plans)
+    spent = _allreduce(plans, g.scratch._small_left // 12 + 1)  # a TMP just past what the budget has left
+    assert spent.execution("op", None, None)[2][2].data_ptr() == g.scratch.take(1, torch.uint8).data_ptr() \
+        and spent._tmp is None, "past the budget, a plan's small scratch is the group's one buffer"
+    # the common paths' cache and the argument sets' start again together, the budget with them
+    for i in range(PLAN_CACHE):
+        plans.keep_common(("form", i), spent)
+    assert len(plans.by_args) > 0 and len(plans.common()) == PLAN_CACHE
+    plans.keep_common(("form", PLAN_CACHE), spent)
+    assert not plans.by_args and list(plans.common().values()) == [spent] and kept(plans) == 0
+    fresh = _allreduce(plans, count)
+    fresh.execution("op", None, None)
+    assert fresh._tmp is not None, "the budget came back with the caches"
+    # frame plans: kept with their schedule up to MAX_KEPT_FRAMES frames, cut again past that
+    for n, keep in ((MAX_KEPT_FRAMES // 4 * 256, True), (MAX_KEPT_FRAMES * 256, False)):
+        sched = build(Spec("allreduce", 0, 2, count=n, order=(0, 1)), "ring")  # 1 KiB frames below: n/256 a step
+        plan = frame_plan(sched, 4, 256)
+        assert (plan.frames <= MAX_KEPT_FRAMES) is keep and (frame_plan(sched, 4, 256) is plan) is keep
+        assert bool(sched.plans) is keep, (n, plan.frames)
+
+
 def _p2p_group(sent):
     """What a send or receive plan reads of its group (a transport that copies every frame)."""
     g = SimpleNamespace(token=0x5EC12E7, group_id=77, rank=1, size=4, frame_bytes=FRAME, transport=SimpleNamespace(),

@@ -18,8 +18,11 @@ direct schedules of both have no TMP of their own).
 
 Bounded: the buffer grows to the largest scratch a call needs, rounded up to a power of two, up
 to `NEURON_DIST_SCRATCH_BYTES` (default 64 MiB); a call needing more gets a buffer of its own,
-freed when the call ends, as before. Small scratch (up to 64 KiB) stays with its call's plan
-(plans.py), with the views cut from it.
+freed when the call ends, as before. Small scratch (up to 64 KiB) may stay with its call's plan
+(plans.py), with the views cut from it, while the group's plans keep no more than
+SMALL_KEPT_BYTES of it in all (and none with the setting at 0): a job whose call sizes change
+every step made a plan for each, and ~2,000 plans of 64 KiB kept ~120 MiB. Past that budget a
+plan's small scratch is cut from the one buffer like any other.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import torch
 from ..config import env_int
 
 DEFAULT_SCRATCH_BYTES = 64 << 20
+SMALL_KEPT_BYTES = 4 << 20  # the most small scratch a group's plans keep (within the setting)
 
 
 def scratch_bytes_setting() -> int:
@@ -40,11 +44,23 @@ def scratch_bytes_setting() -> int:
 
 class Scratch:
     """One byte buffer, handed out as the TMP of one collective at a time (see the module)."""
-    __slots__ = ("limit", "_buf")
+    __slots__ = ("limit", "_buf", "_small_left")
 
     def __init__(self, limit: int):
         self.limit = limit
         self._buf: torch.Tensor | None = None
+        self._small_left = min(limit, SMALL_KEPT_BYTES)  # what the plans may still keep (keep_small)
+
+    def keep_small(self, nbytes: int) -> bool:
+        """Whether a plan may keep `nbytes` of small scratch of its own, counted as kept."""
+        if nbytes > self._small_left:
+            return False
+        self._small_left -= nbytes
+        return True
+
+    def forget_small(self) -> None:
+        """The plans that kept small scratch are gone (their caches started again)."""
+        self._small_left = min(self.limit, SMALL_KEPT_BYTES)
 
     @property
     def kept_bytes(self) -> int:
