@@ -1287,18 +1287,29 @@ def abort_frames_under_the_drive_lock(rank, world):
         out = {"sends": sends, "waited": time.monotonic() - t0}
         t.join(5)
     else:
-        try:
-            dist.all_reduce(torch.ones(4), group=sub)
-            out = "no error"
-        except Exception as e:  # noqa: BLE001
-            out = str(e)
+        out = _error_of(lambda: dist.all_reduce(torch.ones(4), group=sub))
+    _destroy_when_all_are_done(sub)
+    return out
+
+
+def _error_of(call) -> str:
+    """What `call()` raised, as text ("no error" if it returned)."""
+    try:
+        call()
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+
+
+def _destroy_when_all_are_done(sub) -> None:
+    """Every rank past a Gloo barrier, then `sub` destroyed (torch may refuse an aborted one)."""
+    import torch.distributed as dist
     import rankctx
     dist.barrier(group=rankctx.GLOO)
     try:
         dist.destroy_process_group(sub)
     except Exception:  # noqa: BLE001 - (rank 0's group is aborted: torch may refuse)
         pass
-    return out
 
 
 def abort_wakes_a_sleeping_engine(rank, world, sleep=5.0):
@@ -1324,26 +1335,14 @@ def abort_wakes_a_sleeping_engine(rank, world, sleep=5.0):
             t0 = time.monotonic()
             sub.abort()
             aborted = time.monotonic() - t0
-            try:
-                w.wait()
-                err = "no error"
-            except Exception as e:  # noqa: BLE001
-                err = str(e)
+            err = _error_of(w.wait)
             out = {"abort_s": aborted, "failed_s": time.monotonic() - t0, "error": err}
         finally:
             G.STALL_WAIT_MIN_S, G.STALL_WAIT_MAX_S = saved
     dist.barrier(group=rankctx.GLOO)
     if rank:
-        try:
-            dist.all_reduce(torch.ones(1 << 19), group=sub)
-            out = "no error"
-        except Exception as e:  # noqa: BLE001
-            out = str(e)
-    dist.barrier(group=rankctx.GLOO)
-    try:
-        dist.destroy_process_group(sub)
-    except Exception:  # noqa: BLE001 - (rank 0's group is aborted: torch may refuse)
-        pass
+        out = _error_of(lambda: dist.all_reduce(torch.ones(1 << 19), group=sub))
+    _destroy_when_all_are_done(sub)
     return out
 
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from neuron_dist import bench
+from neuron_dist.ports import free_port  # (a fixed port in the ephemeral range: EADDRINUSE in a CI run)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -128,7 +129,7 @@ def test_json_config_under_a_launcher_and_no_repeated_rows(tmp_path):
     env = dict(os.environ, NEURON_DIST_TUNING="host")
     env.pop("NEURON_DIST_ALGO", None)
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr",
-                        "127.0.0.1", "--master-port", "33241", "-m", "neuron_dist.bench", "-b", "1", "-e", "16",
+                        "127.0.0.1", "--master-port", str(free_port()), "-m", "neuron_dist.bench", "-b", "1", "-e", "16",
                         "-f", "2", "-n", "1", "-w", "0", "--ops", "allreduce,allgather", "--instance", "",
                         "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
