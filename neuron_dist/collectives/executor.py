@@ -92,9 +92,7 @@ class Mailbox:
                 k, h, p = held
                 if k == key:
                     return h, p, False
-                self.early.setdefault((peer, k), deque()).append((h, p.clone()))  # as below
-                self.set_aside += 1
-                self.transport.release(peer)
+                self._set_aside(peer, k, h, p)
         while True:
             got = self.transport.recv(peer)
             if got is None:
@@ -112,9 +110,14 @@ class Mailbox:
                 raise FrameError(f"rank {self.rank} received a frame of an already finished "
                                  f"collective: {h.describe()}; collectives were called in a "
                                  f"different order or with different sizes across ranks")
-            self.early.setdefault((peer, k), deque()).append((h, payload.clone()))
-            self.set_aside += 1
-            self.transport.release(peer)
+            self._set_aside(peer, k, h, payload)
+
+    def _set_aside(self, peer: int, key: tuple, header: Header, payload) -> None:
+        """Keep a frame `take` read for another op (`key`'s) in `early`, copied out of the
+        transport's buffer, which goes back to the peer, and count it (`set_aside`)."""
+        self.early.setdefault((peer, key), deque()).append((header, payload.clone()))
+        self.set_aside += 1
+        self.transport.release(peer)
 
     def put_back(self, peer: int, key: tuple, header: Header, payload, owned: bool) -> None:
         """Return a frame `take` handed out so that the next `take(peer, key)` gets it again (a
