@@ -3,14 +3,112 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .errors import GroupError
 
 if TYPE_CHECKING:
     from .group import Group
     from .op import Op
+
+
+class _ExitWaker:
+    """One thread per process, asleep in epoll on the pidfds of every group's same-host peers,
+    that wakes a group's engine the moment one of those processes ends.
+
+    A stalled engine sleeps in its transport's wait (a futex on shared memory), which cannot
+    also wait on pidfds: a killed peer was seen only when that wait ended (up to the engine's
+    longest, 0.25 s), and its error came 0.56-0.70 s after the kill. The thread costs nothing
+    while it waits, and lives only while some group watches a peer (the last `remove` ends it,
+    and waits for it: a destroyed group leaves no thread or descriptor behind). It
+    polls the groups' own pidfds, which a group hands back (`remove`, under the lock) before it
+    closes them, so an fd the thread looks at is always the one registered; an event that was
+    meant for an earlier fd of the same number is told apart by asking the fd itself.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._wakes: dict[int, Callable[[], None]] = {}  # pidfd -> what to call when it ends
+        self._ep = None   # the thread's epoll and its eventfd (a `remove` that leaves nothing wakes it)
+        self._efd = -1
+        self._thread: threading.Thread | None = None
+
+    def add(self, fd: int, wake: Callable[[], None]) -> None:
+        with self._lock:
+            if self._ep is None:
+                self._ep, self._efd = select.epoll(), os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+                self._ep.register(self._efd, select.EPOLLIN)
+                self._thread = threading.Thread(target=self._run, args=(self._ep, self._efd),
+                                                name="neuron_dist-exits", daemon=True)
+                self._thread.start()
+            self._wakes[fd] = wake
+            self._ep.register(fd, select.EPOLLIN)
+
+    def remove(self, fd: int) -> None:
+        """Forget `fd` (before its owner closes it); the last one ends the thread."""
+        with self._lock:
+            if self._wakes.pop(fd, None) is None:
+                return
+            self._ep.unregister(fd)
+            if self._wakes:
+                return
+            ep, efd, thread = self._ep, self._efd, self._thread
+            self._ep, self._efd, self._thread = None, -1, None
+            os.eventfd_write(efd, 1)
+        if thread is not threading.current_thread():
+            thread.join(timeout=5)
+            if thread.is_alive():  # (never seen: its epoll wakes on the eventfd at once) leave
+                return             # its descriptors to it rather than close them under its wait
+        ep.close()
+        os.close(efd)
+
+    def _run(self, ep, efd: int) -> None:
+        while True:
+            try:
+                events = ep.poll()
+            except InterruptedError:
+                continue
+            woken, last = [], False
+            with self._lock:
+                for fd, _ in events:
+                    if fd == efd:
+                        os.eventfd_read(efd)  # (level-triggered: unread, it would fire for ever)
+                        continue
+                    if fd not in self._wakes or not _ended(fd):  # not ours, or meant for an earlier fd
+                        continue                                 # of this number
+                    ep.unregister(fd)
+                    woken.append(self._wakes.pop(fd))
+                if self._ep is not ep:  # the last `remove` took them: end (it closes them once we have)
+                    return
+                if not self._wakes:  # every process watched has ended: end, closing our own
+                    self._ep, self._efd, self._thread, last = None, -1, None, True
+            for wake in woken:
+                wake()
+            if last:
+                ep.close()
+                os.close(efd)
+                return
+
+    def forget_in_child(self) -> None:
+        """A forked child has no thread: its copies of the epoll and eventfd go, and so does the
+        list (the parent's groups are not the child's)."""
+        if self._ep is not None:
+            self._ep.close()
+            os.close(self._efd)
+        self.__init__()
+
+
+def _ended(pidfd: int) -> bool:
+    """Whether `pidfd`'s process has ended (a pidfd reads as readable then)."""
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+_EXITS = _ExitWaker()
+os.register_at_fork(after_in_child=_EXITS.forget_in_child)
 
 
 class DeathWatch:
@@ -23,7 +121,8 @@ class DeathWatch:
     it in vain fails there, on the transport's word). Same-host peers are watched
     through pidfds in one epoll set (a non-blocking poll at an operation's start, at most one
     per POLL_INTERVAL; zombies included); peers on other hosts through the transport's
-    connection state.
+    connection state. A same-host peer's end also wakes the group's engine asleep in its
+    transport's wait (`_ExitWaker`), and raises `news` for its next stall check to look at once.
     """
 
     POLL_INTERVAL = 0.001  # seconds between polls of the pidfds: back-to-back small operations share
@@ -38,6 +137,7 @@ class DeathWatch:
         self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
         self.dead: dict[int, str] = {}     # peer -> reason
+        self.news = False                  # a watched peer's process ended since the engine last looked
         self.failed: set[int] = set()      # those of them alive, whose copy of the group failed
         self.remote = [r for r, h in enumerate(group.hosts) if r != group.rank and h != host]
         local = [r for r, h in enumerate(group.hosts) if r != group.rank and h == host]
@@ -52,6 +152,13 @@ class DeathWatch:
                     continue
                 self.fds[fd] = r
                 self.ep.register(fd, select.EPOLLIN)
+                _EXITS.add(fd, self._woken_by(group.transport.wake))
+
+    def _woken_by(self, wake: Callable[[], None]) -> Callable[[], None]:
+        def on_exit() -> None:  # (on the waker's thread)
+            self.news = True
+            wake()
+        return on_exit
 
     def _poll(self, g: "Group") -> None:
         """Note the same-host peers whose processes have ended since the last look, and the
@@ -64,6 +171,7 @@ class DeathWatch:
             for fd, _ in self.ep.poll(0):
                 r = self.fds.pop(fd)
                 self.ep.unregister(fd)
+                _EXITS.remove(fd)
                 os.close(fd)
                 self.dead[r] = f"rank {r} (pid {g.peers_info[r]['pid']}) exited"
                 self.failed.discard(r)  # (dead now, not only failed)
@@ -121,6 +229,7 @@ class DeathWatch:
 
     def close(self) -> None:
         for fd in self.fds:
+            _EXITS.remove(fd)
             os.close(fd)
         self.fds.clear()
         if self.ep is not None:

@@ -47,7 +47,7 @@ from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError  # re-exported: c10d and debug import it from here
 from .op import CallbackRunner, Op, Record
-from .transport.base import TransportContext, TransportError, descriptor_advice
+from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
 
 log = logging.getLogger("neuron_dist.init")
@@ -59,7 +59,6 @@ INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the calle
 INLINE_BUDGET = 0.0005       # ... for at most this long before the engine takes over
 INLINE_SYNC_BUDGET = 0.05    # synchronous ops (asyncOp=False): the caller waits anyway
 STATS_SIZES = 512  # distinct (collective, algorithm, size) rows a group counts exactly, for NEURON_DIST_REPORT
-PEER_GRACE_S = 0.5  # a peer seen gone fails the op waiting on it only after this (frames in flight land first)
 SWEEP_INTERVAL_S = 0.05  # a stalled collective looks at every member this often (who went first)
 LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often (at most)
 # A stalled engine waits on its transport for half the stall so far, within these, and never
@@ -504,6 +503,7 @@ class Group(HangDiagnosis):
     _next_look = 0.0  # when a waiting op next looks at its peers' liveness (_check_stalled)
     _inherited = False  # a forked child's copy of its parent's group (_forget_groups_in_child)
     _deaths = None  # its DeathWatch, once its transport is up
+    _graces = None  # per member, how long after it is seen gone its frames may still land (transport.gone_grace)
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, name: str = "0",
                  global_ranks: list[int] | None = None, outside_autograd=torch.no_grad):
@@ -647,6 +647,7 @@ class Group(HangDiagnosis):
         self.transport = transport_select.create(ctx)
         self.mailbox = Mailbox(self.transport, rank)
         self._deaths = DeathWatch(self, host)
+        self._graces = [self.transport.gone_grace(p) if p != rank else 0.0 for p in range(size)]
         # -- the engine ------------------------------------------------------------------------
         self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
         self._cv = threading.Condition(self._mu)
@@ -1051,10 +1052,10 @@ class Group(HangDiagnosis):
         from .transport.frame import PeerAborted
         # A peer that failed sends its ABORT, then closes; over TCP the close can be seen first
         # (a socket monitor's event, beside the data socket the frame is still travelling on),
-        # so its ABORT is waited for until `p` has been seen gone for PEER_GRACE_S, the grace
-        # a waiting op gives a peer seen gone anyway. A killed peer sends none: its neighbours
-        # fail that much later, naming it.
-        deadline = self._gone_seen.setdefault(p, time.monotonic()) + PEER_GRACE_S
+        # so its ABORT is waited for until `p` has been seen gone for its grace (`_grace`), the
+        # grace a waiting op gives a peer seen gone anyway. A killed peer sends none: its
+        # neighbours fail that much later, naming it.
+        deadline = self._gone_seen.setdefault(p, time.monotonic()) + self._grace(p)
         while True:
             try:
                 self.mailbox.take(p, ("abort-probe",))
@@ -1163,8 +1164,15 @@ class Group(HangDiagnosis):
         except Exception as e:  # noqa: BLE001 - best effort, like the frames
             coll_log.debug("rank %d: failure flag not set: %s", self.rank, e)
 
-    def _peer_gone(self, p: int, now: float | None = None, grace: float = PEER_GRACE_S) -> str | None:
-        """The transport's reason for `p` being gone, once it has held for `grace` seconds."""
+    def _grace(self, p: int) -> float:
+        """How long after member `p` is seen gone an op waiting on it still waits: frames it
+        sent may yet land (the transport's `gone_grace`: half a second over sockets, one more
+        look on shared memory)."""
+        return PEER_GRACE_S if self._graces is None else self._graces[p]
+
+    def _peer_gone(self, p: int, now: float | None = None) -> str | None:
+        """The transport's reason for `p` being gone, once it has held for `p`'s grace; when `p`
+        is first seen gone, the next sweep and look fall due as that grace ends."""
         try:
             reason = self.transport.check_peer(p)
             if not reason and self._deaths is not None:  # a same-host peer's process, where the transport
@@ -1176,7 +1184,11 @@ class Group(HangDiagnosis):
         if not reason:
             return None
         now = time.monotonic() if now is None else now
-        first = self._gone_seen.setdefault(p, now)
+        grace, first = self._grace(p), self._gone_seen.get(p)
+        if first is None:
+            first = self._gone_seen[p] = now
+            self._next_sweep = min(self._next_sweep, now + grace)
+            self._next_look = min(self._next_look, now + grace)
         return reason if now - first >= grace else None
 
     def _stall_wait(self, active: list[Op], now: float, since: float) -> float:
@@ -1185,13 +1197,17 @@ class Group(HangDiagnosis):
         limit = self.timeout.total_seconds()
         for op in active:
             wait = min(wait, op.t0 + (op.timeout or limit) - now + DUE_SLACK_S)
-        for seen in self._gone_seen.values():
-            if seen + PEER_GRACE_S > now:
-                wait = min(wait, seen + PEER_GRACE_S - now + DUE_SLACK_S)
+        for p, seen in self._gone_seen.items():
+            if seen + self._grace(p) > now:
+                wait = min(wait, seen + self._grace(p) - now + DUE_SLACK_S)
         return max(wait, 0.0)
 
     def _check_stalled(self, active: list[Op], waiting: _Waiting) -> None:
         now = time.monotonic()
+        deaths = self._deaths
+        if deaths is not None and deaths.news:  # a same-host peer's process ended (its pidfd woke
+            deaths.news = False                 # the engine): look at the peers now
+            self._next_sweep = self._next_look = 0.0
         limit = self.timeout.total_seconds()
         if now >= self._next_sweep and any(not o.is_p2p for o in active):
             # note when each member is first seen gone, so a failure names the first to go; and a

@@ -8,6 +8,8 @@ transport, plus before/after at 2 ranks). `pytest -m slow tests/test_faults.py`:
 matrix (7 collectives x 2 and 4 ranks x before/during/after) on the default transport and on zmq.
 Standalone with a summary line: `python tests/cases_faults.py [zmq|shm]`.
 """
+import os
+
 import pytest
 
 import cases_faults as cf
@@ -331,7 +333,7 @@ def test_a_peer_seen_gone_is_blamed_only_once_its_abort_had_its_grace():
 
     def group(after):
         g = SimpleNamespace(mailbox=Mailbox(after), transport=transport, _gone_seen={}, rank=0, size=4,
-                            global_ranks=[0, 1, 2, 3])
+                            global_ranks=[0, 1, 2, 3], _grace=lambda p: PEER_GRACE_S)  # (a socket's grace)
         g.who = lambda r: Group.who(g, r)
         g._gone_now = lambda q: Group._gone_now(g, q)
         return g
@@ -477,7 +479,8 @@ def test_a_stalled_engine_wakes_for_what_falls_due_and_seldom_otherwise():
     from types import SimpleNamespace
     from neuron_dist.group import DUE_SLACK_S, PEER_GRACE_S, STALL_WAIT_MAX_S, STALL_WAIT_MIN_S, Group
 
-    g = SimpleNamespace(timeout=timedelta(seconds=30), _gone_seen={})
+    graces = {1: PEER_GRACE_S, 2: 0.005}  # (a peer over a socket, one over shared memory)
+    g = SimpleNamespace(timeout=timedelta(seconds=30), _gone_seen={}, _grace=graces.get)
     op = SimpleNamespace(t0=100.0, timeout=None)
     wait = lambda now, since: Group._stall_wait(g, [op], now, since)  # noqa: E731
     assert wait(100.0, 100.0) == STALL_WAIT_MIN_S  # the stall just began
@@ -491,3 +494,79 @@ def test_a_stalled_engine_wakes_for_what_falls_due_and_seldom_otherwise():
     assert wait(110.0, 100.0) == pytest.approx(0.2 + DUE_SLACK_S)
     g._gone_seen = {1: 100.0}  # ... or long over: not due any more
     assert wait(110.0, 100.0) == STALL_WAIT_MAX_S
+    g._gone_seen = {1: 110.0 - 0.3, 2: 110.0 - 0.003}  # each peer's own grace: rank 2's ends first
+    assert wait(110.0, 100.0) == pytest.approx(0.002 + DUE_SLACK_S)
+
+
+@pytest.mark.parametrize("transport,world", [("shm", 2), ("shm", 3), ("zmq", 2)])
+def test_a_peer_killed_while_waited_on_is_seen_at_once(transport, world):
+    """The last rank is SIGKILLed while the others have waited 1.5 s on it in an all-reduce, their
+    engines asleep in the transport's longest waits (0.25 s). The process's end wakes them (a
+    thread asleep on the peers' pidfds, deathwatch._ExitWaker), and on shared memory, where
+    nothing a peer wrote can still be on its way, the grace before failing is one more look at
+    the rings: the error came 0.53-0.73 s after the kill, now 0.01-0.05 s (Gloo's ~0.04 s). Over
+    zmq frames may be in flight, and the 0.5 s grace stays."""
+    import os
+    from neuron_dist.group import PEER_GRACE_S
+    from pool import free_port, rank_line, run_scripts
+    port = free_port()
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    outs = run_scripts("killed_while_waited_on.py", [[r, world, port, 1.5] for r in range(world)], env)
+    killed = float(rank_line(outs[-1][1], world - 1).split("killed at ")[1])
+    for r in range(world - 1):
+        line = rank_line(outs[r][1], r)
+        assert " failed at " in line and f"rank {world - 1} is gone" in line and "allreduce" in line, line
+        after = float(line.split("failed at ")[1].split(":")[0]) - killed
+        if transport == "shm":
+            assert after < PEER_GRACE_S - 0.1, (after, line)
+        else:
+            assert PEER_GRACE_S <= after < PEER_GRACE_S + 1.0, (after, line)
+
+
+def test_the_exit_waker_wakes_once_per_ended_process_and_leaves_nothing_behind():
+    """deathwatch._ExitWaker: one thread, asleep on the pidfds it is given, calls a pidfd's wake
+    when its process ends, never for a live one, and ends with the last pidfd (taken back, or
+    its process ended), closing its epoll and eventfd: a destroyed group leaves no thread or
+    descriptor behind (the fault matrix's leak check counts both)."""
+    import subprocess
+    import threading
+    import time
+
+    from neuron_dist.deathwatch import _ExitWaker
+
+    def waker_threads():
+        return [t for t in threading.enumerate() if t.name == "neuron_dist-exits"]
+
+    fds_before = set(os.listdir("/proc/self/fd"))
+    waker, woken = _ExitWaker(), []
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    pidfds = [os.pidfd_open(p.pid) for p in procs]
+    try:
+        for i, fd in enumerate(pidfds):
+            waker.add(fd, lambda i=i: woken.append(i))
+        assert len(waker_threads()) == 1
+        procs[1].kill()
+        deadline = time.monotonic() + 10
+        while not woken and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.1)
+        assert woken == [1], woken
+        waker.remove(pidfds[0])  # a group's close takes its pidfds back
+        assert len(waker_threads()) == 1  # one still watched
+        procs[2].kill()  # the last one ends: the thread ends by itself
+        deadline = time.monotonic() + 10
+        while waker_threads() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert woken == [1, 2] and not waker_threads(), (woken, waker_threads())
+        waker.remove(pidfds[2])  # (already gone from its list: nothing to do)
+        waker.add(pidfds[0], lambda: woken.append(0))  # a later add starts a thread again
+        assert len(waker_threads()) == 1
+        waker.remove(pidfds[0])  # and the last remove ends it, at once
+        assert not waker_threads() and woken == [1, 2]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for fd in pidfds:
+            os.close(fd)
+    assert set(os.listdir("/proc/self/fd")) == fds_before

@@ -25,6 +25,11 @@ from .frame import FrameError, Header
 if TYPE_CHECKING:
     from .cma import Lent  # (cma imports this module)
 
+# How long after a peer is seen gone its last frames may still arrive, on a transport with
+# buffers between the two processes (sockets, MPI's queues): over TCP a socket monitor's close
+# can be seen before the data travelling beside it. See `Transport.gone_grace`.
+PEER_GRACE_S = 0.5
+
 
 @dataclass
 class TransportContext:
@@ -171,6 +176,12 @@ class Transport(abc.ABC):
         """True if `peer` closed its side in an orderly way (destroy_process_group/shutdown)
         rather than dying: its absence is then no fault for the operations it completed."""
         return False
+
+    def gone_grace(self, peer: int) -> float:
+        """Seconds after `peer` is seen gone (`check_peer`, or its process's end) during which
+        frames it sent may still arrive: an operation waiting on it fails only after this (and
+        one more look at what came). Default PEER_GRACE_S, for frames in flight."""
+        return PEER_GRACE_S
 
 
 def bye_seen(finished: set, peer: int, read_pending) -> bool:

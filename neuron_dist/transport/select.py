@@ -231,6 +231,9 @@ class Composite(Transport):
     def peer_finished(self, peer):
         return self.route[peer].peer_finished(peer)
 
+    def gone_grace(self, peer):
+        return self.route[peer].gone_grace(peer)
+
     def take_in(self):
         for t in self.parts.values():
             t.take_in()

@@ -82,6 +82,10 @@ MAX_SLOTS = 1 << 16
 # stalled engine's longest wait (group.STALL_WAIT_MAX_S): at 50 ms against the engine's 0.1 s, a
 # rank waiting long for a late peer woke twice per engine wait to find nothing
 MAX_SLEEP = 0.25
+# a gone peer's grace (`gone_grace`): only long enough for the engine to look at the rings once
+# more after it saw the peer gone (a peer SIGKILLed in a collective failed it 0.56-0.70 s later
+# with the 0.5 s grace that frames in flight over a socket need; Gloo fails it in ~0.03 s)
+GONE_GRACE_S = 0.005
 YIELD_US = 1000  # default yielding spin after the first (NEURON_DIST_SHM_YIELD_US), a core per rank
 _CUTS = 8          # payload views kept per slot (one per frame size and dtype seen; slicing costs ~1 us)
 LEND_FRAME_BYTES = 64 << 20  # the largest lent frame: few frames per step, one kernel copy each
@@ -760,6 +764,12 @@ class ShmTransport(Transport):
         if seg is not None and seg.failed is not None and seg.failed.value:
             return f"rank {peer}'s copy of the group failed or was aborted (rank {peer}'s own error says why)"
         return None
+
+    def gone_grace(self, peer):
+        """No frame is in flight here: whatever a peer wrote before it ended is in its ring
+        already, so the engine's next look at the rings, which the grace lets happen, is the
+        last one that can find anything of it."""
+        return GONE_GRACE_S
 
     def peer_finished(self, peer):
         seg = self.theirs.get(peer)  # closed, and not after a failure (an abort closes too)
