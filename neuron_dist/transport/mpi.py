@@ -184,6 +184,13 @@ class MpiTransport(Transport):
                 self.refuse_from[p] = index - min(h.chunk, index)  # `chunk`: its frames still open (`send`)
         return moved
 
+    def take_in(self) -> None:
+        """Take in the headers that have arrived (a peer's ABORT queued behind frames no op reads
+        yet), so that `peer_failed` at an op's start sees it (`DeathWatch._failed`)."""
+        self._alive()
+        for p in self.peers:
+            self._take_abort(p)  # (looks until two looks in a row find nothing: one Iprobe may miss)
+
     def send(self, peer, header, payload):
         self._alive()
         MPI, dst = self.MPI, self.world[peer]
@@ -380,6 +387,10 @@ class MpiTransport(Transport):
                     except Exception:  # noqa: BLE001 - best effort at shutdown
                         pass
                     live.append((req, item[1], None))
+        # those kept by earlier closes that MPI has completed since (the peer took them in
+        # later): their buffers are MPI's no more, so keeping them grew memory by every given-up
+        # send's size, each close
+        _LIVE_AT_CLOSE[:] = [x for x in _LIVE_AT_CLOSE if not x[0].Test()]
         if live:
             _LIVE_AT_CLOSE.extend(live)
             log.debug("rank %d: %d MPI requests still open at close; their buffers are kept", self.rank, len(live))
