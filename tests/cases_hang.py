@@ -262,11 +262,13 @@ def dumps(rank, world):
     """NEURON_DIST_DUMP writes a group's record of recent collectives when one fails, and
     NEURON_DIST_DUMP_SIGNAL dumps every open group's record on that signal."""
     import os
+    import shutil
     import signal
     import tempfile
 
     from neuron_dist import diagnosis
-    where = os.path.join(tempfile.mkdtemp(prefix="nd-dump-"), f"rank{rank}.txt")
+    folder = tempfile.mkdtemp(prefix="nd-dump-")
+    where = os.path.join(folder, f"rank{rank}.txt")
     saved = {k: os.environ.get(k) for k in ("NEURON_DIST_DUMP", "NEURON_DIST_DUMP_SIGNAL")}
     os.environ.update(NEURON_DIST_DUMP=where, NEURON_DIST_DUMP_SIGNAL="USR1")
     before = signal.getsignal(signal.SIGUSR1)
@@ -296,6 +298,7 @@ def dumps(rank, world):
         dist.barrier(group=R.GLOO)
         dist.destroy_process_group(g)
     finally:
+        shutil.rmtree(folder, ignore_errors=True)
         signal.signal(signal.SIGUSR1, before)
         diagnosis._SIGNAL_INSTALLED = False
         for k, v in saved.items():
