@@ -964,14 +964,15 @@ def failed_group_unmaps_on_destroy(rank, world, count):
 def a_slip_reads_with_its_type(rank, world):
     """An error of a kind this package never raises on purpose (a KeyError, an AttributeError:
     a bug, or a transport closed beneath a call) reaches the caller with its type: the message
-    used to end in the bare key ("... failed: 1")."""
+    used to end in the bare key ("... failed: 1"). Returns (the message, repr of its
+    __cause__): the error raised is a copy of the op's (op.fresh_error), which keeps its cause."""
     import torch.distributed as dist
     sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=30))
     try:
         error = _all_gather_failing_on_rank0(rank, world, sub, 1 << 20, KeyError(7))
     finally:
         dist.destroy_process_group(sub)
-    return None if error is None else str(error)
+    return None if error is None else (str(error), repr(error.__cause__))
 
 
 def _all_gather_failing_on_rank0(rank, world, sub, count, failure):

@@ -296,10 +296,15 @@ def test_an_error_keeps_the_callers_frames_and_drops_this_packages_locals():
 
 
 def test_an_error_of_a_kind_the_package_never_raises_names_its_type(pools):
+    """An error of a kind the package never raises on purpose (a KeyError: a bug) names its type,
+    and keeps the original as its cause: the error a wait() raises is a copy of the op's
+    (op.fresh_error), and a copy that dropped `__cause__` hid the original exception and its
+    traceback (a traceback's "direct cause" section) from the caller."""
     mine, peers = pools(2).run("cases_faults:a_slip_reads_with_its_type")
-    assert mine is not None and mine.endswith("failed: KeyError: 7"), mine
+    assert mine is not None and mine[0].endswith("failed: KeyError: 7"), mine
+    assert mine[1] == "KeyError(7)", f"the error raised lost its cause: __cause__ is {mine[1]}"
     # the peer may have finished its half first (rank 0 releases the frame it failed on)
-    assert peers is None or "rank 0" in peers, peers
+    assert peers is None or "rank 0" in peers[0], peers
 
 
 def test_a_failure_of_the_engine_itself_fails_its_ops_instead_of_leaving_them_waiting(pools):

@@ -130,6 +130,57 @@ def test_the_plans_keep_bounded_memory_however_many_call_forms_a_job_makes():
         assert bool(sched.plans) is keep, (n, plan.frames)
 
 
+def test_no_plan_keeps_small_scratch_with_the_setting_at_0_even_after_the_caches_start_again():
+    """NEURON_DIST_SCRATCH_BYTES=0 promises no small scratch kept by any plan. The budget comes
+    back whenever the plan caches start again (Scratch.forget_small), and must come back within
+    the setting: reset to the full SMALL_KEPT_BYTES instead, every plan made after the first
+    restart would keep its scratch again (4 MiB a group) with the setting at 0."""
+    g = _collective_group([])
+    g.scratch = Scratch(0)
+    plans = Plans(g)
+    plan = _allreduce(plans, 1000)
+    plan.execution("op1", None, None)
+    assert plan._tmp is None
+    for i in range(PLAN_CACHE + 1):  # past a full cache: both start again, the budget with them
+        _allreduce(plans, 2000 + i)
+    assert _allreduce(plans, 1000) is not plan, "the caches did not start again"
+    for count in (1000, 1001, 5):
+        after = _allreduce(plans, count)
+        after.execution("op2", None, None)
+        assert after._tmp is None, f"a plan made after the caches started again kept {after._tmp.numel()} " \
+                                   f"elements of small scratch with NEURON_DIST_SCRATCH_BYTES at 0"
+    assert g.scratch._small_left == 0
+
+
+def test_a_full_argument_set_cache_starts_both_caches_and_the_small_scratch_budget_again():
+    """When `get`'s cache of argument sets fills, the common paths' cache (which holds plans
+    `get` made) and the small-scratch budget start again with it: emptying only `by_args` left
+    the common cache holding its plans and their scratch while the budget stayed spent, so no
+    plan made after kept small scratch again (each call's cut from the group's one buffer), and
+    the plans of the two caches drifted apart."""
+    g = _collective_group([])
+    g.scratch = Scratch(64 << 20)
+    plans = Plans(g)
+    full = g.scratch._small_left
+    for i in range(10):  # ~12 KB of small scratch each, kept for the common paths too
+        p = _allreduce(plans, 1000 + i)
+        p.execution("op", None, None)
+        assert p._tmp is not None
+        plans.keep_common(("form", i), p)
+    assert g.scratch._small_left < full and len(plans.common()) == 10
+    g.scratch._small_left = 0  # the budget spent: a new form keeps none
+    for i in range(PLAN_CACHE - len(plans.by_args)):  # fills `by_args` exactly
+        _allreduce(plans, 100_000 + i)
+    assert len(plans.by_args) == PLAN_CACHE and len(plans.common()) == 10
+    _allreduce(plans, 5)  # one form more: `get` starts again
+    assert len(plans.by_args) == 1, "the argument sets' cache did not start again"
+    assert plans.common() == {}, f"the common paths' cache kept {len(plans.common())} plans as `get` started again"
+    assert g.scratch._small_left == full, "the small-scratch budget did not come back with the caches"
+    fresh = _allreduce(plans, 5)
+    fresh.execution("op", None, None)
+    assert fresh._tmp is not None, "a plan made after the caches started again kept no small scratch"
+
+
 def _p2p_group(sent):
     """What a send or receive plan reads of its group (a transport that copies every frame)."""
     g = SimpleNamespace(token=0x5EC12E7, group_id=77, rank=1, size=4, frame_bytes=FRAME, transport=SimpleNamespace(),

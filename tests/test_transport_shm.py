@@ -171,6 +171,8 @@ def test_three_ranks_each_pair_has_its_own_ring():
 
 
 @pytest.mark.parametrize("size", [2, 3])
+
+
 def test_a_segment_holds_one_ring_per_peer(size):
     """What README "Memory is bounded" states: per rank and group, one inbound ring per local
     peer of NEURON_DIST_SHM_SLOTS slots (4) of a frame (512 KiB) and its 64-byte header, plus
@@ -345,6 +347,8 @@ def test_no_segment_survives_a_sigterm_while_it_is_made(tmp_path):
     segment stayed in /dev/shm."""
     slow = CHILD.replace('job_id="crash"', 'job_id="sigtermmake"').replace("t = shm.ShmTransport(ctx)", """
 real = os.posix_fallocate
+
+
 def slow(fd, off, n):
     print("in fallocate", flush=True)
     time.sleep(30)
@@ -616,6 +620,8 @@ def test_affinity_published_as_runs(monkeypatch):
     ("NEURON_DIST_FRAME_BYTES", "-5", "least"), ("NEURON_DIST_SHM_SPIN_US", "-1", "least"),
     ("NEURON_DIST_SHM_YIELD_US", "-2", "least"),
     ("NEURON_DIST_FRAME_BYTES", str((1 << 30) + 4096), "most"), ("NEURON_DIST_SHM_SLOTS", str(10**17), "most")])
+
+
 def test_ring_settings_out_of_range_are_rejected(monkeypatch, var, value, bound):
     """A ring setting out of range is an error at set-up that names the variable (a 0-byte frame
     used to pass set-up and break the group at its first collective; 1 slot was raised to 2; a
@@ -647,6 +653,65 @@ def test_wake_ends_a_wait_from_another_thread():
         a.close()
         b.close()
     b.wake()  # after close: nothing to wake, and no error
+
+
+def test_a_wake_from_another_thread_ends_a_sleeping_wait_at_once():
+    """wake() rings this rank's own doorbell as well as setting the flag: a wait already asleep
+    on the futex looks at the flag only when its sleep ends, so without the ring a send queued
+    behind a receive the engine sleeps on waited out the sleep (up to MAX_SLEEP, 0.25 s).
+    (assert_wake_ends_waits only bounds it by 5 s.) The median of five, against a loaded host."""
+    a, b = pair("twake")
+    try:
+        lags = []
+        for _ in range(5):
+            b.wait(0)  # (nothing pending: returns at once)
+            woke = []
+            timer = threading.Timer(0.03, lambda: (woke.append(time.perf_counter()), b.wake()))  # past the spin
+            timer.start()
+            b.wait(2.0)
+            lags.append(time.perf_counter() - woke[0] if woke else 2.0)
+            timer.join()
+        lags.sort()
+        assert lags[2] < 0.05, f"a wake() ended a sleeping wait only {lags[2] * 1e3:.0f} ms later (all: " \
+                               f"{', '.join(f'{x * 1e3:.0f}' for x in lags)} ms)"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_wake_ends_one_wait_and_the_next_one_sleeps_again():
+    """The flag wake() sets ends one wait, and that wait clears it: a flag left set made every
+    later wait return at once, so the engine, with nothing to do, spun on its transport at
+    100% of a core instead of sleeping. Also when the wake's ring is what ended a sleeping
+    wait: that wait left the flag set, and the next one returned at once for nothing."""
+    a, b = pair("twake1")
+    try:
+        for early in (True, False):  # a wake before the wait; one that rings a wait asleep
+            timer = threading.Timer(0.0 if early else 0.05, b.wake)
+            timer.start()
+            if early:
+                timer.join()
+            t0 = time.monotonic()
+            b.wait(10.0)
+            assert time.monotonic() - t0 < 5.0
+            timer.join()
+            for _ in range(2):
+                t0 = time.monotonic()
+                b.wait(0.2)
+                took = time.monotonic() - t0
+                assert took >= 0.15, f"a wait after the woken one returned after {took * 1e3:.1f} ms, not 200 " \
+                                     f"(the wake came {'before' if early else 'during'} the woken wait)"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_futex_sleep_lasts_no_shorter_than_a_stalled_engines_longest_wait():
+    """MAX_SLEEP, the cap of one futex sleep, is no shorter than group.STALL_WAIT_MAX_S, as its
+    comment promises: at 50 ms against the engine's longer wait, a rank waiting long for a late
+    peer woke several times per engine wait to find nothing."""
+    from neuron_dist import group
+    assert shm.MAX_SLEEP >= group.STALL_WAIT_MAX_S, (shm.MAX_SLEEP, group.STALL_WAIT_MAX_S)
 
 
 def _count_yields(monkeypatch) -> list:
@@ -689,6 +754,8 @@ def test_a_wait_spins_once_per_episode_then_sleeps(monkeypatch):
 
 
 @pytest.mark.parametrize("cpus", [1, 2])
+
+
 def test_the_yielding_spin_is_for_a_core_per_rank(monkeypatch, cpus):
     """With a core per local rank a waiter spins 50 us, then up to NEURON_DIST_SHM_YIELD_US
     (default 1000) yielding; oversubscribed it spins 20 us yielding from the start and sleeps
@@ -713,6 +780,8 @@ def test_the_yielding_spin_is_for_a_core_per_rank(monkeypatch, cpus):
 
 
 # -- single-copy lending (transport/cma.py) -------------------------------------------------------
+
+
 def test_a_lent_frame_is_read_in_place_and_held_until_released():
     a, b = pair("lend1")
     try:
@@ -912,6 +981,8 @@ def test_frame_plan_lends_large_steps_and_copies_the_rest():
 
 
 @pytest.mark.parametrize("world", (2, 4))
+
+
 def test_random_sequences_through_rings_of_two_small_slots(world):
     """Seeded random sequences of every call form (tests/cases_random.py) through rings of two
     4 KiB slots: steps are cut into many frames, and senders wait on full rings while async calls
@@ -999,3 +1070,15 @@ def test_process_dead_sees_exit_zombies_included():
         child.kill()
         child.wait()
     assert process_dead(child.pid)
+
+
+def test_process_dead_leaves_no_descriptor_open():
+    """`process_dead` closes the /proc/<pid>/stat descriptor it opens: a stalled engine asks
+    ~20 times a second per same-host peer, so one leaked per call ran a rank out of file
+    descriptors (and so out of sockets and shared-memory mappings) within minutes."""
+    from neuron_dist.transport.base import process_dead
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(1000):
+        assert not process_dead(os.getpid())
+    after = len(os.listdir("/proc/self/fd"))
+    assert after <= before, f"1000 calls left {after - before} descriptors open"

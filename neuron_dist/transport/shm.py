@@ -707,8 +707,8 @@ class ShmTransport(Transport):
             # away for a whole time slice); oversubscribed, `spin` yields from the start
             hot_end = now if self.oversubscribed else now + max(0.0, self.spin - self._spun)
             while now < end:
-                if bell.value != v or self._woken:
-                    self._spun = 0.0
+                if bell.value != v or self._woken:  # (a wake this return answers, as any return
+                    self._spun, self._woken = 0.0, False  # does: the caller's next pass sees it)
                     return
                 if now >= hot_end:
                     os.sched_yield()
@@ -727,7 +727,7 @@ class ShmTransport(Transport):
                 news = True
             sleeping.value = 0
             if news:
-                self._spun = 0.0
+                self._spun, self._woken = 0.0, False
                 return
 
     def flush(self, timeout):
