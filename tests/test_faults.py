@@ -435,6 +435,35 @@ def test_a_frame_one_op_sets_aside_for_another_wakes_the_engine(pools):
     assert all(s is not None and s < 0.75 for s in res), res
 
 
+def test_the_mailbox_counts_every_frame_it_sets_aside_held_ones_included():
+    """The engine takes a change in `Mailbox.set_aside` as progress (the frame's doorbell news is
+    spent: test_a_frame_one_op_sets_aside_for_another_wakes_the_engine). Besides a frame read for
+    another op, a frame one receive looked at and put back uncopied (`held`, still in the
+    transport) is set aside when another op from that peer looks: it must be counted too, or
+    the engine sleeps beside it as before (a mutation review found no test of that path)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    import torch
+    from neuron_dist.collectives.executor import Mailbox
+    from neuron_dist.transport.frame import Kind
+
+    frames, released = deque(), []
+    transport = SimpleNamespace(recv=lambda p: frames.popleft() if frames else None, release=released.append)
+    box = Mailbox(transport, 0)
+    h = lambda seq: SimpleNamespace(kind=Kind.ALLREDUCE, seq=seq, tag=0)  # noqa: E731
+    frames.append((h(5), torch.ones(2)))
+    assert box.take(1, ("coll", 4)) is None and box.set_aside == 1  # read for seq 5's op: set aside
+    assert box.take(1, ("coll", 5))[0].seq == 5
+    frames.append((h(7), torch.ones(2)))
+    hdr, payload, owned = box.take(1, ("coll", 7))
+    box.put_back(1, ("coll", 7), hdr, payload, owned)  # looked at, put back uncopied
+    assert box.held and box.set_aside == 1
+    assert box.take(1, ("coll", 6)) is None  # another op's look sets the held frame aside
+    assert not box.held and box.set_aside == 2 and released == [1, 1], (box.set_aside, released)
+    assert box.take(1, ("coll", 7))[0].seq == 7
+
+
 def test_an_exception_between_the_fast_paths_lock_and_its_run_fails_the_group_and_lets_go(pools):
     mine, peer = pools(2).run("cases_faults:exception_between_lock_and_run")
     assert mine["raised"] == "time limit", mine
