@@ -27,9 +27,10 @@ def _slow_then(work):
     return work.get_future().then(slow), ran
 
 
-def wait_after_the_op_finished(rank, world):
-    """Rank 0 waits on an all-reduce once the op itself has finished while its future's slow
-    callback still runs: whether that callback had run when wait() returned."""
+def _callback_seen_when_done(rank, done_when) -> bool | None:
+    """Rank 0 issues an all-reduce (rank 1 comes LATE_S late), puts a slow `then` callback on its
+    future, then `done_when(work)` until that says the call is done: whether the callback had run
+    by then (None on rank 1)."""
     if rank == 1:
         time.sleep(LATE_S)
     work = dist.all_reduce(torch.ones(4), async_op=True)
@@ -37,36 +38,32 @@ def wait_after_the_op_finished(rank, world):
     if rank == 0:
         fut, ran = _slow_then(work)
         deadline = time.monotonic() + 30
-        while not work._op.finished:
+        while not done_when(work):
             assert time.monotonic() < deadline, "the all-reduce never finished"
-            time.sleep(0.001)
-        work.wait()
         seen = bool(ran)
         fut.wait()
     else:
         work.wait()
     dist.barrier(group=R.GLOO)
     return seen
+
+
+def wait_after_the_op_finished(rank, world):
+    """Rank 0 waits on an all-reduce once the op itself has finished while its future's slow
+    callback still runs: whether that callback had run when wait() returned."""
+    def finished_then_wait(work):
+        if not work._op.finished:
+            time.sleep(0.001)
+            return False
+        work.wait()
+        return True
+    return _callback_seen_when_done(rank, finished_then_wait)
 
 
 def is_completed_while_callbacks_run(rank, world):
     """Rank 0 polls is_completed() on an all-reduce whose future has a slow callback: whether
     that callback had run when is_completed() first said True."""
-    if rank == 1:
-        time.sleep(LATE_S)
-    work = dist.all_reduce(torch.ones(4), async_op=True)
-    seen = None
-    if rank == 0:
-        fut, ran = _slow_then(work)
-        deadline = time.monotonic() + 30
-        while not work.is_completed():
-            assert time.monotonic() < deadline, "is_completed() never said True"
-        seen = bool(ran)
-        fut.wait()
-    else:
-        work.wait()
-    dist.barrier(group=R.GLOO)
-    return seen
+    return _callback_seen_when_done(rank, lambda work: work.is_completed())
 
 
 def wait_on_a_failed_op(rank, world):
