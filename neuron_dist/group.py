@@ -27,6 +27,7 @@ import resource  # (imported here: at the descriptor limit an import fails)
 import secrets
 import signal
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -232,9 +233,17 @@ def _close_at_exit() -> None:
     pthread_exit, whose unwinding through torch's C++ frames calls std::terminate: the process
     died with SIGABRT ('terminate called without an active exception') instead of its exit
     status. A group with work still pending is aborted (its peers are told); an idle one closes
-    in order, as destroy_process_group would."""
+    in order, as destroy_process_group would. A process that exits on an uncaught exception
+    (`sys.last_value`, set as the interpreter prints it) aborts every group it leaves, and its
+    ABORT frames say why: closed in order, it had a same-host peer waiting on it fail on "rank 3
+    closed its shared-memory transport" and exit first, and the launcher's summary blamed that
+    peer instead of the exception."""
+    exc = getattr(sys, "last_value", None)
     for g in list(LIVE):
-        g.close(abort=bool(g._queue or g._active or g._waiting))
+        if exc is not None:
+            g.close(abort=True, reason=f"[{g.who(g.rank)}] exiting on an uncaught {type(exc).__name__}: {exc}")
+        else:
+            g.close(abort=bool(g._queue or g._active or g._waiting))
 
 
 atexit.register(_close_at_exit)
@@ -1393,11 +1402,12 @@ class Group(HangDiagnosis):
                              host_s=host, model_device_s=model))
         return rows
 
-    def close(self, abort: bool = False) -> None:
+    def close(self, abort: bool = False, reason: str | None = None) -> None:
         """Destroy (abort=False): work already issued still runs, queued or started, as Gloo's
         destructor drains its queue (an isend or async all-reduce just before
         destroy_process_group completes), bounded by the group's time-out. Abort: what has not
-        started fails at once, and what runs gets half a second."""
+        started fails at once, and what runs gets half a second; the peers are told `reason`
+        (by default that this rank aborted the group)."""
         if self._inherited:  # a forked child's destroy: the transport, its segments and the
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return
@@ -1415,7 +1425,7 @@ class Group(HangDiagnosis):
         if abort:  # the engine may sleep in the transport's wait with the drive lock held, which
             self.transport.wake()  # _abort_peers takes: the abort waited out that sleep (to 0.25 s)
         if abort and self.broken is None:
-            self._abort_peers(f"rank {self.rank} aborted the process group")
+            self._abort_peers(reason or f"rank {self.rank} aborted the process group")
         self._hb_stop.set()
         ended = "aborted" if abort else "destroyed"
         for op in pending:

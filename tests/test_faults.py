@@ -604,3 +604,26 @@ def test_the_exit_waker_wakes_once_per_ended_process_and_leaves_nothing_behind()
         for fd in pidfds:
             os.close(fd)
     assert set(os.listdir("/proc/self/fd")) == fds_before
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+@pytest.mark.parametrize("mode", ["during", "after"])
+def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transport, mode):
+    """during: rank 1 ends on an uncaught ValueError while rank 0 waits on it in an all-reduce.
+    Its group, left open, was closed in order at exit, so rank 0 failed on "rank 1 closed its
+    shared-memory transport" (and with more ranks, a same-host peer could fail and exit before
+    the raising rank, and the launcher's summary blamed it). The exiting rank now aborts its
+    groups with the exception as the cause, which rank 0's error names. after: rank 1 raises
+    once the job's collectives are done: rank 0's destroy_process_group still ends cleanly."""
+    import os
+    from pool import free_port, rank_line, run_scripts
+    port = free_port()
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    outs = run_scripts("raises_uncaught.py", [[0, port, mode], [1, port, mode]], env)
+    line = rank_line(outs[0][1], 0)
+    assert "ValueError: the root cause on rank 1" in outs[1][1] and outs[1][0] == 1, outs[1]
+    if mode == "after":
+        assert line == "rank 0: ended cleanly" and outs[0][0] == 0, outs[0]
+        return
+    assert "allreduce" in line and "rank 1 aborted the group: [rank 1] exiting on an uncaught ValueError: " \
+        "the root cause on rank 1" in line, line
