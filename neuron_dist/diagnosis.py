@@ -38,6 +38,8 @@ class _Said(NamedTuple):
     text: str
     lost: list[int]        # ranks whose progress record predates calls they took part in
     inside: list[int]      # ranks known to have entered the call
+    missing: list[int]     # ranks whose records say they had not entered it
+    unread: list[int]      # ranks whose records this rank could not read (the store unreachable or slow)
     mixed: bool            # the ranks run the call by different algorithms (the text says what to set)
 
 
@@ -204,12 +206,20 @@ class HangDiagnosis:
         if said.lost:
             return (f"{said.text} Check that the processes of ranks {self._ranks(said.lost)} still run (not stopped by "
                     f"SIGSTOP or a debugger) and that their hosts are reachable")
+        if said.unread and not said.missing:  # this rank may be the one cut off: the order is no suspect
+            return (f"{said.text} Check that this rank reaches the group's store (MASTER_ADDR, or rank 0's host) "
+                    f"and the hosts of ranks {self._ranks(said.unread)}, and that their processes still run")
         if said.inside == list(range(self.size)) and not said.mixed:  # nobody missing: not the order
             got = sum(_received(op).values())
             return (f"{said.text} Every rank had entered it and it had not finished (this rank had received {got} "
                     f"of its frames): a large call on a slow link or a busy host needs a longer time-out, which "
                     f"bounds the whole call; check the hosts' links and load")
-        return f"{said.text} Check that every rank of the group calls the same collectives in the same order"
+        hint = "Check that every rank of the group calls the same collectives in the same order"
+        if said.missing and not said.mixed:  # a rank cut off from the store (its host's link down)
+            # publishes no more: its record says it had not entered a call it may be waiting in
+            hint += (f", or, if ranks {self._ranks(said.missing)} did call it, that their processes still run and "
+                     f"their hosts are reachable (a rank cut off from the store publishes no more progress)")
+        return f"{said.text} {hint}"
 
     def _p2p_hint(self, op: Op) -> str:
         """What to check for a timed-out send or receive: its peer's matching call (a receive
@@ -277,7 +287,7 @@ class HangDiagnosis:
             return ", ".join(f"#{a[1] if len(a) > 1 else s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
                              for s, k, n, _dt, st, *a in recent) or "nothing"
         mine = self.progress_record()
-        parts, lost, inside, mixed = [], [], [], False
+        parts, lost, inside, missing, mixed = [], [], [], [], False
         collective = op is not None and not op.is_p2p
         peers, unread, why = self._peer_records() if collective else ({}, [], "")
         if collective:
@@ -332,7 +342,7 @@ class HangDiagnosis:
                              + (f", broken: {p['broken']}" if p.get("broken") else "") + ").")
         me = self.who(self.rank).capitalize()  # "Rank 0 (global rank 1)" in a subgroup
         parts.append(f"{me} (this rank) last ran: {fmt(mine['recent'])}.")
-        return _Said(" ".join(parts), lost, inside, mixed)
+        return _Said(" ".join(parts), lost, inside, missing, unread, mixed)
 
     def dump(self) -> str:
         """Human-readable record of this group's recent collectives (also via NEURON_DIST_DUMP /
