@@ -1179,9 +1179,10 @@ class Group(HangDiagnosis):
         look on shared memory)."""
         return PEER_GRACE_S if self._graces is None else self._graces[p]
 
-    def _peer_gone(self, p: int, now: float | None = None) -> str | None:
-        """The transport's reason for `p` being gone, once it has held for `p`'s grace; when `p`
-        is first seen gone, the next sweep and look fall due as that grace ends."""
+    def _peer_gone(self, p: int, now: float | None = None, at_least: float = 0.0) -> str | None:
+        """The transport's reason for `p` being gone, once it has held for `p`'s grace (or
+        `at_least`); when `p` is first seen gone, the next sweep falls due as that ends, and the
+        next look (an op waiting on `p`) as `p`'s own grace ends."""
         try:
             reason = self.transport.check_peer(p)
             if not reason and self._deaths is not None:  # a same-host peer's process, where the transport
@@ -1193,11 +1194,13 @@ class Group(HangDiagnosis):
         if not reason:
             return None
         now = time.monotonic() if now is None else now
-        grace, first = self._grace(p), self._gone_seen.get(p)
+        own, first = self._grace(p), self._gone_seen.get(p)
+        grace = max(own, at_least)
         if first is None:
             first = self._gone_seen[p] = now
             self._next_sweep = min(self._next_sweep, now + grace)
-            self._next_look = min(self._next_look, now + grace)
+        if now - first < own:
+            self._next_look = min(self._next_look, first + own)
         return reason if now - first >= grace else None
 
     def _stall_wait(self, active: list[Op], now: float, since: float) -> float:
@@ -1207,8 +1210,9 @@ class Group(HangDiagnosis):
         for op in active:
             wait = min(wait, op.t0 + (op.timeout or limit) - now + DUE_SLACK_S)
         for p, seen in self._gone_seen.items():
-            if seen + self._grace(p) > now:
-                wait = min(wait, seen + self._grace(p) - now + DUE_SLACK_S)
+            for end in (seen + self._grace(p), seen + PEER_GRACE_S):  # a look's, and the sweep's
+                if end > now:
+                    wait = min(wait, end - now + DUE_SLACK_S)
         return max(wait, 0.0)
 
     def _check_stalled(self, active: list[Op], waiting: _Waiting) -> None:
@@ -1228,7 +1232,10 @@ class Group(HangDiagnosis):
             for q in range(self.size):
                 if q == self.rank:
                     continue
-                gone = self._peer_gone(q, now)
+                # a member no op waits on may have done its part and ended (a gather's leaf that
+                # exits once its data is sent): the sweep gives it the socket's grace, not
+                # shared memory's one look, or a gather still taking other ranks' data failed
+                gone = self._peer_gone(q, now, at_least=PEER_GRACE_S)
                 if gone and not self.transport.peer_finished(q):  # one that closed in order broke nothing
                     op = next(o for o in active if not o.is_p2p)
                     active.remove(op)
