@@ -72,6 +72,8 @@ class _ExitWaker:
                 continue
             woken, last = [], False
             with self._lock:
+                if self._ep is not ep:  # the last `remove` took them while this thread waited: end
+                    return              # (it closes them once we have; a later `add` has its own)
                 for fd, _ in events:
                     if fd == efd:
                         os.eventfd_read(efd)  # (level-triggered: unread, it would fire for ever)
@@ -80,8 +82,6 @@ class _ExitWaker:
                         continue                                 # of this number
                     ep.unregister(fd)
                     woken.append(self._wakes.pop(fd))
-                if self._ep is not ep:  # the last `remove` took them: end (it closes them once we have)
-                    return
                 if not self._wakes:  # every process watched has ended: end, closing our own
                     self._ep, self._efd, self._thread, last = None, -1, None, True
             for wake in woken:
@@ -138,6 +138,9 @@ class DeathWatch:
         self.fds: dict[int, int] = {}      # pidfd -> peer
         self.dead: dict[int, str] = {}     # peer -> reason
         self.news = False                  # a watched peer's process ended since the engine last looked
+        self._closed = False
+        self._waking = threading.Lock()    # held while the waker's thread wakes the transport: `close`
+                                           # takes it, so no wake reaches a transport closed after it
         self.failed: set[int] = set()      # those of them alive, whose copy of the group failed
         self.remote = [r for r, h in enumerate(group.hosts) if r != group.rank and h != host]
         local = [r for r, h in enumerate(group.hosts) if r != group.rank and h == host]
@@ -155,9 +158,11 @@ class DeathWatch:
                 _EXITS.add(fd, self._woken_by(group.transport.wake))
 
     def _woken_by(self, wake: Callable[[], None]) -> Callable[[], None]:
-        def on_exit() -> None:  # (on the waker's thread)
-            self.news = True
-            wake()
+        def on_exit() -> None:  # (on the waker's thread, which may have taken it from the list
+            with self._waking:  # just before `close` took it back: a wake then must not write
+                if not self._closed:  # to a zmq pipe whose descriptor the transport closed, and
+                    self.news = True  # the number another file may have taken since)
+                    wake()
         return on_exit
 
     def _poll(self, g: "Group") -> None:
@@ -228,6 +233,8 @@ class DeathWatch:
                          f"{g._gone_cause(r, self.dead[r])}")
 
     def close(self) -> None:
+        with self._waking:
+            self._closed = True
         for fd in self.fds:
             _EXITS.remove(fd)
             os.close(fd)
