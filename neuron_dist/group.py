@@ -238,12 +238,22 @@ def _close_at_exit() -> None:
     ABORT frames say why: closed in order, it had a same-host peer waiting on it fail on "rank 3
     closed its shared-memory transport" and exit first, and the launcher's summary blamed that
     peer instead of the exception."""
-    exc = getattr(sys, "last_value", None)
+    cause = _uncaught_at_exit()
     for g in list(LIVE):
-        if exc is not None:
-            g.close(abort=True, reason=f"[{g.who(g.rank)}] exiting on an uncaught {type(exc).__name__}: {exc}")
+        if cause:
+            g.close(abort=True, reason=f"[{g.who(g.rank)}] exiting on an uncaught {cause}")
         else:
             g.close(abort=bool(g._queue or g._active or g._waiting))
+
+
+def _uncaught_at_exit() -> str | None:
+    """The exception the process is exiting on, as "ValueError: why", if it is exiting on one:
+    the interpreter keeps the last one it printed in `sys.last_value`. Not in an interactive
+    session (`sys.ps1` set), where that may be an error from long before the exit."""
+    exc = getattr(sys, "last_value", None)
+    if exc is None or hasattr(sys, "ps1"):
+        return None
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 atexit.register(_close_at_exit)

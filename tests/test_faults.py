@@ -648,6 +648,24 @@ def test_the_exit_waker_wakes_once_per_ended_process_and_leaves_nothing_behind()
     assert set(os.listdir("/proc/self/fd")) == fds_before
 
 
+def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatch):
+    """What `_close_at_exit` tells the peers: the uncaught exception the interpreter printed last
+    (sys.last_value), with its message if it has one (Ctrl-C's KeyboardInterrupt has none), and
+    nothing in an interactive session, where that may be an error from long before the exit."""
+    import sys
+
+    from neuron_dist.group import _uncaught_at_exit
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    monkeypatch.delattr(sys, "last_value", raising=False)
+    assert _uncaught_at_exit() is None
+    monkeypatch.setattr(sys, "last_value", ValueError("the root cause"), raising=False)
+    assert _uncaught_at_exit() == "ValueError: the root cause"
+    monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
+    assert _uncaught_at_exit() == "KeyboardInterrupt"
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    assert _uncaught_at_exit() is None
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("mode", ["during", "after"])
 def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transport, mode):
