@@ -540,7 +540,6 @@ def test_a_peer_killed_while_waited_on_is_seen_at_once(transport, world):
     nothing a peer wrote can still be on its way, the grace before failing is one more look at
     the rings: the error came 0.53-0.73 s after the kill, now 0.01-0.05 s (Gloo's ~0.04 s). Over
     zmq frames may be in flight, and the 0.5 s grace stays."""
-    import os
     from neuron_dist.group import PEER_GRACE_S
     from pool import free_port, rank_line, run_scripts
     port = free_port()
