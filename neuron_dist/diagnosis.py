@@ -368,6 +368,7 @@ def dump_all() -> str:
 
 
 _SIGNAL_INSTALLED = False
+_SIGNAL_WARNED = False  # the off-main-thread warning, given once
 
 
 _DUMPING = threading.local()
@@ -391,17 +392,27 @@ def _dump_on_signal(where: str) -> None:
 
 def install_dump_signal() -> None:
     """NEURON_DIST_DUMP_SIGNAL=USR1 (or USR2): on that signal, write every group's record to
-    NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only."""
-    global _SIGNAL_INSTALLED
+    NEURON_DIST_DUMP (a path) or stderr. Installed once, from the main thread only (Python runs
+    handlers there); the name is checked on every thread, so a group made on another thread
+    refuses a bad one as the main thread's would, and warns that it installs nothing."""
+    global _SIGNAL_INSTALLED, _SIGNAL_WARNED
     name = (env("NEURON_DIST_DUMP_SIGNAL") or "").strip().upper()
-    if not name or _SIGNAL_INSTALLED or threading.current_thread() is not threading.main_thread():
+    if not name or _SIGNAL_INSTALLED:
         return
     signum = getattr(signal, name if name.startswith("SIG") else "SIG" + name, None)
     if not isinstance(signum, signal.Signals):
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r} is not a signal name (try USR1)")
+    if signum in (signal.SIGKILL, signal.SIGSTOP):
+        raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r}: that signal cannot be caught; try USR1")
+    if threading.current_thread() is not threading.main_thread():
+        if not _SIGNAL_WARNED:
+            _SIGNAL_WARNED = True
+            log.warning("NEURON_DIST_DUMP_SIGNAL=%s: not installed (the group was made off the main thread, and "
+                        "Python installs signal handlers only from there)", name)
+        return
     where = env_target("NEURON_DIST_DUMP") or "stderr"
     try:
         signal.signal(signum, lambda *_: _dump_on_signal(where))
-    except (OSError, ValueError, RuntimeError) as e:  # SIGKILL and SIGSTOP cannot be caught
+    except (OSError, ValueError, RuntimeError) as e:  # (a signal the platform refuses)
         raise ValueError(f"NEURON_DIST_DUMP_SIGNAL={name!r}: cannot handle that signal ({e}); try USR1") from None
     _SIGNAL_INSTALLED = True

@@ -58,22 +58,44 @@ def test_debug_off_values_import_cleanly(value):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
-def _init_alone(cwd=None, **settings) -> subprocess.CompletedProcess:
-    """A one-rank init_process_group("neuron") in a fresh process with these extra settings."""
+def _init_alone(cwd=None, on_thread=False, **settings) -> subprocess.CompletedProcess:
+    """A one-rank init_process_group("neuron") in a fresh process with these extra settings
+    (on_thread: made on a thread other than the main one, the error re-raised there)."""
     from pool import free_port
-    code = ("import torch.distributed as dist, neuron_dist\n"
-            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    init = f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)"
+    if on_thread:
+        code = ("import threading, torch.distributed as dist, neuron_dist\n"
+                "failed = []\n"
+                "def make():\n"
+                f"    try: {init}\n"
+                "    except BaseException as e: failed.append(e)\n"
+                "t = threading.Thread(target=make); t.start(); t.join()\n"
+                "if failed: raise failed[0]\n"
+                "dist.destroy_process_group()\n")
+    else:
+        code = "import torch.distributed as dist, neuron_dist\n" + init + "\n"
     return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **settings), capture_output=True,
                           text=True, timeout=120, cwd=cwd)
 
 
+@pytest.mark.parametrize("on_thread", [False, True], ids=["main-thread", "other-thread"])
 @pytest.mark.parametrize("value", ["KILL", "STOP", "FOO"])
-def test_a_dump_signal_that_cannot_be_used_is_a_clear_error(value, tmp_path):
+def test_a_dump_signal_that_cannot_be_used_is_a_clear_error(value, on_thread, tmp_path):
     """NEURON_DIST_DUMP_SIGNAL=KILL gave a bare 'OSError: [Errno 22] Invalid argument' and then,
-    at exit, an AttributeError from the half-built group left among the open groups."""
-    p = _init_alone(tmp_path, NEURON_DIST_DUMP_SIGNAL=value)
+    at exit, an AttributeError from the half-built group left among the open groups; made on
+    another thread, a group took any value silently (the name was read only where a handler
+    can be installed, the main thread)."""
+    p = _init_alone(tmp_path, on_thread, NEURON_DIST_DUMP_SIGNAL=value)
     assert p.returncode == 1 and f"NEURON_DIST_DUMP_SIGNAL={value!r}" in p.stderr, p.stderr[-2000:]
     assert "Exception ignored" not in p.stderr and "AttributeError" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_dump_signal_asked_for_off_the_main_thread_is_refused_with_a_warning(tmp_path):
+    """A good name on a group made off the main thread installs nothing (Python installs
+    handlers only there) and says so, once, instead of silently."""
+    p = _init_alone(tmp_path, True, NEURON_DIST_DUMP_SIGNAL="USR1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stderr.count("NEURON_DIST_DUMP_SIGNAL=USR1: not installed") == 1, p.stderr[-2000:]
 
 
 def test_dump_zero_writes_no_file(tmp_path):
