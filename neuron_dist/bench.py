@@ -99,7 +99,6 @@ BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / 
 # count is one rank's block (paramcount): all-gather's, gather's input, reduce-scatter's, scatter's output
 PER_RANK = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 REDUCING = ("allreduce", "reduce_scatter", "reduce")  # the collectives -o/--redop applies to
-ROOTED = ("broadcast", "reduce", "gather", "scatter")  # the collectives -r/--root applies to
 IN_PLACE_ONLY = ("allreduce", "broadcast", "reduce")  # torch.distributed's call takes one buffer
 OUT_OF_PLACE_ONLY = ("alltoall", "sendrecv")  # no in-place form (torch stages one, NCCL has none for all-to-all)
 PLACES = ("both", "out", "in")  # --place
@@ -300,7 +299,7 @@ class Case:
             raise ValueError(f"{op} has no {'in-place' if in_place else 'out-of-place'} form")
         self.in_place = in_place
         self.op, self.rank, self.n, self.g, self.dist, self.dtype = op, rank, n, group, dist, dtype
-        self.redop, self.root = redop, root  # (-o: REDUCING's; -r: ROOTED's)
+        self.redop, self.root = redop, root  # (-o: REDUCING's; -r: broadcast's, reduce's, gather's, scatter's)
         self._op = getattr(dist.ReduceOp, "PRODUCT" if redop == "prod" else redop.upper())
         es = torch.empty(0, dtype=dtype).element_size()
         per = op in PER_RANK

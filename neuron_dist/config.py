@@ -11,7 +11,7 @@ NEURON_DIST_DEBUG      log subsystems at debug level: INIT,TOPO,TUNING,TRANSPORT
 NEURON_DIST_REPORT     print a per-collective summary (bytes, algorithm, host time, modelled
                        device time) when a group is destroyed: 1, or a file path (0: off)
 NEURON_DIST_BIND_ADDR  the address listeners bind to (default: the interface that reaches
-                       MASTER_ADDR, loopback for a single-host job)
+                       MASTER_ADDR; a job on one host opens no TCP listener)
 NEURON_DIST_FRAME_BYTES  largest frame a step is cut into (default 524288, 64 to 2**30); with shared memory
                        also the size of one ring slot
 NEURON_DIST_SCRATCH_BYTES  the most scratch memory a group keeps between collectives (default

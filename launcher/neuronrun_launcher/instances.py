@@ -78,26 +78,14 @@ def _topology():
         except Exception:
             del sys.modules[_OWN_COPY]
             raise
-    return mod if hasattr(mod, "get_instance") else None
-
-
-def instance_names() -> list[str]:
-    topo = _topology()
-    if topo is not None and hasattr(topo, "list_instances"):
-        return sorted(getattr(i, "name", i) for i in topo.list_instances())
-    return sorted(_FALLBACK)
+    return mod
 
 
 def get_instance(name: str, *, use_topology: bool = True):
     """The instance model called ``name``; a clear error naming the known ones otherwise."""
     topo = _topology() if use_topology else None
     if topo is not None:
-        try:
-            return topo.get_instance(name)
-        except ValueError as exc:  # the topology's message names the instance and the known ones
-            raise ValueError(str(exc)) from None
-        except KeyError:
-            raise ValueError(f"unknown instance {name!r}; known: {', '.join(instance_names())}") from None
+        return topo.get_instance(name)  # (its ValueError names the instance and the known ones)
     try:
         return _FALLBACK[name]
     except KeyError:

@@ -56,7 +56,7 @@ class NeuronPlan:
             return str(len(self.cpus(local_rank)))
         return "1" if self.nproc_per_node > 1 else None
 
-    def slot(self, local_rank: int, node_rank: int = 0, nnodes: int = 1) -> Slot:
+    def slot(self, local_rank: int) -> Slot:
         return local_slot(
             local_rank,
             nproc_per_node=self.nproc_per_node,
@@ -65,8 +65,6 @@ class NeuronPlan:
             cores_per_rank=self.cores_per_rank,
             base_core=self.base_core,
             pool_cores=self.pool_cores,
-            node_rank=node_rank,
-            nnodes=nnodes,
         )
 
 
