@@ -232,6 +232,23 @@ class DeathWatch:
         raise GroupError(f"[{g.who(g.rank)}] {g._name(op)} failed before it started: "
                          f"{g._gone_cause(r, self.dead[r])}")
 
+    def await_exits(self, peers: list[int], timeout: float) -> None:
+        """Wait, at most `timeout` in all, for these same-host peers' processes to end (those
+        on other hosts, or already seen ended, are not waited for)."""
+        p, left = select.poll(), set()
+        for fd, r in list(self.fds.items()):
+            if r in peers:
+                p.register(fd, select.POLLIN)
+                left.add(fd)
+        deadline = time.monotonic() + timeout
+        while left:
+            ms = (deadline - time.monotonic()) * 1000
+            if ms <= 0:
+                return
+            for fd, _ in p.poll(ms):  # (an fd a concurrent `close` took reads as POLLNVAL: done)
+                left.discard(fd)
+                p.unregister(fd)
+
     def close(self) -> None:
         with self._waking:
             self._closed = True

@@ -46,7 +46,7 @@ from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
-from .errors import GroupError  # re-exported: c10d and debug import it from here
+from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
 from .op import CallbackRunner, Op, Record
 from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
@@ -71,6 +71,11 @@ LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 # woke 36 times (0.6% of a core, and a fixed 5 ms wait ~2% over zmq); now ~16
 STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.25
 DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are "more than")
+# how an exiting rank's ABORT names its cause (`_close_at_exit`), and how long a same-host peer
+# that fails on it waits for that rank's process to end before telling its caller
+# (`_let_the_exiting_go_first`); a Python process with torch exits 4-35 ms after its atexit
+EXITING = "exiting on an uncaught"
+EXIT_FIRST_S = 1.0
 
 
 _PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
@@ -238,22 +243,12 @@ def _close_at_exit() -> None:
     ABORT frames say why: closed in order, it had a same-host peer waiting on it fail on "rank 3
     closed its shared-memory transport" and exit first, and the launcher's summary blamed that
     peer instead of the exception."""
-    cause = _uncaught_at_exit()
+    cause = exit_cause()
     for g in list(LIVE):
         if cause:
-            g.close(abort=True, reason=f"[{g.who(g.rank)}] exiting on an uncaught {cause}")
+            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING} {cause}")
         else:
             g.close(abort=bool(g._queue or g._active or g._waiting))
-
-
-def _uncaught_at_exit() -> str | None:
-    """The exception the process is exiting on, as "ValueError: why", if it is exiting on one:
-    the interpreter keeps the last one it printed in `sys.last_value`. Not in an interactive
-    session (`sys.ps1` set), where that may be an error from long before the exit."""
-    exc = getattr(sys, "last_value", None)
-    if exc is None or hasattr(sys, "ps1"):
-        return None
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 atexit.register(_close_at_exit)
@@ -1127,8 +1122,22 @@ class Group(HangDiagnosis):
         # lent (transport/cma.py) from the caller's tensor, which the caller may free or reuse
         # once its call has failed; the peer checks this rank's failure flag after each read
         self._send_abort(str(err))
+        self._let_the_exiting_go_first(str(err))
         self._done(op, err)
         self._break(err, active, waiting)
+
+    def _let_the_exiting_go_first(self, why: str) -> None:
+        """A failure caused by a same-host member that is exiting on an uncaught exception (its
+        ABORT says so, `_close_at_exit`) reaches the caller once that member's process has
+        ended (at most EXIT_FIRST_S): told at once, the caller, failing in turn, raced it to the
+        exit, and the launchers' summaries, which name the first rank to exit non-zero, blamed
+        this rank instead of the exception (mpirun's in 5 of 7 runs at three ranks). The peers
+        are told first (`_send_abort`), so none of them waits on this rank meanwhile."""
+        if EXITING not in why or self._deaths is None:
+            return
+        exiting = [r for r in range(self.size) if r != self.rank and f"[{self.who(r)}] {EXITING}" in why]
+        if exiting:
+            self._deaths.await_exits(exiting, EXIT_FIRST_S)
 
     def _break(self, err: GroupError, active: list[Op], waiting: _Waiting) -> None:
         """After a failure (the peers already told): the peers' view of this group is now

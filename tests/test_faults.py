@@ -653,16 +653,16 @@ def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatc
     nothing in an interactive session, where that may be an error from long before the exit."""
     import sys
 
-    from neuron_dist.group import _uncaught_at_exit
+    from neuron_dist.errors import exit_cause
     monkeypatch.delattr(sys, "ps1", raising=False)
     monkeypatch.delattr(sys, "last_value", raising=False)
-    assert _uncaught_at_exit() is None
+    assert exit_cause() is None
     monkeypatch.setattr(sys, "last_value", ValueError("the root cause"), raising=False)
-    assert _uncaught_at_exit() == "ValueError: the root cause"
+    assert exit_cause() == "ValueError: the root cause"
     monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
-    assert _uncaught_at_exit() == "KeyboardInterrupt"
+    assert exit_cause() == "KeyboardInterrupt"
     monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
-    assert _uncaught_at_exit() is None
+    assert exit_cause() is None
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
@@ -672,7 +672,8 @@ def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transpor
     Its group, left open, was closed in order at exit, so rank 0 failed on "rank 1 closed its
     shared-memory transport" (and with more ranks, a same-host peer could fail and exit before
     the raising rank, and the launcher's summary blamed it). The exiting rank now aborts its
-    groups with the exception as the cause, which rank 0's error names. after: rank 1 raises
+    groups with the exception as the cause, which rank 0's error names once rank 1's process
+    has ended (`Group._let_the_exiting_go_first`). after: rank 1 raises
     once the job's collectives are done: rank 0's destroy_process_group still ends cleanly."""
     import os
     from pool import free_port, rank_line, run_scripts
@@ -686,3 +687,6 @@ def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transpor
         return
     assert "allreduce" in line and "rank 1 aborted the group: [rank 1] exiting on an uncaught ValueError: " \
         "the root cause on rank 1" in line, line
+    # and only once rank 1's process has ended: told at once, rank 0 raced it to the exit, and
+    # a launcher's summary (the first rank to exit non-zero) named rank 0
+    assert line.endswith("[rank 1 had ended: True]"), line

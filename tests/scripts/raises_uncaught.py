@@ -1,5 +1,6 @@
 """One rank of a two-rank job whose rank 1 ends on an uncaught ValueError. MODE "during": rank 0
-waits on rank 1 in an all-reduce meanwhile, and prints how it ended; MODE "after": rank 1 raises
+waits on rank 1 in an all-reduce meanwhile, and prints how it ended and whether rank 1's
+process had ended by then; MODE "after": rank 1 raises
 after the job's last collective, and rank 0 destroys its group and prints that it ended cleanly.
 Started by tests/test_faults.py."""
 import os
@@ -15,6 +16,8 @@ import torch.distributed as dist  # noqa: E402
 import neuron_dist  # noqa: E402,F401
 
 dist.init_process_group("neuron", timeout=timedelta(seconds=30))
+pids = [None, None]
+dist.all_gather_object(pids, os.getpid())
 t = torch.ones(1 << 16)
 dist.all_reduce(t)
 if rank == 1:
@@ -32,4 +35,7 @@ try:
     dist.all_reduce(t)
     print("rank 0: completed", flush=True)
 except Exception as e:  # noqa: BLE001
-    print(f"rank 0: {type(e).__name__}: {e}", flush=True)
+    import select
+    p = select.poll()
+    p.register(os.pidfd_open(pids[1]), select.POLLIN)  # readable once rank 1's process has ended
+    print(f"rank 0: {type(e).__name__}: {e} [rank 1 had ended: {bool(p.poll(0))}]", flush=True)
