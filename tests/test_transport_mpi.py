@@ -140,6 +140,42 @@ except Exception as e:
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_mpirun_names_the_rank_that_raised_not_a_peer_that_failed_on_it(tmp_path):
+    """Rank 1 of three raises; its peers fail on its ABORT and exit at once (os._exit, no
+    finalize). The raising rank sat in MPI_Finalize, which waits for every rank, so the peers
+    always exited first and mpirun's summary ("the first process to exit non-zero") named one
+    of them. It now skips MPI_Finalize on an uncaught exception, and its same-host peers raise
+    once its process has ended: mpirun names rank 1, exit code 1, and the peers' errors name its
+    exception."""
+    script = tmp_path / "raise.py"
+    script.write_text(r"""
+import os, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import neuron_dist
+dist.init_process_group("neuron", timeout=timedelta(seconds=60))
+r = dist.get_rank()
+t = torch.ones(4)
+dist.all_reduce(t)
+if r == 1:
+    time.sleep(0.3)
+    raise ValueError("the root cause on rank 1")
+try:
+    dist.all_reduce(t)
+except Exception as e:
+    print(f"rank {r} failed: {e}", flush=True)
+    os._exit(5)
+""")
+    rc, out = _mpirun_script(script, n=3, timeout=100)
+    assert rc != 0 and "ValueError: the root cause on rank 1" in out, out[-4000:]
+    summary = out[out.find("The first process to do so was"):]
+    name = next((x for x in summary.splitlines() if "Process name:" in x), "")
+    assert name.rstrip().endswith(",1]") and re.search(r"Exit code:\s+1\b", summary), out[-4000:]
+    for r in (0, 2):
+        assert f"rank {r} failed:" in out and "exiting on an uncaught ValueError" in out, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
 def test_neuronrun_under_mpirun_ranks_are_no_mpi_processes():
     """`mpirun -N 1 neuronrun --nproc-per-node K`: the ranks inherited the launcher's OMPI/PMIx
     variables, took themselves for MPI processes (MPI transport between hosts, K ranks sharing one
