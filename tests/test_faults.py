@@ -530,6 +530,8 @@ def test_a_stalled_engine_wakes_for_what_falls_due_and_seldom_otherwise():
     assert wait(110.0, 100.0) == STALL_WAIT_MAX_S
     g._gone_seen = {1: 110.0 - 0.3, 2: 110.0 - 0.003}  # each peer's own grace: rank 2's ends first
     assert wait(110.0, 100.0) == pytest.approx(0.002 + DUE_SLACK_S)
+    g._gone_seen = {2: 110.0 - 0.3}  # a shm peer's own grace long over, the sweep's (which keeps
+    assert wait(110.0, 100.0) == pytest.approx(PEER_GRACE_S - 0.3 + DUE_SLACK_S)  # 0.5 s) not yet
 
 
 @pytest.mark.parametrize("transport,world", [("shm", 2), ("shm", 3), ("zmq", 2)])
@@ -645,6 +647,47 @@ def test_the_exit_waker_wakes_once_per_ended_process_and_leaves_nothing_behind()
         for fd in pidfds:
             os.close(fd)
     assert set(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
+    """DeathWatch hands each same-host peer's pidfd to the exit waker with the group's own
+    transport wake: a peer's end wakes the engine asleep in that transport's wait and raises
+    `news` for its next look. (Without the wake, or without the hand-over, a killed peer's error
+    came 0.19-0.22 s after the kill instead of 0.02-0.03 s, the engine's longest sleep later,
+    and the killed-peer test's bound, which allows for loaded hosts, still passed.) Also
+    `await_exits`: it returns as a watched peer's process ends, and gives up at its time-out."""
+    import subprocess
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from neuron_dist.deathwatch import DeathWatch
+
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    woken = []
+    group = SimpleNamespace(rank=0, hosts=["here", "here", "here", "there"],
+                            peers_info={1: {"pid": procs[0].pid}, 2: {"pid": procs[1].pid}},
+                            transport=SimpleNamespace(wake=lambda: woken.append(time.monotonic())))
+    watch = DeathWatch(group, "here")
+    try:
+        assert sorted(watch.fds.values()) == [1, 2] and watch.remote == [3]
+        t0 = time.monotonic()
+        watch.await_exits([1], 0.1)  # alive: the time-out
+        assert 0.09 <= time.monotonic() - t0 < 5 and not woken and not watch.news
+        threading.Timer(0.1, procs[0].kill).start()
+        t0 = time.monotonic()
+        watch.await_exits([1, 3], 10.0)  # (rank 3 is on another host: not waited for)
+        assert 0.05 < time.monotonic() - t0 < 5
+        deadline = time.monotonic() + 5
+        while not woken and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(woken) == 1 and watch.news, (woken, watch.news)
+    finally:
+        watch.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert not [t for t in threading.enumerate() if t.name == "neuron_dist-exits"]
 
 
 def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatch):

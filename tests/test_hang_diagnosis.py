@@ -182,6 +182,15 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
     assert said.endswith("Check that this rank reaches the group's store (MASTER_ADDR, or rank 0's host) and the "
                          "hosts of ranks [1, 2, 3], and that their processes still run"), said
 
+    # one record read, saying "not entered", the others unreadable: this rank does reach the
+    # store (it read rank 1's), so the hint is the order's, not "check that this rank reaches it"
+    g._peer_records = lambda: ({1: record(1)}, [2, 3], "the store took over 2s to give 1 of 3 records")
+    said = g.timeout_diagnosis(op)
+    assert said.startswith("The progress of ranks [2, 3] is unknown") and "Ranks [1] had not entered" in said, said
+    assert said.endswith("calls the same collectives in the same order, or, if ranks [1] did call it, that their "
+                         "processes still run and their hosts are reachable (a rank cut off from the store "
+                         "publishes no more progress)"), said
+
     # every rank in the call, by fresh records and by its frames: a large call on a slow link
     # (the time-out bounds the whole call); "the same order" would point at a bug not there
     g._peer_records = lambda: ({1: record(3), 2: record(3), 3: record(3)}, [], "")

@@ -1027,6 +1027,29 @@ def test_a_wait_over_several_transports_slices_a_long_stall_coarsely():
     assert a.waits[-1] == 0.01 and len(b.waits) == 2 and time.perf_counter() - t0 < 0.005, b.waits
 
 
+def test_a_peers_grace_over_several_transports_is_its_own_transports():
+    """A gone peer's grace (`gone_grace`) is its own transport's: one more look at the rings for
+    a same-host peer over shared memory, half a second for one over sockets or MPI, whose
+    frames may still be on their way. Answered by the composite's own default, every peer got
+    the half second, and a killed same-host peer's error came ~0.5 s late in a job spanning
+    hosts (a mutant no test caught)."""
+    from neuron_dist.transport import shm
+    from neuron_dist.transport.base import PEER_GRACE_S
+    from neuron_dist.transport.select import Composite
+
+    class Part:
+        def __init__(self, grace):
+            self.grace = grace
+
+        def gone_grace(self, peer):
+            return self.grace
+
+    a, b = Part(shm.GONE_GRACE_S), Part(PEER_GRACE_S)
+    both = Composite({"shm": a, "zmq": b}, {1: a, 2: b})
+    assert (both.gone_grace(1), both.gone_grace(2)) == (shm.GONE_GRACE_S, PEER_GRACE_S)
+    assert shm.GONE_GRACE_S < PEER_GRACE_S
+
+
 def test_a_close_over_several_transports_passes_abort_and_lets_their_errors_through():
     """Every transport's `close` takes `abort` (transport/base.py declares it), so the one over
     several transports passes it on as is. It once called each part's `close(abort=...)` inside
