@@ -27,7 +27,6 @@ import resource  # (imported here: at the descriptor limit an import fails)
 import secrets
 import signal
 import socket
-import sys
 import threading
 import time
 import weakref
@@ -46,7 +45,8 @@ from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
-from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
+from .errors import GroupError, exit_cause
+from .mpi_env import adopted_note  # (GroupError re-exported: c10d and debug import it from here)
 from .op import CallbackRunner, Op, Record
 from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
@@ -75,6 +75,7 @@ DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are
 # that fails on it waits for that rank's process to end before telling its caller
 # (`_let_the_exiting_go_first`); a Python process with torch exits 4-35 ms after its atexit
 EXITING = "exiting on an uncaught"
+_NUMBERING_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 EXIT_FIRST_S = 1.0
 
 
@@ -252,6 +253,31 @@ def _close_at_exit() -> None:
 
 
 atexit.register(_close_at_exit)
+
+
+def _slot_record(rank: int, size: int) -> dict:
+    """`Group._placement_info`'s record, from this process's environment."""
+    from . import topology
+    from .topology.placement import node_named, placement_before_hosts
+    env = os.environ
+    world_rank = int(env.get("RANK", rank))
+    world = int(env.get("WORLD_SIZE", size))
+    node_given = node_named(env)  # (the node variables placement reads)
+    local_rank = env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK"))
+    by_host = None  # the cores it takes by its local rank where its host decides that (see _build_topology)
+    if local_rank is None and not node_given:  # (tcp:// or file:// with rank and world size, say)
+        slot, by_host = placement_before_hosts(env, world_rank, world)
+    else:
+        local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
+        local_rank = int(world_rank if local_rank is None else local_rank)
+        slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
+    # what this rank's model of the instance holds, not only its name: ranks that load
+    # different descriptions under one name (a file, register_instance on some ranks,
+    # versions of neuron_dist) built different rings and waited for each other at the first
+    # collective; compared with the other settings every rank must share as the group meets
+    model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
+    digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
+    return {"slot": slot.to_dict(), "node_given": node_given, "model": digest, "by_host": by_host}
 
 
 def _p2p_key(op: Op) -> tuple:
@@ -642,8 +668,11 @@ class Group(HangDiagnosis):
         host = self.hosts[rank]
         try:
             self.topology, self.order = self._build_topology()
-        except (GroupError, ValueError):  # every rank finds it in the same records
+        except (GroupError, ValueError) as e:  # every rank finds it in the same records
             self._stay_until_read(store)
+            note = adopted_note(_NUMBERING_VARS)  # (two ranks given one local rank by their launcher's variables)
+            if note and isinstance(e, ValueError):
+                raise ValueError(f"{e}{note}") from None
             raise
         # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
         local_cpus = {c for p, h in zip(self.peers_info, self.hosts) if h == host
@@ -680,27 +709,10 @@ class Group(HangDiagnosis):
     def _placement_info(self) -> dict:
         """This rank's slot (node, chip, cores) from the launcher's environment: published to
         the group so every rank builds the same topology, hence the same ring."""
-        from . import topology
-        from .topology.placement import node_named, placement_before_hosts
-        env = os.environ
-        world_rank = int(env.get("RANK", self.rank))
-        world = int(env.get("WORLD_SIZE", self.size))
-        node_given = node_named(env)  # (the node variables placement reads)
-        local_rank = env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK"))
-        by_host = None  # the cores it takes by its local rank where its host decides that (see _build_topology)
-        if local_rank is None and not node_given:  # (tcp:// or file:// with rank and world size, say)
-            slot, by_host = placement_before_hosts(env, world_rank, world)
-        else:
-            local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
-            local_rank = int(world_rank if local_rank is None else local_rank)
-            slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
-        # what this rank's model of the instance holds, not only its name: ranks that load
-        # different descriptions under one name (a file, register_instance on some ranks,
-        # versions of neuron_dist) built different rings and waited for each other at the first
-        # collective; compared below with the other settings every rank must share
-        model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
-        digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
-        return {"slot": slot.to_dict(), "node_given": node_given, "model": digest, "by_host": by_host}
+        try:
+            return _slot_record(self.rank, self.size)
+        except ValueError as e:  # ("bad rank numbers" may be values neuron_dist adopted: say whose)
+            raise ValueError(f"{e}{adopted_note(_NUMBERING_VARS)}") from None
 
     def _stay_until_read(self, store) -> None:
         """Before a set-up error every rank finds in the records: rank 0's process may host the

@@ -87,7 +87,7 @@ def slurm_tasks_per_node(spec: str) -> list[int] | None:
     return out
 
 
-def _slurm_node_vars(env) -> dict[str, str]:
+def _slurm_node_vars(env, sources: dict) -> dict[str, str]:
     """This srun task's local size and node number (see the module docstring): LOCAL_WORLD_SIZE
     from the step's count on node SLURM_NODEID (before SLURM_NTASKS_PER_NODE, which is the
     request, may be inherited from the batch script and says nothing of an uneven last node),
@@ -96,10 +96,12 @@ def _slurm_node_vars(env) -> dict[str, str]:
     if not node.isdigit():
         return {}
     out = {} if node_named(env) else {"GROUP_RANK": node}
-    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or ""
-    counts = slurm_tasks_per_node(spec)
+    sources.update(GROUP_RANK="SLURM_NODEID")
+    spec_var = "SLURM_STEP_TASKS_PER_NODE" if env.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    counts = slurm_tasks_per_node(env.get(spec_var) or "")
     if counts and int(node) < len(counts):
         out["LOCAL_WORLD_SIZE"] = str(counts[int(node)])
+        sources.update(LOCAL_WORLD_SIZE=f"{spec_var} at SLURM_NODEID {node}")
     return out
 
 
@@ -137,11 +139,13 @@ def not_an_mpi_rank(env=os.environ) -> str | None:
     return None
 
 
-def launcher_vars(env=os.environ) -> dict[str, str]:
+def launcher_vars(env=os.environ, sources: dict | None = None) -> dict[str, str]:
     """torch's variables implied by an MPI/Slurm environment (empty when not under one; Slurm's
     only inside an srun task, where the node number comes too, also for a rank numbered by
     MPI's variables without local ones, as `srun --mpi=pmi2` starts it; none in a worker of
-    torch's elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`)."""
+    torch's elastic agent, whose MPI and Slurm variables are its agent's: see `elastic_worker`).
+    `sources`, if given, is filled with the variable each value came from (for errors)."""
+    sources = {} if sources is None else sources
     if elastic_worker(env):
         return {}
     for rank, size, lrank, lsize in _SOURCES:
@@ -149,12 +153,15 @@ def launcher_vars(env=os.environ) -> dict[str, str]:
             if rank == "SLURM_PROCID" and not in_srun_task(env):
                 continue
             out = {"RANK": env[rank], "WORLD_SIZE": env[size]}
+            sources.update(RANK=rank, WORLD_SIZE=size)
             if rank == "SLURM_PROCID" or (lrank not in env and lsize not in env and _this_srun_task(env, out)):
-                return dict(out, **_slurm_local_vars(env))
+                return dict(out, **_slurm_local_vars(env, sources))
             if lrank in env:
                 out["LOCAL_RANK"] = env[lrank]
+                sources.update(LOCAL_RANK=lrank)
             if lsize in env and env[lsize].isdigit():
                 out["LOCAL_WORLD_SIZE"] = env[lsize]
+                sources.update(LOCAL_WORLD_SIZE=lsize)
             return out
     return {}
 
@@ -171,15 +178,17 @@ def _this_srun_task(env, found: Mapping[str, str]) -> bool:
             and env.get("SLURM_NTASKS", "").strip() == found["WORLD_SIZE"].strip())
 
 
-def _slurm_local_vars(env) -> dict[str, str]:
+def _slurm_local_vars(env, sources: dict) -> dict[str, str]:
     """An srun task's LOCAL_RANK (SLURM_LOCALID), LOCAL_WORLD_SIZE and GROUP_RANK (see
     `_slurm_node_vars`; SLURM_NTASKS_PER_NODE, the request, where the step's counts are missing)."""
     out = {}
     if "SLURM_LOCALID" in env:
         out["LOCAL_RANK"] = env["SLURM_LOCALID"]
+        sources.update(LOCAL_RANK="SLURM_LOCALID")
     if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
         out["LOCAL_WORLD_SIZE"] = env["SLURM_NTASKS_PER_NODE"]
-    out.update(_slurm_node_vars(env))
+        sources.update(LOCAL_WORLD_SIZE="SLURM_NTASKS_PER_NODE")
+    out.update(_slurm_node_vars(env, sources))
     return out
 
 
@@ -269,11 +278,23 @@ def _master_from_mpi() -> tuple[str | None, str, str] | None:
     return comm.bcast(found, root=0)
 
 
+ADOPTED: dict[str, str] = {}  # what `adopt` set -> the launcher's variable it came from
+
+
+def adopted_note(names) -> str:
+    """" (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)": where these of torch's variables
+    came from, for an error about their values, if `adopt` set them; else "" (the user set
+    them: their names say it)."""
+    said = [f"{n}={os.environ.get(n)} from {ADOPTED[n]}" for n in names if n in ADOPTED]
+    return f" (neuron_dist took {', '.join(said)})" if said else ""
+
+
 def adopt() -> None:
     """Fill in RANK/WORLD_SIZE/LOCAL_* and, under Open MPI through MPI, MASTER_ADDR/PORT, where unset."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return
-    found = launcher_vars()
+    sources: dict[str, str] = {}
+    found = launcher_vars(sources=sources)
     if not found:
         return
     for k in ("RANK", "WORLD_SIZE"):  # one set and the other not: most likely left over from elsewhere
@@ -283,7 +304,10 @@ def adopt() -> None:
                           f"its MPI job; the environment's value is kept (ranks that share one rank number then "
                           f"fail to meet): unset {k}, or set both RANK and WORLD_SIZE", stacklevel=2)
     for k, v in found.items():
-        os.environ.setdefault(k, v)
+        if k not in os.environ:
+            os.environ[k] = v
+            if k in sources:
+                ADOPTED[k] = sources[k]
     if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
         master = _master_from_mpi()
         if master:

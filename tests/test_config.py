@@ -286,6 +286,47 @@ def test_slurm_variables_inside_an_srun_task_are_the_launch(step):
     assert mpi_env.in_srun_task(env)
 
 
+def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variables(monkeypatch):
+    """Values the backend took from Slurm's variables are named with them in an error: two tasks
+    given SLURM_LOCALID=0 read "ranks 0 and 1 both use core 0 ... more ranks than cores or
+    overlapping NEURON_RT_VISIBLE_CORES", and SLURM_LOCALID=5 "local rank 5 of 2", naming
+    variables the user never set (review S). Values the user set are named as they are."""
+    from neuron_dist import mpi_env
+    env = dict(_SLURM_JOB, SLURM_PROCID="1", SLURM_NODEID="0", SLURM_LOCALID="5", SLURM_STEP_ID="0",
+               SLURM_STEP_TASKS_PER_NODE="2")
+    sources = {}
+    assert mpi_env.launcher_vars(env, sources=sources)["LOCAL_RANK"] == "5"
+    assert sources == {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
+                       "LOCAL_WORLD_SIZE": "SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID 0",
+                       "GROUP_RANK": "SLURM_NODEID"}, sources
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
+              "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # the user's own: not named as adopted
+    monkeypatch.setattr(mpi_env, "ADOPTED", {})
+    mpi_env.adopt()
+    assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
+        " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
+    monkeypatch.setattr(mpi_env, "ADOPTED", {})
+    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
+
+
+def test_a_group_whose_local_rank_came_from_slurm_says_so_when_it_is_wrong(tmp_path):
+    """The same, end to end: an srun task's bad SLURM_LOCALID fails init_process_group naming it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                                             "GROUP_RANK", "NODE_ID", "NODE_RANK")}
+    env.update(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_NODEID="0",
+               SLURM_LOCALID="3", SLURM_STEP_TASKS_PER_NODE="1", SLURM_JOB_NODELIST="localhost")
+    from pool import free_port
+    code = ("import torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 1 and "local rank 3 of 1" in p.stderr and "LOCAL_RANK=3 from SLURM_LOCALID" in p.stderr, \
+        p.stderr[-2000:]
+
+
 @pytest.mark.parametrize("step", _NOT_SRUN + _SRUN)
 def test_the_backend_and_neuronrun_agree_on_what_an_srun_task_is(step):
     """mpi_env keeps its own copy of neuronrun's rule (the backend may not import the launcher,

@@ -276,8 +276,9 @@ class GroupTopology:
                                      f"{inst.name} at LNC={lnc}")
                 if (s.node, c) in used:
                     raise ValueError(f"ranks {used[s.node, c]} and {r} both use core {c} on node "
-                                     f"{s.node}; more ranks than cores or overlapping "
-                                     f"NEURON_RT_VISIBLE_CORES")
+                                     f"{s.node}; more ranks than cores, overlapping "
+                                     f"NEURON_RT_VISIBLE_CORES, or one local rank (LOCAL_RANK) "
+                                     f"given to both")
                 used[s.node, c] = r
             if s.chip != s.cores[0] // cpc:
                 raise ValueError(f"rank {r}: core {s.cores[0]} is on chip {s.cores[0] // cpc}, "
