@@ -109,6 +109,9 @@ def _ended(pidfd: int) -> bool:
 
 _EXITS = _ExitWaker()
 os.register_at_fork(after_in_child=_EXITS.forget_in_child)
+# pid -> when waiting for that process to end gives up (`await_exits`), for every group of this
+# process: several groups that fail on one exiting peer wait for it once, not one after another
+_EXIT_DEADLINES: dict[int, float] = {}
 
 
 class DeathWatch:
@@ -136,6 +139,7 @@ class DeathWatch:
         self.ep = None
         self._next_poll = 0.0
         self.fds: dict[int, int] = {}      # pidfd -> peer
+        self.pids: dict[int, int] = {}     # peer -> its process id (those watched)
         self.dead: dict[int, str] = {}     # peer -> reason
         self.news = False                  # a watched peer's process ended since the engine last looked
         self._closed = False
@@ -154,6 +158,7 @@ class DeathWatch:
                         self.dead[r] = f"rank {r} (pid {group.peers_info[r]['pid']}) exited"
                     continue
                 self.fds[fd] = r
+                self.pids[r] = group.peers_info[r]["pid"]
                 self.ep.register(fd, select.EPOLLIN)
                 _EXITS.add(fd, self._woken_by(group.transport.wake))
 
@@ -233,14 +238,16 @@ class DeathWatch:
                          f"{g._gone_cause(r, self.dead[r])}")
 
     def await_exits(self, peers: list[int], timeout: float) -> None:
-        """Wait, at most `timeout` in all, for these same-host peers' processes to end (those
-        on other hosts, or already seen ended, are not waited for)."""
-        p, left = select.poll(), set()
+        """Wait for these same-host peers' processes to end, each at most `timeout` after this
+        process first waited for it (those on other hosts, or already seen ended, are not
+        waited for)."""
+        p, left, now = select.poll(), set(), time.monotonic()
+        deadline = now
         for fd, r in list(self.fds.items()):
             if r in peers:
                 p.register(fd, select.POLLIN)
                 left.add(fd)
-        deadline = time.monotonic() + timeout
+                deadline = max(deadline, _EXIT_DEADLINES.setdefault(self.pids[r], now + timeout))
         while left:
             ms = (deadline - time.monotonic()) * 1000
             if ms <= 0:

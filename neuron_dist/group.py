@@ -73,10 +73,12 @@ STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.25
 DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are "more than")
 # how an exiting rank's ABORT names its cause (`_close_at_exit`), and how long a same-host peer
 # that fails on it waits for that rank's process to end before telling its caller
-# (`_let_the_exiting_go_first`); a Python process with torch exits 4-35 ms after its atexit
+# (`_let_the_exiting_go_first`), once per exiting process: a process that has imported torch ends
+# 0.45-0.5 s after its last atexit handler here (the interpreter's finalization; 7 ms without torch)
 EXITING = "exiting on an uncaught"
+EXIT_FIRST_S = 3.0
+# torch's rank numbers, which `mpi_env.adopt` may have taken from a launcher's variables
 _NUMBERING_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
-EXIT_FIRST_S = 1.0
 
 
 _PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
@@ -1134,17 +1136,21 @@ class Group(HangDiagnosis):
         # lent (transport/cma.py) from the caller's tensor, which the caller may free or reuse
         # once its call has failed; the peer checks this rank's failure flag after each read
         self._send_abort(str(err))
-        self._let_the_exiting_go_first(str(err))
-        self._done(op, err)
-        self._break(err, active, waiting)
+        try:
+            self._let_the_exiting_go_first(str(err))
+        finally:  # (an exception a signal handler raises in the wait, on the caller's thread)
+            self._done(op, err)
+            self._break(err, active, waiting)
 
     def _let_the_exiting_go_first(self, why: str) -> None:
         """A failure caused by a same-host member that is exiting on an uncaught exception (its
         ABORT says so, `_close_at_exit`) reaches the caller once that member's process has
-        ended (at most EXIT_FIRST_S): told at once, the caller, failing in turn, raced it to the
-        exit, and the launchers' summaries, which name the first rank to exit non-zero, blamed
-        this rank instead of the exception (mpirun's in 5 of 7 runs at three ranks). The peers
-        are told first (`_send_abort`), so none of them waits on this rank meanwhile."""
+        ended (EXIT_FIRST_S at most, counted from the first such wait on it in this process, so
+        several groups failing on it pay it once): told at once, the caller, failing in turn,
+        raced it to the exit, and the launchers' summaries, which name the first rank to exit
+        non-zero, blamed this rank instead of the exception (mpirun's in 5 of 7 runs at three
+        ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
+        told first (`_send_abort`), so none of them waits on this rank meanwhile."""
         if EXITING not in why or self._deaths is None:
             return
         exiting = [r for r in range(self.size) if r != self.rank and f"[{self.who(r)}] {EXITING}" in why]

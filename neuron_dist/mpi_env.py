@@ -278,14 +278,15 @@ def _master_from_mpi() -> tuple[str | None, str, str] | None:
     return comm.bcast(found, root=0)
 
 
-ADOPTED: dict[str, str] = {}  # what `adopt` set -> the launcher's variable it came from
+ADOPTED: dict[str, tuple[str, str]] = {}  # what `adopt` set -> (the launcher's variable it came from, the value)
 
 
 def adopted_note(names) -> str:
     """" (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)": where these of torch's variables
     came from, for an error about their values, if `adopt` set them; else "" (the user set
     them: their names say it)."""
-    said = [f"{n}={os.environ.get(n)} from {ADOPTED[n]}" for n in names if n in ADOPTED]
+    said = [f"{n}={v} from {src}" for n in names if n in ADOPTED
+            for src, v in [ADOPTED[n]] if os.environ.get(n) == v]  # (not one the program set since)
     return f" (neuron_dist took {', '.join(said)})" if said else ""
 
 
@@ -307,7 +308,7 @@ def adopt() -> None:
         if k not in os.environ:
             os.environ[k] = v
             if k in sources:
-                ADOPTED[k] = sources[k]
+                ADOPTED[k] = (sources[k], v)
     if ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ) and "OMPI_COMM_WORLD_RANK" in os.environ:
         master = _master_from_mpi()
         if master:

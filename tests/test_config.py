@@ -309,6 +309,8 @@ def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variable
     mpi_env.adopt()
     assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
         " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
+    monkeypatch.setenv("LOCAL_RANK", "2")  # the program's own value since: not credited to Slurm
+    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
     monkeypatch.setattr(mpi_env, "ADOPTED", {})
     assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
 

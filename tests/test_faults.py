@@ -672,8 +672,11 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
     try:
         assert sorted(watch.fds.values()) == [1, 2] and watch.remote == [3]
         t0 = time.monotonic()
-        watch.await_exits([1], 0.1)  # alive: the time-out
+        watch.await_exits([2], 0.1)  # alive: the time-out
         assert 0.09 <= time.monotonic() - t0 < 5 and not woken and not watch.news
+        t0 = time.monotonic()
+        watch.await_exits([2], 0.1)  # once per process: its time is spent (several groups failing
+        assert time.monotonic() - t0 < 0.05  # on one exiting peer waited for it one after another)
         threading.Timer(0.1, procs[0].kill).start()
         t0 = time.monotonic()
         watch.await_exits([1, 3], 10.0)  # (rank 3 is on another host: not waited for)
@@ -688,6 +691,28 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
             p.kill()
             p.wait()
     assert not [t for t in threading.enumerate() if t.name == "neuron_dist-exits"]
+
+
+def test_a_failure_is_recorded_even_if_the_wait_for_an_exiting_peer_is_interrupted():
+    """`Group._fail` waits for a same-host peer exiting on an uncaught exception before its
+    caller sees the error; on the caller's own thread a signal handler's exception (a time
+    limit, Ctrl-C) can end that wait. The op must still be failed and the group broken: the
+    next call ran as a new op and failed with a vaguer cause."""
+    from types import SimpleNamespace
+
+    from neuron_dist.group import Group, GroupError
+
+    done = []
+    def interrupted(why):
+        raise KeyboardInterrupt
+    g = SimpleNamespace(rank=0, who=lambda r: f"rank {r}", _name=lambda op: "allreduce",
+                        _send_abort=lambda why: None, _let_the_exiting_go_first=interrupted,
+                        _done=lambda op, err: done.append(("done", op, str(err))),
+                        _break=lambda err, active, waiting: done.append(("break", str(err))))
+    cause = GroupError("[rank 0] allreduce failed: rank 1 aborted the group: [rank 1] exiting on an uncaught X")
+    with pytest.raises(KeyboardInterrupt):
+        Group._fail(g, "op", cause, [], [])
+    assert [d[0] for d in done] == ["done", "break"] and "exiting on an uncaught X" in done[0][2], done
 
 
 def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatch):
