@@ -299,20 +299,23 @@ def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variable
     assert sources == {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
                        "LOCAL_WORLD_SIZE": "SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID 0",
                        "GROUP_RANK": "SLURM_NODEID"}, sources
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
-              "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # the user's own: not named as adopted
-    monkeypatch.setattr(mpi_env, "ADOPTED", {})
-    mpi_env.adopt()
-    assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
-        " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
-    monkeypatch.setenv("LOCAL_RANK", "2")  # the program's own value since: not credited to Slurm
-    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
-    monkeypatch.setattr(mpi_env, "ADOPTED", {})
-    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
+    saved = dict(os.environ)  # (adopt writes os.environ itself: what it sets must not outlive the test)
+    try:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
+                  "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(k, None)
+        os.environ.update(env, LOCAL_WORLD_SIZE="2")  # LOCAL_WORLD_SIZE: the user's own, not named as adopted
+        monkeypatch.setattr(mpi_env, "ADOPTED", {})
+        mpi_env.adopt()
+        assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
+            " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
+        os.environ["LOCAL_RANK"] = "2"  # the program's own value since: not credited to Slurm
+        assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
+        monkeypatch.setattr(mpi_env, "ADOPTED", {})
+        assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def test_a_group_whose_local_rank_came_from_slurm_says_so_when_it_is_wrong(tmp_path):
