@@ -661,6 +661,7 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
     import time
     from types import SimpleNamespace
 
+    from neuron_dist import deathwatch
     from neuron_dist.deathwatch import DeathWatch
 
     procs = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
@@ -690,6 +691,7 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
         for p in procs:
             p.kill()
             p.wait()
+            deathwatch._EXIT_DEADLINES.pop(p.pid, None)  # (a later process may take its number)
     assert not [t for t in threading.enumerate() if t.name == "neuron_dist-exits"]
 
 
