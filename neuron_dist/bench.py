@@ -732,8 +732,16 @@ def ranks_follow_signals(prog: str):
 
     def stop(signum, frame):
         ranks = mp.active_children()
-        for c in ranks:
-            c.terminate()
+        # every rank stopped before any is ended, and each resumed only to take its SIGTERM
+        # (pending while it is stopped): ended one by one, a rank could see its peer end first
+        # (a same-host peer's end is seen in milliseconds), fail its collective and print the
+        # error's traceback before its own SIGTERM came (a CI run under load)
+        for how in (signal.SIGSTOP, signal.SIGTERM, signal.SIGCONT):
+            for c in ranks:
+                try:
+                    os.kill(c.pid, how)
+                except ProcessLookupError:  # (ended by itself meanwhile)
+                    pass
         for c in ranks:
             c.join(10)
             if c.is_alive():  # stuck in a call that ignores SIGTERM
