@@ -45,8 +45,8 @@ from .collectives.scratch import Scratch, scratch_bytes_setting
 from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
-from .errors import GroupError, exit_cause
-from .mpi_env import adopted_note  # (GroupError re-exported: c10d and debug import it from here)
+from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
+from .mpi_env import adopted_note
 from .op import CallbackRunner, Op, Record
 from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting

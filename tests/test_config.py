@@ -58,9 +58,10 @@ def test_debug_off_values_import_cleanly(value):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
-def _init_alone(cwd=None, on_thread=False, **settings) -> subprocess.CompletedProcess:
-    """A one-rank init_process_group("neuron") in a fresh process with these extra settings
-    (on_thread: made on a thread other than the main one, the error re-raised there)."""
+def _init_alone(cwd=None, on_thread=False, unset=(), **settings) -> subprocess.CompletedProcess:
+    """A one-rank init_process_group("neuron") in a fresh process with these extra settings and
+    without the variables in `unset` (on_thread: made on a thread other than the main one, the
+    error re-raised there)."""
     from pool import free_port
     init = f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)"
     if on_thread:
@@ -74,7 +75,8 @@ def _init_alone(cwd=None, on_thread=False, **settings) -> subprocess.CompletedPr
                 "dist.destroy_process_group()\n")
     else:
         code = "import torch.distributed as dist, neuron_dist\n" + init + "\n"
-    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **settings), capture_output=True,
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    return subprocess.run([sys.executable, "-c", code], env=dict(env, **settings), capture_output=True,
                           text=True, timeout=120, cwd=cwd)
 
 
@@ -320,14 +322,10 @@ def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variable
 
 def test_a_group_whose_local_rank_came_from_slurm_says_so_when_it_is_wrong(tmp_path):
     """The same, end to end: an srun task's bad SLURM_LOCALID fails init_process_group naming it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                                             "GROUP_RANK", "NODE_ID", "NODE_RANK")}
-    env.update(SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_NODEID="0",
-               SLURM_LOCALID="3", SLURM_STEP_TASKS_PER_NODE="1", SLURM_JOB_NODELIST="localhost")
-    from pool import free_port
-    code = ("import torch.distributed as dist, neuron_dist\n"
-            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    p = _init_alone(tmp_path, unset=("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID",
+                                     "NODE_RANK"),
+                    SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_NODEID="0",
+                    SLURM_LOCALID="3", SLURM_STEP_TASKS_PER_NODE="1", SLURM_JOB_NODELIST="localhost")
     assert p.returncode == 1 and "local rank 3 of 1" in p.stderr and "LOCAL_RANK=3 from SLURM_LOCALID" in p.stderr, \
         p.stderr[-2000:]
 
