@@ -7,7 +7,8 @@ call of that form needs besides its buffers comes from its plan (`plans.py` for 
 `p2p.py` for sends and receives), whose schedule is built when the op starts (on the engine
 thread, or on the caller's where the group runs the op at once: Group._run_inline), so a set-up
 error surfaces from wait(). Every private torch name used by the package is imported in this
-module alone (the launcher, a package of its own, keeps its one in its launch.py).
+module alone (the launcher, a package of its own, keeps its own: `_parse_rendezvous_config` in
+launch.py and the patch of `C10dRendezvousBackend._call_store` in storewatch.py).
 """
 from __future__ import annotations
 

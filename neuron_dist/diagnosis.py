@@ -127,9 +127,10 @@ class HangDiagnosis:
     _store_lost: str | None = None  # why a store call failed outright: none is made after it
 
     def progress_record(self) -> dict:
-        """This rank's small progress record: the next sequence number it will issue, the last
-        collective it completed and its most recent collectives (seq, kind, bytes, dtype, state,
-        algorithm)."""
+        """This rank's small progress record: the next sequence number it will issue (`issued`:
+        frame sequence numbers, a debug check's exchanges included; `calls` counts the user's
+        calls, as `Group.issued` does), the last collective it completed and its most recent
+        collectives (seq, kind, bytes, dtype, state, algorithm)."""
         recs = list(self.records)
         done = max((r.seq for r in recs if r.state == "done"), default=-1)
         return {"rank": self.rank, "pid": os.getpid(), "issued": self._seq, "calls": self._calls, "done": done,

@@ -774,8 +774,8 @@ class Group(HangDiagnosis):
         idle and nothing is queued, the caller's thread takes the drive lock and runs the op
         itself. It applies to ops marked synchronous (`op.sync = True`, set from c10d's
         `opts.asyncOp=False`) and, when unmarked, to small ops (INLINE_BYTES) that finish in
-        microseconds (collectives and sends; a receive may depend on a send the caller issues
-        next). If the op is not done within its budget (a late peer), it is handed to the
+        microseconds: collectives and sends for up to INLINE_BUDGET, a receive for one pass only
+        (taking what has already arrived: it may depend on a send the caller issues next). If the op is not done within its budget (a late peer), it is handed to the
         engine, which owns time-outs and peer checks."""
         sync = op.sync
         held = False  # the drive lock, taken for a run on this thread
@@ -938,8 +938,8 @@ class Group(HangDiagnosis):
     def _engine(self) -> None:
         """The engine thread. Every op's own failure is handled inside `_drive_ops`; should the
         loop itself ever raise (a bug in the engine), every op left to it fails with that error
-        and the group is broken, instead of waiting for ever: a Work's wait() has no time-out of
-        its own, time-outs being the engine's."""
+        and the group is broken, instead of waiting for ever: a Work's wait() without a time-out
+        (the default) waits for the engine, which owns the ops' time-outs."""
         try:
             with self._outside_autograd():  # see _drive_ops
                 self._drive_ops()
@@ -1449,9 +1449,10 @@ class Group(HangDiagnosis):
     def close(self, abort: bool = False, reason: str | None = None) -> None:
         """Destroy (abort=False): work already issued still runs, queued or started, as Gloo's
         destructor drains its queue (an isend or async all-reduce just before
-        destroy_process_group completes), bounded by the group's time-out. Abort: what has not
-        started fails at once, and what runs gets half a second; the peers are told `reason`
-        (by default that this rank aborted the group)."""
+        destroy_process_group completes), bounded by the group's time-out. Abort: every op not
+        finished, started or not, fails at once (the engine's next pass), the engine thread gets
+        half a second to leave, and the peers are told `reason` (by default that this rank
+        aborted the group)."""
         if self._inherited:  # a forked child's destroy: the transport, its segments and the
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return

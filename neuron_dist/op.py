@@ -41,10 +41,10 @@ class Record:
 
 
 class Op:
-    """One submitted operation. `start()` builds its Execution when the op is run (on the engine
-    thread, or on the caller's own where the group runs it at once: Group._run_inline), never
-    while the call is checked, so argument-dependent set-up errors surface from wait();
-    `finish()` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
+    """One submitted operation. `_start(op)` builds its Execution when the op is run (on the
+    engine thread, or on the caller's own where the group runs it at once: Group._run_inline),
+    never while the call is checked, so argument-dependent set-up errors surface from wait();
+    `_finish(op)` runs after the last frame (copy-back, AVG division); callbacks fire on completion."""
     __slots__ = ("kind", "desc", "_start", "_finish", "outputs", "peer", "direction", "tag", "posted", "nbytes", "dtype",
                  "algorithm", "seq", "call", "checks", "checked", "exe", "t0", "finished", "_event", "error",
                  "source_rank", "record", "_callbacks", "_lock", "sync", "timeout", "__weakref__")

@@ -496,7 +496,8 @@ class ShmTransport(Transport):
             return why
         # ranks that outnumber the cores: a lent step makes the sender wait for readers that
         # share its core, which lost 2-3x at 256 KiB-1 MiB blocks here (all-to-all, broadcast at
-        # world 4 on 2 cores) and won from 2-4 MiB; with a core each, lending wins from 512 KiB
+        # world 4 on 2 cores) and won from 2-4 MiB; with a core each, lending starts at half a slot
+        # (256 KiB by default)
         step = LEND_STEP_OVERSUBSCRIBED if self.oversubscribed else self.slot_bytes // 2
         return f"lend {step}"
 
