@@ -58,17 +58,17 @@ def test_debug_off_values_import_cleanly(value):
     assert p.returncode == 0, p.stderr[-2000:]
 
 
-def _init_alone(cwd=None, on_thread=False, unset=(), **settings) -> subprocess.CompletedProcess:
+def _init_alone(cwd=None, on_thread=False, unset=(), then="", **settings) -> subprocess.CompletedProcess:
     """A one-rank init_process_group("neuron") in a fresh process with these extra settings and
     without the variables in `unset` (on_thread: made on a thread other than the main one, the
-    error re-raised there)."""
+    error re-raised there; `then`: a statement run on that thread after the init)."""
     from pool import free_port
     init = f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)"
     if on_thread:
         code = ("import threading, torch.distributed as dist, neuron_dist\n"
                 "failed = []\n"
                 "def make():\n"
-                f"    try: {init}\n"
+                f"    try: {init}; {then or 'pass'}\n"
                 "    except BaseException as e: failed.append(e)\n"
                 "t = threading.Thread(target=make); t.start(); t.join()\n"
                 "if failed: raise failed[0]\n"
@@ -94,8 +94,9 @@ def test_a_dump_signal_that_cannot_be_used_is_a_clear_error(value, on_thread, tm
 
 def test_a_dump_signal_asked_for_off_the_main_thread_is_refused_with_a_warning(tmp_path):
     """A good name on a group made off the main thread installs nothing (Python installs
-    handlers only there) and says so, once, instead of silently."""
-    p = _init_alone(tmp_path, True, NEURON_DIST_DUMP_SIGNAL="USR1")
+    handlers only there) and says so, once per process (here three groups: a DeviceMesh made
+    on a thread builds several), instead of silently."""
+    p = _init_alone(tmp_path, True, then="dist.new_group([0]); dist.new_group([0])", NEURON_DIST_DUMP_SIGNAL="USR1")
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stderr.count("NEURON_DIST_DUMP_SIGNAL=USR1: not installed") == 1, p.stderr[-2000:]
 
@@ -318,6 +319,45 @@ def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variable
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def test_the_ranks_taken_from_mpiruns_variables_name_them():
+    """Under mpirun, the numbers neuron_dist takes are credited to Open MPI's variables in an
+    error about them, as Slurm's are."""
+    from neuron_dist import mpi_env
+    env = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    sources = {}
+    assert mpi_env.launcher_vars(env, sources=sources) == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1",
+                                                           "LOCAL_WORLD_SIZE": "2"}
+    assert sources == {"RANK": "OMPI_COMM_WORLD_RANK", "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
+                       "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
+                       "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE"}, sources
+
+
+def test_two_srun_tasks_given_one_local_rank_are_told_it_came_from_slurm(tmp_path):
+    """Two tasks both given SLURM_LOCALID=0 fail on one core used twice, and the error names the
+    variable neuron_dist took that local rank from (the note on the topology's failure)."""
+    from pool import free_port
+    port = free_port()
+    unset = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK")
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    procs = []
+    for r in (0, 1):
+        code = ("import torch.distributed as dist, neuron_dist\n"
+                f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{port}', rank={r}, world_size=2)\n")
+        env = dict(base, SLURM_JOB_ID="77", SLURM_STEP_ID="0", SLURM_PROCID=str(r), SLURM_NTASKS="2",
+                   SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_STEP_TASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost")
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=tmp_path, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 1 and "both use core" in err and "LOCAL_RANK=0 from SLURM_LOCALID" in err, err[-2000:]
 
 
 def test_a_group_whose_local_rank_came_from_slurm_says_so_when_it_is_wrong(tmp_path):

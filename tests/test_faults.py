@@ -670,6 +670,8 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
                             peers_info={1: {"pid": procs[0].pid}, 2: {"pid": procs[1].pid}},
                             transport=SimpleNamespace(wake=lambda: woken.append(time.monotonic())))
     watch = DeathWatch(group, "here")
+    other = DeathWatch(SimpleNamespace(rank=1, hosts=["here", "here"], peers_info={0: {"pid": procs[1].pid}},
+                                       transport=SimpleNamespace(wake=lambda: None)), "here")
     try:
         assert sorted(watch.fds.values()) == [1, 2] and watch.remote == [3]
         t0 = time.monotonic()
@@ -678,6 +680,9 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
         t0 = time.monotonic()
         watch.await_exits([2], 0.1)  # once per process: its time is spent (several groups failing
         assert time.monotonic() - t0 < 0.05  # on one exiting peer waited for it one after another)
+        t0 = time.monotonic()  # ... whatever its rank in the other group (a DeviceMesh's second
+        other.await_exits([0], 0.1)  # group numbers the same process otherwise): keyed by pid
+        assert time.monotonic() - t0 < 0.05
         threading.Timer(0.1, procs[0].kill).start()
         t0 = time.monotonic()
         watch.await_exits([1, 3], 10.0)  # (rank 3 is on another host: not waited for)
@@ -688,11 +693,97 @@ def test_a_groups_death_watch_wakes_its_transport_when_a_same_host_peer_ends():
         assert len(woken) == 1 and watch.news, (woken, watch.news)
     finally:
         watch.close()
+        other.close()
         for p in procs:
             p.kill()
             p.wait()
             deathwatch._EXIT_DEADLINES.pop(p.pid, None)  # (a later process may take its number)
     assert not [t for t in threading.enumerate() if t.name == "neuron_dist-exits"]
+
+
+def test_the_wait_for_exiting_peers_does_not_spin_once_one_has_ended():
+    """Waiting for two exiting peers, one of which has ended, sleeps until the other ends or the
+    time is up: it does not poll the ended one's descriptor over and over (review X's mutant
+    that kept it registered spent the whole wait on the CPU)."""
+    import resource
+    import subprocess
+    import time
+    from types import SimpleNamespace
+
+    from neuron_dist import deathwatch
+    from neuron_dist.deathwatch import DeathWatch
+
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(2)]
+    watch = DeathWatch(SimpleNamespace(rank=0, hosts=["here"] * 3,
+                                       peers_info={1: {"pid": procs[0].pid}, 2: {"pid": procs[1].pid}},
+                                       transport=SimpleNamespace(wake=lambda: None)), "here")
+    try:
+        procs[0].kill()
+        procs[0].wait()  # rank 1 has ended; rank 2 runs on
+        r0 = resource.getrusage(resource.RUSAGE_THREAD)
+        t0 = time.monotonic()
+        watch.await_exits([1, 2], 0.5)
+        r1 = resource.getrusage(resource.RUSAGE_THREAD)
+        assert time.monotonic() - t0 >= 0.4
+        cpu = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        assert cpu < 0.1, cpu
+    finally:
+        watch.close()
+        for p in procs:
+            p.kill()
+            p.wait()
+            deathwatch._EXIT_DEADLINES.pop(p.pid, None)
+
+
+def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly():
+    """`_let_the_exiting_go_first` waits only for the members named as exiting ("[rank 10]
+    exiting on an uncaught ..."), not for every member whose name appears in the error ("rank 1"
+    inside "rank 10", a rank the exception's own message mentions): each would cost the caller
+    the whole EXIT_FIRST_S. An ordinary exit waits for no one."""
+    from types import SimpleNamespace
+
+    from neuron_dist.group import EXIT_FIRST_S, Group
+
+    waited = []
+    g = SimpleNamespace(rank=0, size=12, who=lambda r: f"rank {r}",
+                        _deaths=SimpleNamespace(await_exits=lambda peers, t: waited.append((peers, t))))
+    Group._let_the_exiting_go_first(g, "[rank 0] allreduce(16 bytes, float32, sum) (seq 1) failed: rank 10 aborted "
+                                       "the group: [rank 10] exiting on an uncaught ValueError: rank 2 sent a bad batch")
+    assert waited == [([10], EXIT_FIRST_S)], waited
+    waited.clear()
+    Group._let_the_exiting_go_first(g, "[rank 0] allreduce failed: rank 3 (pid 9) exited")
+    assert waited == [], waited
+
+
+def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):
+    """A same-host peer exiting on an uncaught exception whose process lingers (an exit handler
+    that runs after neuron_dist's, here a 10 s sleep) delays this rank's error by EXIT_FIRST_S
+    at most, not until it ends."""
+    import subprocess
+    import sys
+
+    from pool import free_port
+    code = ("import atexit, sys, time\n"
+            "r = int(sys.argv[1])\n"
+            "if r == 1: atexit.register(time.sleep, 10)  # (registered first: runs after neuron_dist's)\n"
+            "import torch, torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=r, world_size=2)\n"
+            "t = torch.ones(4); dist.all_reduce(t)\n"
+            "if r == 1: raise ValueError('the root cause')\n"
+            "t0 = time.monotonic()\n"
+            "try: dist.all_reduce(t)\n"
+            "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    took, why = out.split(" ", 1)
+    assert "exiting on an uncaught ValueError: the root cause" in why, (out, err[-2000:])
+    assert float(took) < 3.0 + 2, out  # EXIT_FIRST_S (3 s) and some slack for a loaded host
 
 
 def test_a_failure_is_recorded_even_if_the_wait_for_an_exiting_peer_is_interrupted():
