@@ -539,6 +539,14 @@ def _retire_generation(store, key: str, generation: int, size: int) -> None:
             _LOCAL_COUNTS[key] = max(_LOCAL_COUNTS[key], end)
 
 
+def _forget(store, key: str) -> None:
+    """Delete `key` from `store`, where the store can (best effort: a caller's store may not)."""
+    try:
+        store.delete_key(key)
+    except Exception:  # noqa: BLE001 - NotImplementedError, or the store is gone
+        pass
+
+
 class Group(HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
@@ -618,6 +626,7 @@ class Group(HangDiagnosis):
         from .transport import select as transport_select
         rank, size, name, timeout = self.rank, self.size, self.name, self.timeout
         self._agree_on_members(store)
+        meeting = store
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
         store = self.store = dist.PrefixStore(f"members-{members}/", store)
@@ -642,6 +651,10 @@ class Group(HangDiagnosis):
             raise GroupError(f"[rank {rank}] group {name!r}: the members met, but not every one published its "
                              f"set-up within {timeout.total_seconds():.0f}s (a member that died or left meanwhile): "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+        # every member has read every member list (each publishes its set-up only after): this
+        # rank's goes, lest a later world on this store, whose group torch names alike but with
+        # other members, meet under the same generation and read it as a member's disagreement
+        _forget(meeting, f"members/{self.global_ranks[rank]}")
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]

@@ -5,7 +5,11 @@ both, ranks swapped. Mode "subgroup" (3 processes): world A with new_group([0, 1
 is no member, so never makes that group); then world B of the same ranks with new_group([1, 2]).
 Both times the last world's groups must form and reduce right, as under Gloo: the groups' keys
 were kept apart by counts each process kept of its own groups, which differed here, so the
-ranks met under different keys and waited out the time-out. Prints one JSON line."""
+ranks met under different keys and waited out the time-out. Mode "samestore" (3 processes):
+one TCPStore passed to both worlds (as torchrun's agent store outlives each), world A with
+new_group([1, 2]), world B with new_group([0, 2]), which torch names alike: rank 0 read rank 2's
+member list of world A, still in the store, and failed on "ranks disagree on the group's
+members" (review Y). Prints one JSON line."""
 import json
 import sys
 import time
@@ -19,10 +23,16 @@ import neuron_dist  # noqa: E402,F401
 
 T = timedelta(seconds=8)
 url = lambda k: f"tcp://127.0.0.1:{ports[k]}"  # noqa: E731
-dist.init_process_group("neuron", init_method=url(0), rank=proc, world_size=nprocs, timeout=T)
-if mode == "subgroup":
-    g = dist.new_group([0, 1], timeout=T)
-    if proc in (0, 1):
+store = None
+if mode == "samestore":
+    store = dist.TCPStore("127.0.0.1", int(ports[0]), nprocs, is_master=proc == 0, timeout=T)
+    dist.init_process_group("neuron", store=store, rank=proc, world_size=nprocs, timeout=T)
+else:
+    dist.init_process_group("neuron", init_method=url(0), rank=proc, world_size=nprocs, timeout=T)
+if mode in ("subgroup", "samestore"):
+    first = [0, 1] if mode == "subgroup" else [1, 2]
+    g = dist.new_group(first, timeout=T)
+    if proc in first:
         dist.all_reduce(torch.ones(2), group=g)
 dist.all_reduce(torch.ones(2))
 dist.destroy_process_group()
@@ -35,11 +45,17 @@ if mode == "solo":
 t0 = time.monotonic()
 try:
     rank = (nprocs - 1 - proc) if mode == "solo" else proc
-    dist.init_process_group("neuron", init_method=url(2), rank=rank, world_size=nprocs, timeout=T)
+    if store is not None:
+        dist.init_process_group("neuron", store=store, rank=rank, world_size=nprocs, timeout=T)
+    else:
+        dist.init_process_group("neuron", init_method=url(2), rank=rank, world_size=nprocs, timeout=T)
     t = torch.full((3,), float(rank + 1))
-    if mode == "subgroup":
-        g = dist.new_group([1, 2], timeout=T)
-        if rank in (1, 2):
+    if mode in ("subgroup", "samestore"):
+        second = [1, 2] if mode == "subgroup" else [0, 2]
+        if mode == "samestore" and rank == 2:
+            time.sleep(0.3)  # the member whose old list is still in the store comes last
+        g = dist.new_group(second, timeout=T)
+        if rank in second:
             dist.all_reduce(t, group=g)
     else:
         dist.all_reduce(t)
