@@ -46,7 +46,7 @@ from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
-from .mpi_env import adopted_note
+from .mpi_env import adopted_note, finalizes_at_exit
 from .op import CallbackRunner, Op, Record
 from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
@@ -77,6 +77,10 @@ DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are
 # 0.45-0.5 s after its last atexit handler here (the interpreter's finalization; 7 ms without torch)
 EXITING = "exiting on an uncaught"
 EXIT_FIRST_S = 3.0
+# how an ABORT sent as the process exits with work still pending names itself; every exit's
+# ABORT reads "[rank N] exiting ..." (an orderly close at exit says so in its goodbye instead:
+# `Transport.peer_exiting`)
+EXITING_PENDING = "exiting with work still pending (no destroy_process_group)"
 # torch's rank numbers, which `mpi_env.adopt` may have taken from a launcher's variables
 _NUMBERING_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
@@ -245,13 +249,22 @@ def _close_at_exit() -> None:
     (`sys.last_value`, set as the interpreter prints it) aborts every group it leaves, and its
     ABORT frames say why: closed in order, it had a same-host peer waiting on it fail on "rank 3
     closed its shared-memory transport" and exit first, and the launcher's summary blamed that
-    peer instead of the exception."""
+    peer instead of the exception. Any other exit (`sys.exit(3)`, the program's end) says so
+    too, in its ABORT or in its orderly goodbye (`exiting`), for the same reason: told "rank 3
+    closed its shared-memory transport", a peer that still needed it failed and exited ~0.5 s
+    before rank 3's process ended, and torchrun's summary named that peer in 4 of 6 runs. Not
+    where MPI_Finalize will keep this process until its peers end (`mpi_env.finalizes_at_exit`):
+    a peer would wait its EXIT_FIRST_S for nothing."""
     cause = exit_cause()
+    ends_first = not finalizes_at_exit()
     for g in list(LIVE):
         if cause:
             g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING} {cause}")
+        elif g._queue or g._active or g._waiting:  # (worded without the "[rank N] exiting" a peer waits on)
+            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING_PENDING}" if ends_first else
+                    f"{g.who(g.rank)} is exiting with work still pending (no destroy_process_group)")
         else:
-            g.close(abort=bool(g._queue or g._active or g._waiting))
+            g.close(exiting=ends_first)
 
 
 atexit.register(_close_at_exit)
@@ -1156,19 +1169,27 @@ class Group(HangDiagnosis):
             self._break(err, active, waiting)
 
     def _let_the_exiting_go_first(self, why: str) -> None:
-        """A failure caused by a same-host member that is exiting on an uncaught exception (its
-        ABORT says so, `_close_at_exit`) reaches the caller once that member's process has
-        ended (EXIT_FIRST_S at most, counted from the first such wait on it in this process, so
+        """A failure caused by a same-host member that is exiting (on an uncaught exception or
+        otherwise with the group open: its ABORT or its goodbye says so, `_close_at_exit`)
+        reaches the caller once that member's process has ended (EXIT_FIRST_S at most, counted from the first such wait on it in this process, so
         several groups failing on it pay it once): told at once, the caller, failing in turn,
         raced it to the exit, and the launchers' summaries, which name the first rank to exit
         non-zero, blamed this rank instead of the exception (mpirun's in 5 of 7 runs at three
         ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
         told first (`_send_abort`), so none of them waits on this rank meanwhile."""
-        if EXITING not in why or self._deaths is None:
+        if self._deaths is None:
             return
-        exiting = [r for r in range(self.size) if r != self.rank and f"[{self.who(r)}] {EXITING}" in why]
+        exiting = [r for r in range(self.size) if r != self.rank and (f"[{self.who(r)}] exiting " in why
+                                                                        or self._goodbye_at_exit(r))]
         if exiting:
             self._deaths.await_exits(exiting, EXIT_FIRST_S)
+
+    def _goodbye_at_exit(self, r: int) -> bool:
+        """Whether member `r` closed its side in order as its process exits (`peer_exiting`)."""
+        try:
+            return self.transport.peer_exiting(r)
+        except Exception:  # noqa: BLE001 - a broken channel tells nothing more
+            return False
 
     def _break(self, err: GroupError, active: list[Op], waiting: _Waiting) -> None:
         """After a failure (the peers already told): the peers' view of this group is now
@@ -1459,13 +1480,14 @@ class Group(HangDiagnosis):
                              host_s=host, model_device_s=model))
         return rows
 
-    def close(self, abort: bool = False, reason: str | None = None) -> None:
+    def close(self, abort: bool = False, reason: str | None = None, exiting: bool = False) -> None:
         """Destroy (abort=False): work already issued still runs, queued or started, as Gloo's
         destructor drains its queue (an isend or async all-reduce just before
         destroy_process_group completes), bounded by the group's time-out. Abort: every op not
         finished, started or not, fails at once (the engine's next pass), the engine thread gets
         half a second to leave, and the peers are told `reason` (by default that this rank
-        aborted the group)."""
+        aborted the group). `exiting`: an orderly close made as the process exits (its
+        transport's goodbye says so, `_close_at_exit`)."""
         if self._inherited:  # a forked child's destroy: the transport, its segments and the
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return
@@ -1515,7 +1537,7 @@ class Group(HangDiagnosis):
         # a broken group's peers may be gone: do not linger on frames nobody will read; nor
         # after the engine failed what a destroy waited on (its peers were told: no orderly BYE)
         hard = abort or self.broken is not None or self._abort_sent
-        self.transport.close(abort=hard)
+        self.transport.close(abort=hard, exiting=exiting)
 
 
 def _drop_locals(e: BaseException) -> None:

@@ -219,13 +219,23 @@ def _finalize_mpi_at_exit() -> None:
     process to exit non-zero, named one of them (5 of 7 runs at three ranks). Unfinalized, it
     ends at once and mpirun names it and ends the job, as it does for a Gloo job's rank (or,
     under --enable-recovery, lets the others go on)."""
-    if _MPI_STARTED_BY != os.getpid():
-        return
+    if _MPI_STARTED_BY == os.getpid() and finalizes_at_exit():
+        sys.modules["mpi4py.MPI"].Finalize()
+
+
+def finalizes_at_exit() -> bool:
+    """Whether MPI_Finalize will run as this process exits (neuron_dist's `_finalize_mpi_at_exit`,
+    or mpi4py's own where the program imported it): under Open MPI it waits for every rank, so
+    this process cannot end before its peers do, and they must not wait for it to
+    (`group._close_at_exit`)."""
     MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return False
+    if _MPI_STARTED_BY == os.getpid():
         from .errors import exit_cause
-        if exit_cause() is None:
-            MPI.Finalize()
+        return exit_cause() is None
+    import mpi4py
+    return bool(mpi4py.rc.finalize) if mpi4py.rc.finalize is not None else True
 
 
 def master_addr(hosts: list[str], one_node: bool) -> tuple[str | None, str]:

@@ -745,7 +745,8 @@ def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly()
     from neuron_dist.group import EXIT_FIRST_S, Group
 
     waited = []
-    g = SimpleNamespace(rank=0, size=12, who=lambda r: f"rank {r}",
+    said_goodbye_at_exit = set()  # what the transport's peer_exiting would say
+    g = SimpleNamespace(rank=0, size=12, who=lambda r: f"rank {r}", _goodbye_at_exit=said_goodbye_at_exit.__contains__,
                         _deaths=SimpleNamespace(await_exits=lambda peers, t: waited.append((peers, t))))
     Group._let_the_exiting_go_first(g, "[rank 0] allreduce(16 bytes, float32, sum) (seq 1) failed: rank 10 aborted "
                                        "the group: [rank 10] exiting on an uncaught ValueError: rank 2 sent a bad batch")
@@ -753,6 +754,15 @@ def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly()
     waited.clear()
     Group._let_the_exiting_go_first(g, "[rank 0] allreduce failed: rank 3 (pid 9) exited")
     assert waited == [], waited
+    # an exit without an exception: an ABORT for work left pending, or an orderly goodbye at exit
+    Group._let_the_exiting_go_first(g, "[rank 0] allreduce failed: rank 3 aborted the group: [rank 3] exiting with "
+                                       "work still pending (no destroy_process_group)")
+    assert waited == [([3], EXIT_FIRST_S)], waited
+    waited.clear()
+    said_goodbye_at_exit.add(11)
+    Group._let_the_exiting_go_first(g, "[rank 0] allreduce failed: rank 11 is gone: rank 11 closed its shared-memory "
+                                       "transport as its process exits (no destroy_process_group)")
+    assert waited == [([11], EXIT_FIRST_S)], waited
 
 
 def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):
@@ -826,6 +836,73 @@ def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatc
     assert exit_cause() is None
 
 
+@pytest.mark.parametrize("finalizes", [False, True], ids=["ends-first", "mpi-finalize-waits"])
+def test_how_an_exit_closes_the_groups_it_leaves_open(monkeypatch, finalizes):
+    """`_close_at_exit`: an uncaught exception aborts every group with it as the cause; otherwise
+    a group with work pending is aborted and an idle one closed in order, each saying that this
+    is the process's exit ("[rank 1] exiting ...", the goodbye's `exiting`), so that a same-host
+    peer failing on it lets the process end first. Not where MPI_Finalize will hold the process
+    until its peers end (neuron_dist's under mpirun, or mpi4py's): they would wait EXIT_FIRST_S
+    for nothing."""
+    import sys
+    from types import SimpleNamespace
+
+    from neuron_dist import group as group_mod
+
+    closes = []
+    def fake(name, pending):
+        return SimpleNamespace(rank=1, who=lambda r: f"rank {r}", _queue=[1] if pending else [], _active=[],
+                               _waiting=[], close=lambda **kw: closes.append((name, kw)))
+    monkeypatch.setattr(group_mod, "LIVE", [fake("idle", False), fake("busy", True)])  # (list(LIVE) is read)
+    monkeypatch.setattr(group_mod, "finalizes_at_exit", lambda: finalizes)
+    monkeypatch.delattr(sys, "last_value", raising=False)
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    group_mod._close_at_exit()
+    got = dict(closes)
+    assert got["idle"] == {"exiting": not finalizes}, got
+    assert got["busy"]["abort"] is True and ("[rank 1] exiting " in got["busy"]["reason"]) is not finalizes, got
+    closes.clear()
+    monkeypatch.setattr(sys, "last_value", ValueError("the root cause"), raising=False)
+    group_mod._close_at_exit()
+    assert all(kw == {"abort": True, "reason": "[rank 1] exiting on an uncaught ValueError: the root cause"}
+               for _, kw in closes) and len(closes) == 2, closes
+
+
+def test_mpi_finalize_at_exit_is_foreseen(monkeypatch):
+    """`mpi_env.finalizes_at_exit`: no MPI, or MPI not initialized or already finalized: no;
+    MPI neuron_dist started: yes unless the process exits on an uncaught exception (then
+    `_finalize_mpi_at_exit` skips it); MPI the program started through mpi4py: as mpi4py's
+    `rc.finalize` says (None, its default: yes)."""
+    import sys
+    from types import SimpleNamespace
+
+    import mpi4py
+
+    from neuron_dist import mpi_env
+
+    state = {"init": True, "fin": False}
+    fake = SimpleNamespace(Is_initialized=lambda: state["init"], Is_finalized=lambda: state["fin"])
+    monkeypatch.delattr(sys, "last_value", raising=False)
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    monkeypatch.delitem(sys.modules, "mpi4py.MPI", raising=False)
+    assert mpi_env.finalizes_at_exit() is False
+    monkeypatch.setitem(sys.modules, "mpi4py.MPI", fake)
+    monkeypatch.setattr(mpi_env, "_MPI_STARTED_BY", os.getpid())
+    assert mpi_env.finalizes_at_exit() is True
+    monkeypatch.setattr(sys, "last_value", ValueError("x"), raising=False)
+    assert mpi_env.finalizes_at_exit() is False
+    monkeypatch.delattr(sys, "last_value")
+    state["fin"] = True
+    assert mpi_env.finalizes_at_exit() is False
+    state.update(fin=False, init=False)
+    assert mpi_env.finalizes_at_exit() is False
+    state["init"] = True
+    monkeypatch.setattr(mpi_env, "_MPI_STARTED_BY", None)
+    for rc, want in ((None, True), (True, True), (False, False)):
+        monkeypatch.setattr(mpi4py.rc, "finalize", rc)
+        assert mpi_env.finalizes_at_exit() is want, rc
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("mode", ["during", "after"])
 def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transport, mode):
@@ -851,3 +928,23 @@ def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transpor
     # and only once rank 1's process has ended: told at once, rank 0 raced it to the exit, and
     # a launcher's summary (the first rank to exit non-zero) named rank 0
     assert line.endswith("[rank 1 had ended: True]"), line
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(transport):
+    """Rank 1 ends with sys.exit(3) while rank 0 waits on it in an all-reduce, its group left
+    open and idle, so closed in order at exit. Rank 0 failed on "rank 1 closed its
+    shared-memory transport" ~0.5 s before rank 1's process ended (its interpreter's
+    finalization), so it exited first, and torchrun's summary named rank 0, not rank 1, in 4 of
+    6 runs (review Y). The goodbye now says the close is the process's exit, and rank 0's error
+    comes once rank 1's process has ended."""
+    import os
+    from pool import free_port, rank_line, run_scripts
+    port = free_port()
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    outs = run_scripts("raises_uncaught.py", [[0, port, "exit"], [1, port, "exit"]], env)
+    line = rank_line(outs[0][1], 0)
+    assert outs[1][0] == 3, outs[1]
+    name = {"shm": "shared-memory", "zmq": "zmq"}[transport]
+    assert f"allreduce(262144 bytes, float32, sum) (seq 3) failed: rank 1 is gone: rank 1 closed its {name} transport " \
+        "as its process exits (no destroy_process_group) [rank 1 had ended: True]" in line, line

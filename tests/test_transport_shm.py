@@ -1062,7 +1062,7 @@ def test_a_close_over_several_transports_passes_abort_and_lets_their_errors_thro
         def __init__(self, fail):
             self.fail, self.calls = fail, []
 
-        def close(self, abort=False):
+        def close(self, abort=False, exiting=False):
             self.calls.append(abort)
             if self.fail:
                 raise TypeError("a fault inside close")

@@ -143,10 +143,11 @@ class Transport(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def close(self, abort: bool = False) -> None:
+    def close(self, abort: bool = False, exiting: bool = False) -> None:
         """Release every socket, segment and thread. Idempotent. `abort` (the group failed or was
         aborted; its peers may be gone): send no orderly goodbye and do not linger on frames
-        nobody may read."""
+        nobody may read. `exiting`: an orderly close made as the process exits with the group
+        still open (no destroy_process_group): the goodbye says so (`peer_exiting`)."""
 
     def mark_failed(self) -> None:
         """Tell every peer, through whatever side channel the transport has, that this rank's
@@ -175,6 +176,12 @@ class Transport(abc.ABC):
     def peer_finished(self, peer: int) -> bool:
         """True if `peer` closed its side in an orderly way (destroy_process_group/shutdown)
         rather than dying: its absence is then no fault for the operations it completed."""
+        return False
+
+    def peer_exiting(self, peer: int) -> bool:
+        """True if `peer` closed its side in order as its process exits with the group still
+        open (`close(exiting=True)`), as far as this rank has already taken in: an operation
+        that fails on it lets that process end first (`Group._let_the_exiting_go_first`)."""
         return False
 
     def gone_grace(self, peer: int) -> float:

@@ -104,9 +104,10 @@ class Header(NamedTuple):
                 f"{self.nbytes} bytes, {dt})")
 
 
-def bye_header(token: int, src: int, dst: int) -> "Header":
-    """The header-only frame a transport sends each peer on an orderly close: nothing more follows."""
-    return Header(int(Kind.BYE), 0, token, 0, 0, src, dst, 0, 0, 0)
+def bye_header(token: int, src: int, dst: int, exiting: bool = False) -> "Header":
+    """The header-only frame a transport sends each peer on an orderly close: nothing more follows.
+    Its `chunk` is 1 where the close is its process's exit (`Transport.peer_exiting`)."""
+    return Header(int(Kind.BYE), 0, token, 0, 0, src, dst, int(exiting), 0, 0)
 
 
 # Header from a tuple of its 10 fields without NamedTuple's Python-level __new__ (~3x cheaper on

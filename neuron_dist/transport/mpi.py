@@ -128,6 +128,7 @@ class MpiTransport(Transport):
         self.sends: list = []  # (request, keep-alive objects, peer, frame index)
         self.status = MPI.Status()
         self.finished: set[int] = set()  # peers whose BYE arrived: they closed, nothing more will come
+        self.exiting: set[int] = set()  # ... as their process exits (frame.bye_header)
         self.aborted: dict[int, list] = {}  # peer -> its ABORT frame's inbox item, also queued (`check_peer`)
         self.sent = dict.fromkeys(self.peers, 0)  # peer -> frames sent it so far: the next one's index
         self.taken = dict.fromkeys(self.peers, 0)  # peer -> frames taken in from it so far (headers probed)
@@ -183,6 +184,8 @@ class MpiTransport(Transport):
             moved = True
             if h.kind == frame.Kind.BYE:
                 self.finished.add(p)
+                if h.chunk:
+                    self.exiting.add(p)
                 continue
             buf = torch.empty(h.nbytes, dtype=torch.uint8)
             req = self.comm.Irecv([memory_of(buf), MPI.BYTE], source=src, tag=self.tag) if h.nbytes else None
@@ -337,7 +340,8 @@ class MpiTransport(Transport):
 
     def check_peer(self, peer):
         if self.peer_finished(peer):
-            return f"rank {peer} closed its MPI transport"
+            return f"rank {peer} closed its MPI transport" + (
+                " as its process exits (no destroy_process_group)" if peer in self.exiting else "")
         # an ABORT the executor may never reach: the frame before it in the queue may never
         # complete (its sender failed and left), so the peer's cause is read here
         return self._aborted(peer) if peer in self.aborted else None
@@ -355,6 +359,9 @@ class MpiTransport(Transport):
 
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._poll)
+
+    def peer_exiting(self, peer):
+        return bye_seen(self.finished, peer, self._poll) and peer in self.exiting
 
     def _take_byes(self, timeout: float) -> None:
         """Receive what the peers still send this group, up to their BYEs, for at most `timeout`:
@@ -376,7 +383,7 @@ class MpiTransport(Transport):
             if not moved:
                 time.sleep(1e-3)
 
-    def close(self, abort: bool = False):
+    def close(self, abort: bool = False, exiting: bool = False):
         if self.closed:
             return
         self.closed = True
@@ -387,7 +394,7 @@ class MpiTransport(Transport):
         # per source and tag); an abort has already sent its peers an ABORT frame with the cause
         # to every peer, one that closed first too: it waits for this BYE (`_take_byes`)
         for p in ([] if abort else self.peers):
-            self.send(p, frame.bye_header(self.token, self.rank, p), torch.empty(0, dtype=torch.uint8))
+            self.send(p, frame.bye_header(self.token, self.rank, p, exiting), torch.empty(0, dtype=torch.uint8))
         try:
             self.flush(1.0 if abort else 5.0)
         except TransportError:

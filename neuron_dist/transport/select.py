@@ -231,6 +231,9 @@ class Composite(Transport):
     def peer_finished(self, peer):
         return self.route[peer].peer_finished(peer)
 
+    def peer_exiting(self, peer):
+        return self.route[peer].peer_exiting(peer)
+
     def gone_grace(self, peer):
         return self.route[peer].gone_grace(peer)
 
@@ -238,13 +241,13 @@ class Composite(Transport):
         for t in self.parts.values():
             t.take_in()
 
-    def close(self, abort: bool = False):
+    def close(self, abort: bool = False, exiting: bool = False):
         """Close every part, even after one's close raised (the others' sockets and segments
         would leak), then raise the first error."""
         first = None
         for t in self.parts.values():
             try:
-                t.close(abort=abort)
+                t.close(abort=abort, exiting=exiting)
             except Exception as e:  # noqa: BLE001 - raised below, after the other parts
                 first = first or e
         if first is not None:

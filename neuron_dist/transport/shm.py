@@ -104,6 +104,7 @@ _CODE_DTYPE = frame.CODE_DTYPE  # a received slot is handed out viewed as its fr
 
 # control block offsets
 _DOORBELL, _SLEEPING, _CLOSED, _PID, _FAILED, _BASE = 0, 4, 8, 16, 24, 32
+_CLOSED_AT_EXIT = 2  # the "closed" word's value for a close made as the process exits (1: any other)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _FENCE_LOCK = threading.Lock()
@@ -755,7 +756,8 @@ class ShmTransport(Transport):
         if failed:
             return failed
         if seg.closed.value:
-            return f"rank {peer} closed its shared-memory transport"
+            return f"rank {peer} closed its shared-memory transport" + (
+                " as its process exits (no destroy_process_group)" if seg.closed.value == _CLOSED_AT_EXIT else "")
         if process_dead(self.peer_pid[peer]):
             return f"rank {peer} (pid {self.peer_pid[peer]}) exited"
         return None
@@ -776,7 +778,11 @@ class ShmTransport(Transport):
         seg = self.theirs.get(peer)  # closed, and not after a failure (an abort closes too)
         return bool(seg is not None and seg.closed is not None and seg.closed.value and not seg.failed.value)
 
-    def close(self, abort: bool = False):
+    def peer_exiting(self, peer):
+        seg = self.theirs.get(peer)
+        return bool(seg is not None and seg.closed is not None and seg.closed.value == _CLOSED_AT_EXIT)
+
+    def close(self, abort: bool = False, exiting: bool = False):
         if self.closed:
             return
         self.closed = True
@@ -788,7 +794,7 @@ class ShmTransport(Transport):
             # (`cma.Lent.read_part` checks it after each read), and tells it why.
             if self.still_lent() is not None:
                 self.mine.failed.value = 1
-            self.mine.closed.value = 1
+            self.mine.closed.value = _CLOSED_AT_EXIT if exiting else 1
             for seg in self.theirs.values():
                 seg.ring()
         except (AttributeError, ValueError):

@@ -186,6 +186,7 @@ class ZmqTransport(Transport):
         self.monitors: dict[int, zmq.Socket] = {}
         self.gone: dict[int, str] = {}
         self.finished: set[int] = set()  # peers that sent BYE (closed in order)
+        self.exiting: set[int] = set()  # ... as their process exits
         self.aborted: dict[int, str] = {}  # peers that sent ABORT: its cause (`check_peer`)
         self.queues: dict[int, deque] = {p: deque() for p in self.peers}
         self._arrived = self._arrived_seen = 0  # frames drained in all, and as the last wait saw them
@@ -308,6 +309,8 @@ class ZmqTransport(Transport):
                 raise frame.FrameError(f"rank {self.rank}: frame claims to come from rank {h.src} to rank {h.dst}")
             if h.kind == frame.Kind.BYE:  # the peer closed in order: nothing more will come
                 self.finished.add(h.src)
+                if h.chunk:  # ... as its process exits (frame.bye_header)
+                    self.exiting.add(h.src)
                 self._arrived += 1
                 continue
             body = parts[1].buffer
@@ -402,6 +405,8 @@ class ZmqTransport(Transport):
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")
+        if peer in self.exiting and not self.peer_failed(peer):  # its goodbye said why it left
+            return f"rank {peer} closed its zmq transport as its process exits (no destroy_process_group)"
         return self.peer_failed(peer) or self.gone.get(peer)
 
     def peer_failed(self, peer):
@@ -410,6 +415,9 @@ class ZmqTransport(Transport):
 
     def peer_finished(self, peer):
         return bye_seen(self.finished, peer, self._drain)
+
+    def peer_exiting(self, peer):
+        return bye_seen(self.finished, peer, self._drain) and peer in self.exiting
 
     def take_in(self):
         self._drain()  # every peer shares the one pull socket: one drain serves them all
@@ -433,14 +441,14 @@ class ZmqTransport(Transport):
                 return
             self.pull.poll(max(1, min(20, int(left * 1000))))
 
-    def close(self, abort: bool = False):
+    def close(self, abort: bool = False, exiting: bool = False):
         if getattr(self, "_released", False):
             return
         self._released = True
         if not abort:  # tell every live peer this is an orderly close, after all our data
             for p, s in self.push.items():
                 if p not in self.gone and p not in self.finished:
-                    bye = frame.bye_header(self.token, self.rank, p)
+                    bye = frame.bye_header(self.token, self.rank, p, exiting)
                     try:
                         s.send_multipart([bye.pack(), b""], flags=zmq.NOBLOCK)
                     except zmq.ZMQError:

@@ -1,7 +1,8 @@
 """One rank of a two-rank job whose rank 1 ends on an uncaught ValueError. MODE "during": rank 0
 waits on rank 1 in an all-reduce meanwhile, and prints how it ended and whether rank 1's
 process had ended by then; MODE "after": rank 1 raises
-after the job's last collective, and rank 0 destroys its group and prints that it ended cleanly.
+after the job's last collective, and rank 0 destroys its group and prints that it ended cleanly;
+MODE "exit": as "during", but rank 1 ends with sys.exit(3), its group left open and idle.
 Started by tests/test_faults.py."""
 import os
 import sys
@@ -24,6 +25,8 @@ if rank == 1:
     if mode == "after":
         dist.barrier()
     time.sleep(0.5)
+    if mode == "exit":
+        sys.exit(3)
     raise ValueError("the root cause on rank 1")
 if mode == "after":
     dist.barrier()
