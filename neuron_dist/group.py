@@ -552,6 +552,11 @@ def _retire_generation(store, key: str, generation: int, size: int) -> None:
             _LOCAL_COUNTS[key] = max(_LOCAL_COUNTS[key], end)
 
 
+# the job id of this process's current world (its default group, while it is open): it scopes
+# the member lists its subgroups post as they meet (`Group._agree_on_members`)
+_WORLD: dict[str, str | None] = {"id": None}
+
+
 def _forget(store, key: str) -> None:
     """Delete `key` from `store`, where the store can (best effort: a caller's store may not)."""
     try:
@@ -638,7 +643,13 @@ class Group(HangDiagnosis):
         retires the generation (`_retire_generation`), so that the next attempt meets afresh."""
         from .transport import select as transport_select
         rank, size, name, timeout = self.rank, self.size, self.name, self.timeout
-        self._agree_on_members(store)
+        # a subgroup's member lists are its world's: a later world on this store (torchrun's
+        # agent store, one passed again) whose group torch names alike, with other members, never
+        # reads them as a member's disagreement; a late member that disagrees still finds them
+        default = not dist.is_initialized()  # (the default group is made before torch counts it made)
+        scope = None if default else _WORLD["id"]
+        lists = f"members/{scope}/" if scope else "members/"
+        self._agree_on_members(store, lists)
         meeting = store
         # keys of this member list only: processes that called new_group with other ranks may
         # share this group's name (and a group rank) but never its keys
@@ -650,6 +661,8 @@ class Group(HangDiagnosis):
             store.set("token", f"{secrets.randbits(63)} {secrets.token_hex(6)}")
         token, job_id = store.get("token").split()
         self.token, self.job_id = int(token), job_id.decode()
+        if default:
+            _WORLD["id"] = self.job_id
         try:  # a value that can never work is an error on every job, told to the peers like a bad placement
             _forced_bind_addr()
         except GroupError as e:
@@ -664,10 +677,12 @@ class Group(HangDiagnosis):
             raise GroupError(f"[rank {rank}] group {name!r}: the members met, but not every one published its "
                              f"set-up within {timeout.total_seconds():.0f}s (a member that died or left meanwhile): "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        # every member has read every member list (each publishes its set-up only after): this
-        # rank's goes, lest a later world on this store, whose group torch names alike but with
-        # other members, meet under the same generation and read it as a member's disagreement
-        _forget(meeting, f"members/{self.global_ranks[rank]}")
+        # every member has read every member list (each publishes its set-up only after): an
+        # unscoped one (a world's own, or a subgroup's of a world not on this backend) goes, lest a
+        # later world on this store whose group has other members meet under the same generation
+        # and read it as a member's disagreement
+        if not scope:
+            _forget(meeting, f"{lists}{self.global_ranks[rank]}")
         self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
         store.set(f"peer_read/{rank}", "1")
         bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
@@ -1171,16 +1186,18 @@ class Group(HangDiagnosis):
     def _let_the_exiting_go_first(self, why: str) -> None:
         """A failure caused by a same-host member that is exiting (on an uncaught exception or
         otherwise with the group open: its ABORT or its goodbye says so, `_close_at_exit`)
-        reaches the caller once that member's process has ended (EXIT_FIRST_S at most, counted from the first such wait on it in this process, so
-        several groups failing on it pay it once): told at once, the caller, failing in turn,
+        reaches the caller once that member's process has ended (EXIT_FIRST_S at most, counted
+        from the first such wait on it in this process, so several groups failing on it pay it
+        once; only for the members the failure names, not one exiting beside it): told at once, the caller, failing in turn,
         raced it to the exit, and the launchers' summaries, which name the first rank to exit
         non-zero, blamed this rank instead of the exception (mpirun's in 5 of 7 runs at three
         ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
         told first (`_send_abort`), so none of them waits on this rank meanwhile."""
         if self._deaths is None:
             return
-        exiting = [r for r in range(self.size) if r != self.rank and (f"[{self.who(r)}] exiting " in why
-                                                                        or self._goodbye_at_exit(r))]
+        exiting = [r for r in range(self.size) if r != self.rank and (
+            f"[{self.who(r)}] exiting " in why  # its ABORT's cause, or its goodbye (the transport's words)
+            or (f"rank {r} closed its " in why and self._goodbye_at_exit(r)))]
         if exiting:
             self._deaths.await_exits(exiting, EXIT_FIRST_S)
 
@@ -1415,7 +1432,8 @@ class Group(HangDiagnosis):
         between; a process not in an earlier world's subgroup never counted that name): the ranks
         met under different keys and waited out the time-out, where Gloo formed the group. The
         member list is in the key, not in the meeting's keys: ranks that disagree on it still
-        meet there and are told so at once. `members`: the member list's key (a checksum of the
+        meet there and are told so at once (the lists they post there are their world's:
+        `_meet`). `members`: the member list's key (a checksum of the
         global ranks)."""
         key = f"gen-{attempt}/groups/{members}"
         try:
@@ -1426,29 +1444,32 @@ class Group(HangDiagnosis):
                       self.rank, self.name)
         return key, (k - 1) // self.size
 
-    def _agree_on_members(self, store) -> None:
+    def _agree_on_members(self, store, lists: str = "members/") -> None:
         """Every member must have called new_group with the same ranks, checked before this
         group writes anything else. Each process posts its member list under its *global* rank
-        (ranks that disagree may share a group rank, never a global one) and reads every
-        member's: a disagreement, or a member that never comes, is a clear error at once or at
-        the group's time-out, never a group whose ranks mean different processes."""
+        (ranks that disagree may share a group rank, never a global one), below `lists`, and
+        reads every member's: a disagreement, or a member that never comes, is a clear error at
+        once or at the group's time-out, never a group whose ranks mean different processes. A
+        rank that gives up on a member takes its own list back (it would mislead a later world
+        on this store)."""
         mine = self.global_ranks
-        store.set(f"members/{mine[self.rank]}", json.dumps(mine))
+        store.set(f"{lists}{mine[self.rank]}", json.dumps(mine))
         try:
-            store.wait([f"members/{g}" for g in mine], self.timeout)
+            store.wait([f"{lists}{g}" for g in mine], self.timeout)
         except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
             try:
-                missing = [g for g in mine if not store.check([f"members/{g}"])]
+                missing = [g for g in mine if not store.check([f"{lists}{g}"])]
             except Exception:  # noqa: BLE001 - the store itself is gone (its host, rank 0, left)
                 raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): the store was "
                                  f"lost while the members met: {e}") from None
+            _forget(store, f"{lists}{mine[self.rank]}")
             # the default group is made inside init_process_group, before torch counts it initialized
             todo = ("new_group with the same ranks" if dist.is_initialized() else
                     f"init_process_group: were all {self.size} ranks (WORLD_SIZE) started?")
             raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): global ranks {missing} "
                              f"did not join within {self.timeout.total_seconds():.0f}s; every process must call "
                              f"{todo}") from None
-        views = {g: json.loads(store.get(f"members/{g}")) for g in mine}
+        views = {g: json.loads(store.get(f"{lists}{g}")) for g in mine}
         other = {g: v for g, v in views.items() if v != mine}
         if other:
             theirs = "; ".join(f"global rank {g}: {v}" for g, v in other.items())
@@ -1530,6 +1551,8 @@ class Group(HangDiagnosis):
         self.scratch.clear()  # (an op still running keeps its own view of it)
         self.mailbox.clear()  # before the transport's close: a held lent frame pins a mapping
         LIVE.discard(self)
+        if _WORLD["id"] == getattr(self, "job_id", None):  # (this world's default group)
+            _WORLD["id"] = None
         self._deaths.close()
         if not abort:
             from .report import at_shutdown

@@ -759,10 +759,13 @@ def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly()
                                        "work still pending (no destroy_process_group)")
     assert waited == [([3], EXIT_FIRST_S)], waited
     waited.clear()
-    said_goodbye_at_exit.add(11)
+    said_goodbye_at_exit.update((1, 11))  # rank 1 exiting beside a failure about rank 11 (or another):
     Group._let_the_exiting_go_first(g, "[rank 0] allreduce failed: rank 11 is gone: rank 11 closed its shared-memory "
                                        "transport as its process exits (no destroy_process_group)")
-    assert waited == [([11], EXIT_FIRST_S)], waited
+    assert waited == [([11], EXIT_FIRST_S)], waited  # not waited for (a 10 s exit handler of its
+    waited.clear()                                   # cost an unrelated error 3 s, review AA)
+    Group._let_the_exiting_go_first(g, "[rank 0] recv failed: rank 2 is gone: rank 2 (pid 9) exited")
+    assert waited == [], waited
 
 
 def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):

@@ -1,7 +1,8 @@
 """One rank of a 3-rank job whose ranks call new_group with different members (started by
 tests/test_misuse.py). Mode "subset": rank 0 calls new_group([0, 1]), ranks 1 and 2
 new_group([0, 1, 2]). Mode "collide": rank 0 calls new_group([0, 2]), ranks 1 and 2
-new_group([1, 2]), so ranks 0 and 1 both believe they are the group's rank 0. Mode "absent":
+new_group([1, 2]), so ranks 0 and 1 both believe they are the group's rank 0; "collide-late": the
+same with rank 0 a second late, once ranks 1 and 2 have formed their group. Mode "absent":
 rank 0 calls new_group([0, 1]), ranks 1 and 2 new_group([0, 2]), so rank 1 (not a member in its
 own view) never joins the group rank 0 waits for (a 3 s group time-out). Prints one JSON
 line: what new_group (and an all-reduce on the group) did, how long it took, whether the world
@@ -23,9 +24,12 @@ import neuron_dist  # noqa: E402,F401
 
 dist.init_process_group("neuron", timeout=timedelta(seconds=30))
 threads = threading.active_count()
+if mode == "collide-late" and rank == 0:
+    time.sleep(1.0)
 t0 = time.monotonic()
 try:
-    members = {"subset": ([0, 1], [0, 1, 2]), "collide": ([0, 2], [1, 2]), "absent": ([0, 1], [0, 2])}[mode]
+    members = {"subset": ([0, 1], [0, 1, 2]), "collide": ([0, 2], [1, 2]), "collide-late": ([0, 2], [1, 2]),
+               "absent": ([0, 1], [0, 2])}[mode]
     g = dist.new_group(members[rank != 0], timeout=timedelta(seconds=3 if mode == "absent" else 10))
     if g is dist.GroupMember.NON_GROUP_MEMBER:
         err = ("not a member", [])

@@ -9,7 +9,9 @@ ranks met under different keys and waited out the time-out. Mode "samestore" (3 
 one TCPStore passed to both worlds (as torchrun's agent store outlives each), world A with
 new_group([1, 2]), world B with new_group([0, 2]), which torch names alike: rank 0 read rank 2's
 member list of world A, still in the store, and failed on "ranks disagree on the group's
-members" (review Y). Prints one JSON line."""
+members" (review Y). Mode "samestore-failed": the same store, world A's new_group([1, 2]) called by
+ranks 0 and 1 only, so rank 1's times out (its list left in the store), world B's new_group([0, 1])
+with rank 1 last: it must form (review AA). Prints one JSON line."""
 import json
 import sys
 import time
@@ -24,7 +26,7 @@ import neuron_dist  # noqa: E402,F401
 T = timedelta(seconds=8)
 url = lambda k: f"tcp://127.0.0.1:{ports[k]}"  # noqa: E731
 store = None
-if mode == "samestore":
+if mode.startswith("samestore"):
     store = dist.TCPStore("127.0.0.1", int(ports[0]), nprocs, is_master=proc == 0, timeout=T)
     dist.init_process_group("neuron", store=store, rank=proc, world_size=nprocs, timeout=T)
 else:
@@ -34,6 +36,12 @@ if mode in ("subgroup", "samestore"):
     g = dist.new_group(first, timeout=T)
     if proc in first:
         dist.all_reduce(torch.ones(2), group=g)
+elif mode == "samestore-failed" and proc in (0, 1):
+    try:
+        dist.new_group([1, 2], timeout=timedelta(seconds=2))
+        assert proc == 0, "rank 1's group formed without rank 2"
+    except Exception as e:  # noqa: BLE001
+        assert proc == 1 and "did not join" in str(e), e
 dist.all_reduce(torch.ones(2))
 dist.destroy_process_group()
 if mode == "solo":
@@ -50,9 +58,9 @@ try:
     else:
         dist.init_process_group("neuron", init_method=url(2), rank=rank, world_size=nprocs, timeout=T)
     t = torch.full((3,), float(rank + 1))
-    if mode in ("subgroup", "samestore"):
-        second = [1, 2] if mode == "subgroup" else [0, 2]
-        if mode == "samestore" and rank == 2:
+    if mode in ("subgroup", "samestore", "samestore-failed"):
+        second = {"subgroup": [1, 2], "samestore": [0, 2], "samestore-failed": [0, 1]}[mode]
+        if mode.startswith("samestore") and rank == second[-1]:
             time.sleep(0.3)  # the member whose old list is still in the store comes last
         g = dist.new_group(second, timeout=T)
         if rank in second:
