@@ -737,7 +737,7 @@ class Group(HangDiagnosis):
                                job_id=self.job_id, local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self._forget_setup(store)
-        self.mailbox = Mailbox(self.transport, rank)
+        self.mailbox = Mailbox(self.transport, rank, self.who)
         self._deaths = DeathWatch(self, host)
         self._graces = [self.transport.gone_grace(p) if p != rank else 0.0 for p in range(size)]
         # -- the engine ------------------------------------------------------------------------
@@ -1549,7 +1549,7 @@ class Group(HangDiagnosis):
         if abort:  # the engine may sleep in the transport's wait with the drive lock held, which
             self.transport.wake()  # _abort_peers takes: the abort waited out that sleep (to 0.25 s)
         if abort and self.broken is None:
-            self._abort_peers(reason or f"rank {self.rank} aborted the process group")
+            self._abort_peers(reason or f"{self.who(self.rank)} aborted the process group")
         self._hb_stop.set()
         ended = "aborted" if abort else "destroyed"
         for op in pending:

@@ -1527,6 +1527,25 @@ def a_subgroup_names_its_ranks_global_rank_in_a_wait_time_out(rank, world):
     return msg
 
 
+def a_subgroup_names_the_global_rank_that_aborted_it(rank, world):
+    """In a subgroup of global ranks 1 and 2, global rank 2 aborts the group while global rank 1
+    waits on it: rank 1 was told "rank 1 aborted the group: ...", its subgroup rank, beside
+    errors that name a member "rank 1 (global rank 2)" (review AB)."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group([1, 2], timeout=timedelta(seconds=30))
+    msg = None
+    if rank in (1, 2):
+        dist.all_reduce(torch.ones(4), group=sub)
+        if rank == 2:
+            time.sleep(0.3)
+            sub._get_backend(torch.device("cpu")).abort()
+        else:
+            msg = _outcome(lambda: dist.all_reduce(torch.ones(4), group=sub))["msg"]
+    dist.destroy_process_group(sub)
+    return msg
+
+
 def a_new_group_retried_after_a_lone_time_out_forms(rank, world):
     """A rank whose `new_group(..., use_local_synchronization=True)` timed out alone (its peer
     not there yet) retries with the same ranks, as does its peer, now there: the retry formed

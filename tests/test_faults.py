@@ -485,6 +485,12 @@ def test_a_subgroup_wait_time_out_names_the_global_rank(pools):
     assert res[1].startswith("[rank 0 (global rank 1)] allreduce") and "still running" in res[1], res[1]
 
 
+def test_a_subgroup_names_the_global_rank_that_aborted_it(pools):
+    res = pools(3).run("cases_faults:a_subgroup_names_the_global_rank_that_aborted_it", timeout=120)
+    assert res[1].startswith("[rank 0 (global rank 1)] allreduce") and \
+        "rank 1 (global rank 2) aborted the group: rank 1 (global rank 2) aborted the process group" in res[1], res[1]
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_a_new_group_retried_after_a_lone_time_out_forms(pools, world):
     res = pools(world).run("cases_faults:a_new_group_retried_after_a_lone_time_out_forms", timeout=120)

@@ -44,10 +44,11 @@ class Stamp:
 class Mailbox:
     """Per-group demultiplexer in front of the transport: hands each operation only its own
     frames and keeps frames that arrive early (a peer already on the next collective, or a
-    point-to-point message nobody asked for yet), copied out of transport buffers."""
+    point-to-point message nobody asked for yet), copied out of transport buffers. `who`: a
+    member as errors name it (`Group.who`: "rank 1 (global rank 2)" in a subgroup)."""
 
-    def __init__(self, transport, rank: int):
-        self.transport, self.rank = transport, rank
+    def __init__(self, transport, rank: int, who=lambda r: f"rank {r}"):
+        self.transport, self.rank, self.who = transport, rank, who
         self.early: dict[tuple[int, tuple], deque] = {}
         # peer -> (key, header, payload): a frame looked at and put back, still in the transport
         # (at most one per peer: the transport hands out the next frame only after a release)
@@ -101,7 +102,7 @@ class Mailbox:
             if h.kind == Kind.ABORT:  # the peer's group failed: fail here too, with its cause
                 reason = abort_reason(payload)
                 self.transport.release(peer)
-                raise PeerAborted(f"rank {peer} aborted the group: {reason}")
+                raise PeerAborted(f"{self.who(peer)} aborted the group: {reason}")
             k = self.key(h)
             if k == key:
                 return h, payload, False
