@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import errno
+import functools
 import ipaddress
 import itertools
 import json
@@ -562,6 +563,12 @@ _SETUP_RECORDS = (("peer", ("",)), ("peer_read", ("",)), ("addr", ("",)), ("shm"
 _WORLD: dict[str, str | None] = {"id": None}
 
 
+def _who(global_ranks: list[int], r: int) -> str:
+    """`Group.who`, given the group's global ranks."""
+    g = global_ranks[r] if r < len(global_ranks) else r
+    return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+
+
 def _forget(store, key: str) -> None:
     """Delete `key` from `store`, where the store can (best effort: a caller's store may not)."""
     try:
@@ -737,7 +744,9 @@ class Group(HangDiagnosis):
                                job_id=self.job_id, local_cpus=len(local_cpus))
         self.transport = transport_select.create(ctx)
         self._forget_setup(store)
-        self.mailbox = Mailbox(self.transport, rank, self.who)
+        # (a partial over the member list, not the bound `who`: the group would be in a cycle
+        # through its mailbox, kept alive past its destroy until the cyclic collector ran)
+        self.mailbox = Mailbox(self.transport, rank, functools.partial(_who, self.global_ranks))
         self._deaths = DeathWatch(self, host)
         self._graces = [self.transport.gone_grace(p) if p != rank else 0.0 for p in range(size)]
         # -- the engine ------------------------------------------------------------------------
@@ -1133,8 +1142,7 @@ class Group(HangDiagnosis):
 
     def who(self, r: int) -> str:
         """Member `r` as errors name it: "rank 1", or "rank 1 (global rank 3)" in a subgroup."""
-        g = self.global_ranks[r] if r < len(self.global_ranks) else r
-        return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
+        return _who(self.global_ranks, r)
 
     def _gone_cause(self, p: int, reason: str) -> str:
         """Why peer `p` is gone: the cause it sent in an ABORT frame before closing, if any
