@@ -501,6 +501,7 @@ def _forget_groups_in_child() -> None:
         g.broken = GroupError(f"[{g.who(g.rank)}] group {g.name!r} belongs to the process that created it; this "
                               f"is a forked child (pid {os.getpid()}), which cannot use it: create groups in "
                               f"the child, or start it with the spawn method")
+    _WORLD["id"] = None  # the parent's world: a group the child makes belongs to a world of its own
 
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)
@@ -640,6 +641,8 @@ class Group(HangDiagnosis):
         try:
             self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement, placement_error,
                        forced, choice, t0)
+            if not dist.is_initialized():  # this world's default group, now formed (`_meet`)
+                _WORLD["id"] = self.job_id
         except BaseException as e:
             _retire_generation(store, key, generation, size)
             # the transports say so themselves; elsewhere the call that hit the limit named none
@@ -673,8 +676,6 @@ class Group(HangDiagnosis):
             store.set("token", f"{secrets.randbits(63)} {secrets.token_hex(6)}")
         token, job_id = store.get("token").split()
         self.token, self.job_id = int(token), job_id.decode()
-        if default:
-            _WORLD["id"] = self.job_id
         try:  # a value that can never work is an error on every job, told to the peers like a bad placement
             _forced_bind_addr()
         except GroupError as e:
@@ -1579,6 +1580,8 @@ class Group(HangDiagnosis):
         if threading.current_thread() is not self._hb_thread:
             self._hb_thread.join(timeout=5)
         self._callback_runner.close(timeout=5)  # after the engine: the last completions' callbacks run first
+        if self.broken is not None and not self._thread.is_alive():  # the engine's frames in its cause's
+            _drop_locals(self.broken)  # traceback were still running when it was cleared, and hold the group
         self.scratch.clear()  # (an op still running keeps its own view of it)
         self.mailbox.clear()  # before the transport's close: a held lent frame pins a mapping
         LIVE.discard(self)
@@ -1602,18 +1605,24 @@ def _drop_locals(e: BaseException) -> None:
     lives, `mmap.close` of the sender's segment refuses at the group's close (`BufferError`),
     leaving its descriptor and mapping for the life of the error. The traceback itself (files,
     lines, functions) stays; frames still running are skipped, and so are frames of other code
-    (a caller's exception that was being handled when the call was made, say)."""
-    seen = set()
+    (a caller's exception that was being handled when the call was made, say). The frames that
+    called them (`f_back`: the engine thread's loop, whose `self` is the group) are cleared too
+    once they have ended: the group's close clears its error again after the engine has left,
+    or the group outlived its destroy until the cyclic collector ran."""
+    seen, frames = set(), set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         tb = e.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            if frame.f_globals.get("__name__", "").startswith(_PACKAGE):
-                try:
-                    frame.clear()
-                except RuntimeError:  # still running (the engine's loop, the caller's submit)
-                    pass
+            while frame is not None and id(frame) not in frames:
+                frames.add(id(frame))
+                if frame.f_globals.get("__name__", "").startswith(_PACKAGE):
+                    try:
+                        frame.clear()
+                    except RuntimeError:  # still running (the engine's loop, the caller's submit)
+                        pass
+                frame = frame.f_back
             tb = tb.tb_next
         e = e.__cause__ or e.__context__
 

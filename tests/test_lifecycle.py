@@ -234,6 +234,38 @@ def test_groups_made_again_and_again_leave_few_keys_in_the_store():
     assert (x["after"] - x["before"]) / x["cycles"] <= 4, x
 
 
+def test_a_failed_group_is_freed_at_its_destroy():
+    """A group whose call failed (its peer aborted) was kept alive past its destroy, store and
+    all, until the cyclic collector ran: its error's traceback held the engine's frame, still
+    running when the error was first cleared (review AD). The destroy clears it again once the
+    engine has ended."""
+    port = free_port()
+    outs = run_scripts("failed_group_freed.py", [[r, port] for r in range(2)], timeout=120)
+    for code, out in outs:
+        assert code == 0, out[-3000:]
+    x = json.loads(outs[0][1].strip().splitlines()[-1])
+    assert "aborted the group" in x["failed"] and x["alive"] is False, x
+
+
+def test_a_forked_child_forgets_its_parents_world():
+    """A forked child's subgroups belong to a world of its own: it kept the parent's world id,
+    so its neuron subgroups in a later world met under the parent's scope and waited out the
+    time-out for peers that posted under their own (review AD)."""
+    code = ("import os, torch.distributed as dist, neuron_dist\n"
+            "from neuron_dist import group\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+            "assert group._WORLD['id']\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os._exit(0 if group._WORLD['id'] is None else 3)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print('child', os.waitstatus_to_exitcode(status))\n"
+            "dist.destroy_process_group()\n"
+            "print('after destroy', group._WORLD['id'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "child 0" in p.stdout and "after destroy None" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
 def test_a_callback_waiting_on_another_finds_a_thread_for_it():
     """Two ops finishing in one engine pass with one idle callback thread: the runner started no
     thread for the second job (the idle one, told of the first, had not woken yet), so both ran
