@@ -957,3 +957,37 @@ def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(
     name = {"shm": "shared-memory", "zmq": "zmq"}[transport]
     assert f"allreduce(262144 bytes, float32, sum) (seq 3) failed: rank 1 is gone: rank 1 closed its {name} transport " \
         "as its process exits (no destroy_process_group) [rank 1 had ended: True]" in line, line
+
+
+@pytest.mark.parametrize("transport", ["shm", "zmq"])
+def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tmp_path, transport):
+    """Rank 1 destroys its group (an orderly close, not its process's exit) while rank 0 waits on
+    it in an all-reduce, then its process runs on: rank 0 fails at once on the close, without
+    waiting EXIT_FIRST_S for a process that is not exiting (only a goodbye that says it is an
+    exit, `peer_exiting`, is waited on)."""
+    import subprocess
+    import sys
+
+    from pool import free_port
+    code = ("import sys, time\n"
+            "r = int(sys.argv[1])\n"
+            "import torch, torch.distributed as dist, neuron_dist\n"
+            f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=r, world_size=2)\n"
+            "t = torch.ones(4); dist.all_reduce(t)\n"
+            "if r == 1:\n"
+            "    time.sleep(0.5); dist.destroy_process_group(); time.sleep(8); sys.exit(0)\n"
+            "t0 = time.monotonic()\n"
+            "try: dist.all_reduce(t)\n"
+            "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
+    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=tmp_path, text=True, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    took, why = out.split(" ", 1)
+    assert "rank 1 is gone" in why and "as its process exits" not in why, (out, err[-2000:])
+    assert float(took) < 0.5 + 2.0, out  # not 0.5 + EXIT_FIRST_S (3 s)

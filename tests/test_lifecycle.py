@@ -203,7 +203,8 @@ def test_the_names_other_local_users_can_list_hold_nothing_of_the_job_token(pool
 @pytest.mark.parametrize("mode, want", [("solo", [[3.0] * 3, [3.0] * 3]),
                                         ("subgroup", [[1.0] * 3, [5.0] * 3, [5.0] * 3]),
                                         ("samestore", [[4.0] * 3, [2.0] * 3, [4.0] * 3]),
-                                        ("samestore-failed", [[3.0] * 3] * 3)])
+                                        ("samestore-failed", [[3.0] * 3] * 3),
+                                        ("samestore-then-gloo", [[4.0] * 3, [2.0] * 3, [4.0] * 3])])
 def test_worlds_after_worlds_form_whatever_each_process_did_before(mode, want):
     """A new world on a fresh store forms, and its subgroups with it, whatever groups each
     process made before (a review's probe: Gloo formed these; the neuron groups waited out the
