@@ -774,13 +774,27 @@ def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly()
     assert waited == [], waited
 
 
+def _rank0s_failing_call(code: str, cwd, env=None) -> tuple[str, str, str]:
+    """Run `code` as ranks 0 and 1 (argv[1]); rank 0 prints "SECONDS ERROR" for its failing call.
+    Returns (seconds, error, rank 0's stderr); both processes are ended after rank 0's."""
+    import subprocess
+    import sys
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=cwd, text=True, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    took, _, why = out.partition(" ")
+    return took, why, err
+
+
 def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):
     """A same-host peer exiting on an uncaught exception whose process lingers (an exit handler
     that runs after neuron_dist's, here a 10 s sleep) delays this rank's error by EXIT_FIRST_S
     at most, not until it ends."""
-    import subprocess
-    import sys
-
     from pool import free_port
     code = ("import atexit, sys, time\n"
             "r = int(sys.argv[1])\n"
@@ -792,15 +806,8 @@ def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):
             "t0 = time.monotonic()\n"
             "try: dist.all_reduce(t)\n"
             "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=tmp_path, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
-    try:
-        out, err = procs[0].communicate(timeout=60)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    took, why = out.split(" ", 1)
+    took, why, err = _rank0s_failing_call(code, tmp_path)
+    out = f"{took} {why}"
     assert "exiting on an uncaught ValueError: the root cause" in why, (out, err[-2000:])
     assert float(took) < 3.0 + 2, out  # EXIT_FIRST_S (3 s) and some slack for a loaded host
 
@@ -965,8 +972,6 @@ def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tm
     it in an all-reduce, then its process runs on: rank 0 fails at once on the close, without
     waiting EXIT_FIRST_S for a process that is not exiting (only a goodbye that says it is an
     exit, `peer_exiting`, is waited on)."""
-    import subprocess
-    import sys
 
     from pool import free_port
     code = ("import sys, time\n"
@@ -979,15 +984,7 @@ def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tm
             "t0 = time.monotonic()\n"
             "try: dist.all_reduce(t)\n"
             "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
-    env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=tmp_path, text=True, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for r in (0, 1)]
-    try:
-        out, err = procs[0].communicate(timeout=60)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-    took, why = out.split(" ", 1)
+    took, why, err = _rank0s_failing_call(code, tmp_path, dict(os.environ, NEURON_DIST_TRANSPORT=transport))
+    out = f"{took} {why}"
     assert "rank 1 is gone" in why and "as its process exits" not in why, (out, err[-2000:])
     assert float(took) < 0.5 + 2.0, out  # not 0.5 + EXIT_FIRST_S (3 s)
