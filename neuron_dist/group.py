@@ -259,9 +259,10 @@ def _close_at_exit() -> None:
     cause = exit_cause()
     ends_first = not finalizes_at_exit()
     for g in list(LIVE):
-        if cause:
-            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING} {cause}")
-        elif g._queue or g._active or g._waiting:  # (worded without the "[rank N] exiting" a peer waits on)
+        if cause:  # (worded without the "[rank N] exiting" a peer waits on where MPI_Finalize holds us)
+            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING} {cause}" if ends_first else
+                    f"{g.who(g.rank)} is {EXITING} {cause}")
+        elif g._queue or g._active or g._waiting:
             g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING_PENDING}" if ends_first else
                     f"{g.who(g.rank)} is exiting with work still pending (no destroy_process_group)")
         else:
@@ -1545,7 +1546,9 @@ class Group(HangDiagnosis):
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return
         engine = threading.current_thread() is self._thread
-        with self._cv:
+        if not abort and _WORLD["id"] == getattr(self, "job_id", None):  # this world's default group,
+            _WORLD["id"] = None  # destroyed (after an abort too); not at an abort alone: the peers' copies
+        with self._cv:           # still scope the world's new groups by it
             if self.closed:
                 return
             self.closed = True
@@ -1585,8 +1588,6 @@ class Group(HangDiagnosis):
         self.scratch.clear()  # (an op still running keeps its own view of it)
         self.mailbox.clear()  # before the transport's close: a held lent frame pins a mapping
         LIVE.discard(self)
-        if _WORLD["id"] == getattr(self, "job_id", None):  # (this world's default group)
-            _WORLD["id"] = None
         self._deaths.close()
         if not abort:
             from .report import at_shutdown

@@ -880,8 +880,8 @@ def test_how_an_exit_closes_the_groups_it_leaves_open(monkeypatch, finalizes):
     closes.clear()
     monkeypatch.setattr(sys, "last_value", ValueError("the root cause"), raising=False)
     group_mod._close_at_exit()
-    assert all(kw == {"abort": True, "reason": "[rank 1] exiting on an uncaught ValueError: the root cause"}
-               for _, kw in closes) and len(closes) == 2, closes
+    reason = ("rank 1 is exiting" if finalizes else "[rank 1] exiting") + " on an uncaught ValueError: the root cause"
+    assert all(kw == {"abort": True, "reason": reason} for _, kw in closes) and len(closes) == 2, closes
 
 
 def test_mpi_finalize_at_exit_is_foreseen(monkeypatch):
@@ -987,4 +987,6 @@ def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tm
     took, why, err = _rank0s_failing_call(code, tmp_path, dict(os.environ, NEURON_DIST_TRANSPORT=transport))
     out = f"{took} {why}"
     assert "rank 1 is gone" in why and "as its process exits" not in why, (out, err[-2000:])
-    assert float(took) < 0.5 + 2.0, out  # not 0.5 + EXIT_FIRST_S (3 s)
+    # not 0.5 + EXIT_FIRST_S (3 s); over zmq the disconnect's grace (0.5 s) and a loaded host's
+    # scheduling come on top (1.48 s seen at load 5)
+    assert float(took) < 0.5 + (2.5 if transport == "zmq" else 1.5), out

@@ -248,6 +248,18 @@ def test_a_failed_group_is_freed_at_its_destroy():
     assert "aborted the group" in x["failed"] and x["alive"] is False, x
 
 
+def test_a_subgroup_forms_after_one_rank_aborted_the_world():
+    """Rank 1 aborts the world's group; both ranks then make a subgroup, as under Gloo. The
+    aborting rank forgot the world's id at its abort while its peer's copy kept it, so they
+    posted their member lists under different scopes and each waited out the time-out blaming
+    the other (review AF): the id now goes when the world is destroyed, not at an abort."""
+    port = free_port()
+    for code, out in run_scripts("abort_then_subgroup.py", [[r, port] for r in range(2)], timeout=120):
+        assert code == 0, out[-3000:]
+        x = json.loads(out.strip().splitlines()[-1])
+        assert x["res"] == ["ok", [2.0] * 4] and x["took"] < 6, x
+
+
 def test_a_forked_child_forgets_its_parents_world():
     """A forked child's subgroups belong to a world of its own: it kept the parent's world id,
     so its neuron subgroups in a later world met under the parent's scope and waited out the
