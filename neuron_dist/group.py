@@ -259,14 +259,12 @@ def _close_at_exit() -> None:
     cause = exit_cause()
     ends_first = not finalizes_at_exit()
     for g in list(LIVE):
-        if cause:  # (worded without the "[rank N] exiting" a peer waits on where MPI_Finalize holds us)
-            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING} {cause}" if ends_first else
-                    f"{g.who(g.rank)} is {EXITING} {cause}")
-        elif g._queue or g._active or g._waiting:
-            g.close(abort=True, reason=f"[{g.who(g.rank)}] {EXITING_PENDING}" if ends_first else
-                    f"{g.who(g.rank)} is exiting with work still pending (no destroy_process_group)")
-        else:
+        why = f"{EXITING} {cause}" if cause else EXITING_PENDING if g._queue or g._active or g._waiting else None
+        if why is None:
             g.close(exiting=ends_first)
+        else:  # (worded without the "[rank N] exiting" a peer waits on where MPI_Finalize holds us)
+            me = g.who(g.rank)
+            g.close(abort=True, reason=f"[{me}] {why}" if ends_first else f"{me} is {why}")
 
 
 atexit.register(_close_at_exit)
@@ -850,8 +848,9 @@ class Group(HangDiagnosis):
         itself. It applies to ops marked synchronous (`op.sync = True`, set from c10d's
         `opts.asyncOp=False`) and, when unmarked, to small ops (INLINE_BYTES) that finish in
         microseconds: collectives and sends for up to INLINE_BUDGET, a receive for one pass only
-        (taking what has already arrived: it may depend on a send the caller issues next). If the op is not done within its budget (a late peer), it is handed to the
-        engine, which owns time-outs and peer checks."""
+        (taking what has already arrived: it may depend on a send the caller issues next). If
+        the op is not done within its budget (a late peer), it is handed to the engine, which
+        owns time-outs and peer checks."""
         sync = op.sync
         held = False  # the drive lock, taken for a run on this thread
         try:
@@ -1221,10 +1220,10 @@ class Group(HangDiagnosis):
         otherwise with the group open: its ABORT or its goodbye says so, `_close_at_exit`)
         reaches the caller once that member's process has ended (EXIT_FIRST_S at most, counted
         from the first such wait on it in this process, so several groups failing on it pay it
-        once; only for the members the failure names, not one exiting beside it): told at once, the caller, failing in turn,
-        raced it to the exit, and the launchers' summaries, which name the first rank to exit
-        non-zero, blamed this rank instead of the exception (mpirun's in 5 of 7 runs at three
-        ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
+        once; only for the members the failure names, not one exiting beside it): told at once,
+        the caller, failing in turn, raced it to the exit, and the launchers' summaries, which
+        name the first rank to exit non-zero, blamed this rank instead of the exception
+        (mpirun's in 5 of 7 runs at three ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
         told first (`_send_abort`), so none of them waits on this rank meanwhile."""
         if self._deaths is None:
             return
@@ -1466,8 +1465,7 @@ class Group(HangDiagnosis):
         met under different keys and waited out the time-out, where Gloo formed the group. The
         member list is in the key, not in the meeting's keys: ranks that disagree on it still
         meet there and are told so at once (the lists they post there are their world's:
-        `_meet`). `members`: the member list's key (a checksum of the
-        global ranks)."""
+        `_meet`). `members`: the member list's key (a checksum of the global ranks)."""
         key = f"gen-{attempt}/groups/{members}"
         try:
             k = store.add(key, 1)

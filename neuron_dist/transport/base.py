@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # buffers between the two processes (sockets, MPI's queues): over TCP a socket monitor's close
 # can be seen before the data travelling beside it. See `Transport.gone_grace`.
 PEER_GRACE_S = 0.5
+# what a transport's `check_peer` adds to "rank N closed its ... transport" for a goodbye that
+# said it was its process's exit (`close(exiting=True)`, `peer_exiting`)
+AT_EXIT = " as its process exits (no destroy_process_group)"
 
 
 @dataclass

@@ -50,7 +50,7 @@ from collections import deque
 import torch
 
 from . import frame
-from .base import Transport, TransportContext, TransportError, bye_seen
+from .base import AT_EXIT, Transport, TransportContext, TransportError, bye_seen
 from .zmq_transport import memory_of
 
 log = logging.getLogger("neuron_dist.transport")
@@ -340,8 +340,7 @@ class MpiTransport(Transport):
 
     def check_peer(self, peer):
         if self.peer_finished(peer):
-            return f"rank {peer} closed its MPI transport" + (
-                " as its process exits (no destroy_process_group)" if peer in self.exiting else "")
+            return f"rank {peer} closed its MPI transport" + (AT_EXIT if peer in self.exiting else "")
         # an ABORT the executor may never reach: the frame before it in the queue may never
         # complete (its sender failed and left), so the peer's cause is read here
         return self._aborted(peer) if peer in self.aborted else None

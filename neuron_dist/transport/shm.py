@@ -66,7 +66,7 @@ import torch
 from ..config import env_flag, env_int
 from . import cma, frame
 from .bytecopy import copy_into
-from .base import Transport, TransportContext, TransportError, descriptor_advice, process_dead
+from .base import AT_EXIT, Transport, TransportContext, TransportError, descriptor_advice, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
 warnings.filterwarnings("ignore", message="The given buffer is not writable")
@@ -757,7 +757,7 @@ class ShmTransport(Transport):
             return failed
         if seg.closed.value:
             return f"rank {peer} closed its shared-memory transport" + (
-                " as its process exits (no destroy_process_group)" if seg.closed.value == _CLOSED_AT_EXIT else "")
+                AT_EXIT if seg.closed.value == _CLOSED_AT_EXIT else "")
         if process_dead(self.peer_pid[peer]):
             return f"rank {peer} (pid {self.peer_pid[peer]}) exited"
         return None

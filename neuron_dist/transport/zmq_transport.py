@@ -35,7 +35,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import frame
-from .base import PeerGone, Transport, TransportContext, TransportError, bye_seen, descriptor_advice
+from .base import AT_EXIT, PeerGone, Transport, TransportContext, TransportError, bye_seen, descriptor_advice
 
 log = logging.getLogger("neuron_dist.transport")
 
@@ -405,9 +405,12 @@ class ZmqTransport(Transport):
             elif ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
                 self.gone[peer] = (f"rank {peer} rejected this rank's connection (job token or protocol "
                                    f"mismatch: is it a process of the same job and group?)")
-        if peer in self.exiting and not self.peer_failed(peer):  # its goodbye said why it left
-            return f"rank {peer} closed its zmq transport as its process exits (no destroy_process_group)"
-        return self.peer_failed(peer) or self.gone.get(peer)
+        failed = self.peer_failed(peer)
+        if failed:
+            return failed
+        if peer in self.exiting:  # its goodbye said why it left
+            return f"rank {peer} closed its zmq transport{AT_EXIT}"
+        return self.gone.get(peer)
 
     def peer_failed(self, peer):
         cause = self.aborted.get(peer)
