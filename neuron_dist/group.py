@@ -1,14 +1,15 @@
-"""The group: membership, connections, ordering and the progress engine of one process group.
+"""The group: ordering, the progress engine and failure handling of one process group (how its
+members meet and connect is `meeting.py`'s, which ops may start next `waiting.py`'s).
 
 Everything here is independent of c10d's calling conventions (that is `c10d.py`'s job):
 operations arrive as `Op` objects, are numbered at submission (the same order on every rank,
 since every rank issues collectives in the same order), and are driven by one engine thread
 per group, so asynchronous collectives overlap the caller's compute (an op of up to 1 MiB that
 finds the group idle starts on the caller's own thread instead, for a bounded time before the
-engine takes it over: `submit`, `_run_inline`). Collectives run one at a
-time in sequence order; point-to-point transfers run beside them, one at a time per direction,
-peer and tag, so the frames of two messages of one (peer, tag) never interleave (the mailbox
-sorts a peer's frames by tag: messages of other tags may).
+engine takes it over: `submit`, `_run_inline`). Collectives run one at a time in sequence
+order; point-to-point transfers run beside them, one at a time per direction, peer and tag, so
+the frames of two messages of one (peer, tag) never interleave (the mailbox sorts a peer's
+frames by tag: messages of other tags may).
 
 A failed collective (mismatch, dead peer, time-out) breaks the group, as in NCCL: every pending
 and later operation fails with an error that names the original cause.
@@ -16,18 +17,13 @@ and later operation fails with an error that names the original cause.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import errno
 import functools
-import ipaddress
 import itertools
-import json
 import logging
 import os
 import resource  # (imported here: at the descriptor limit an import fails)
-import secrets
 import signal
-import socket
 import threading
 import time
 import weakref
@@ -43,18 +39,18 @@ from .collectives.executor import (BarredFrameRecv, Execution, Mailbox, PairExch
                                    one_copied_frame)
 from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
-from .config import env, env_int
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
-from .mpi_env import adopted_note, finalizes_at_exit
+from .meeting import WORLD, GroupMeeting, elastic_attempt, retire_generation
+from .mpi_env import finalizes_at_exit
 from .op import CallbackRunner, Op, Record
-from .transport.base import PEER_GRACE_S, TransportContext, TransportError, descriptor_advice
+from .transport.base import PEER_GRACE_S, TransportError, descriptor_advice
 from .transport.frame import Kind, frame_bytes_setting
+from .waiting import Waiting
 
 log = logging.getLogger("neuron_dist.init")
 coll_log = logging.getLogger("neuron_dist.coll")
-topo_log = logging.getLogger("neuron_dist.topology")
 
 RECORD_LEN = 64  # recent collectives kept per group for hang diagnosis
 INLINE_BYTES = 1 << 20       # unmarked ops up to this size may run on the caller's thread
@@ -82,8 +78,6 @@ EXIT_FIRST_S = 3.0
 # ABORT reads "[rank N] exiting ..." (an orderly close at exit says so in its goodbye instead:
 # `Transport.peer_exiting`)
 EXITING_PENDING = "exiting with work still pending (no destroy_process_group)"
-# torch's rank numbers, which `mpi_env.adopt` may have taken from a launcher's variables
-_NUMBERING_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 _PLAN_KEYS = itertools.count()  # one per group in this process: see Group.execution
@@ -99,125 +93,8 @@ def _dtype_name(dtype) -> str:
     return name
 
 
-def _cpus() -> list[list[int]]:
-    """The CPUs this process may run on (all of them where the OS cannot say), as inclusive
-    [first, last] runs: every rank reads every rank's record, so it stays a few bytes."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    runs: list[list[int]] = []
-    for c in cpus:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1][1] = c
-        else:
-            runs.append([c, c])
-    return runs
-
-
-def _machine_key() -> str:
-    """What ranks of one host name must share to meet through shared memory and know each
-    other's pids: the boot (two machines given one host name), /dev/shm's file system (an IPC
-    or mount namespace of its own) and the PID namespace (containers on one host network, each
-    with its own pids: a peer's published pid means another process here, or none), as NCCL's
-    host and PID hashes tell them apart. A crc of the three, each "" where unreadable."""
-    parts = []
-    for read in (lambda: open("/proc/sys/kernel/random/boot_id").read().strip(),
-                 lambda: str(os.stat("/dev/shm").st_dev), lambda: os.readlink("/proc/self/ns/pid")):
-        try:
-            parts.append(read())
-        except OSError:
-            parts.append("")
-    return f"{zlib.crc32('|'.join(parts).encode()):08x}"
-
-
-def host_identities(peers_info: list[dict]) -> list[str]:
-    """Each member's host as the group uses it (which transport, whose pids to watch, which
-    node): its host name, qualified with its machine key when that differs from the key of
-    the first member of that name (so two containers of one host name, in PID namespaces of
-    their own, are two hosts that talk over the network). The same list on every member."""
-    first = {}
-    for p in peers_info:
-        first.setdefault(p["host"], p.get("machine"))
-    return [p["host"] if p.get("machine") == first[p["host"]] else f"{p['host']} [{p.get('machine')}]"
-            for p in peers_info]
-
-
 def _group_hash(name: str) -> int:
     return zlib.crc32(name.encode()) | (len(name) << 32)
-
-
-def _store_host(store) -> str | None:
-    """The host of the TCPStore under (possibly nested) PrefixStores, if that is what it is."""
-    for _ in range(16):
-        host = getattr(store, "host", None)
-        if isinstance(host, str) and host:
-            return host
-        store = getattr(store, "underlying_store", None)
-        if store is None:
-            return None
-    return None
-
-
-def _unbracket(a: str) -> str:
-    """"[::1]" -> "::1" (IPv6 addresses are written in brackets in URLs)."""
-    return a[1:-1] if a.startswith("[") and a.endswith("]") else a
-
-
-def _is_loopback(ip: str) -> bool:
-    return ip.startswith("127.") or ip == "::1"
-
-
-def _forced_bind_addr() -> str | None:
-    """NEURON_DIST_BIND_ADDR, checked for every group (a one-host job does not use it, but a
-    wildcard, or a word that is no address, could never work: a mistake to report, not to
-    ignore; whether an address is this host's is found only where it is used, when a job spans
-    hosts)."""
-    forced = (os.environ.get("NEURON_DIST_BIND_ADDR") or "").strip()
-    if not forced:
-        return None
-    addr = _unbracket(forced)
-    if addr in ("0.0.0.0", "::", "*"):
-        raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} would listen on every interface, and peers "
-                         f"cannot reach an address of that form; give this host's address on the job's network")
-    try:  # checked here too, not only where a job spans hosts: a one-host job took any word silently
-        ipaddress.ip_address(addr)
-    except ValueError:
-        raise GroupError(f"NEURON_DIST_BIND_ADDR={forced!r} is not an IPv4 or IPv6 address; give this host's "
-                         f"address on the job's network") from None
-    return addr
-
-
-def _route_from(host: str, what: str = "the rendezvous host") -> str:
-    """This host's address on the route to `host` (no packet is sent: a UDP connect only asks
-    the kernel for the route)."""
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0]
-    except OSError as e:
-        raise GroupError(f"cannot resolve {what} {host!r} to choose the interface to bind ({e}); "
-                         f"set NEURON_DIST_BIND_ADDR") from None
-    ip = sockaddr[0]
-    if _is_loopback(ip):
-        return "::1" if family == socket.AF_INET6 else "127.0.0.1"
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((ip, 9))
-            return s.getsockname()[0]
-        except OSError as e:
-            raise GroupError(f"no route to {what} {host} ({ip}): {e}; set NEURON_DIST_BIND_ADDR") from None
-
-
-def _bind_addr(store=None) -> str:
-    """The address this job's traffic uses, and the only one our listeners bind to: the
-    interface that routes to the rendezvous host (NEURON_DIST_BIND_ADDR overrides). A job whose
-    rendezvous is on loopback stays on loopback; nothing ever binds to every interface. IPv4 or
-    IPv6, as the rendezvous host resolves. (`Group._job_addr` corrects a loopback answer for a
-    group that spans hosts.)"""
-    forced = _forced_bind_addr()
-    if forced:
-        return forced
-    master = os.environ.get("MASTER_ADDR") or _store_host(store)
-    if not master:  # file:// rendezvous: this host's own address
-        master = socket.gethostname()
-    return _route_from(_unbracket(master), "the rendezvous host (MASTER_ADDR)" if os.environ.get("MASTER_ADDR")
-                       else "the rendezvous host")
 
 
 def _from_signal_handler(e: BaseException) -> bool:
@@ -270,220 +147,6 @@ def _close_at_exit() -> None:
 atexit.register(_close_at_exit)
 
 
-def _slot_record(rank: int, size: int) -> dict:
-    """`Group._placement_info`'s record, from this process's environment."""
-    from . import topology
-    from .topology.placement import node_named, placement_before_hosts
-    env = os.environ
-    world_rank = int(env.get("RANK", rank))
-    world = int(env.get("WORLD_SIZE", size))
-    node_given = node_named(env)  # (the node variables placement reads)
-    local_rank = env.get("LOCAL_RANK", env.get("OMPI_COMM_WORLD_LOCAL_RANK"))
-    by_host = None  # the cores it takes by its local rank where its host decides that (see _build_topology)
-    if local_rank is None and not node_given:  # (tcp:// or file:// with rank and world size, say)
-        slot, by_host = placement_before_hosts(env, world_rank, world)
-    else:
-        local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("OMPI_COMM_WORLD_LOCAL_SIZE", world)))
-        local_rank = int(world_rank if local_rank is None else local_rank)
-        slot = topology.placement_from_env(env, world_rank, world, local_rank, local_world)
-    # what this rank's model of the instance holds, not only its name: ranks that load
-    # different descriptions under one name (a file, register_instance on some ranks,
-    # versions of neuron_dist) built different rings and waited for each other at the first
-    # collective; compared with the other settings every rank must share as the group meets
-    model = {k: v for k, v in topology.get_instance(slot.instance).to_dict().items() if k not in ("sources", "notes")}
-    digest = f"{slot.instance} {zlib.crc32(json.dumps(model, sort_keys=True).encode()):08x}"
-    return {"slot": slot.to_dict(), "node_given": node_given, "model": digest, "by_host": by_host}
-
-
-def _p2p_key(op: Op) -> tuple:
-    """The line a point-to-point op waits in: its direction, peer and tag. Messages of one
-    (peer, tag) must keep their posted order (torch's and MPI's non-overtaking rule), and the
-    frames of one must not interleave with another's; the mailbox keeps each peer's frames
-    apart by tag, so ops of other tags need not wait: a receive of one tag held up by an
-    earlier one of another (posted first, sent last) deadlocked a tag-ordered exchange that
-    Gloo completes."""
-    return op.direction, op.peer, op.tag
-
-
-def _sender(op: Op) -> int | None:
-    """The peer a receive takes its message from: its own, or, for one from any source, the
-    peer whose frame it matched (its execution's `peer`); None while it has matched none."""
-    if op.peer is not None:
-        return op.peer
-    exe = op.exe
-    return None if exe is None else exe.peer
-
-
-class _Waiting:
-    """Ops taken from the queue, not yet started, held in the order each kind must start in:
-    collectives one at a time in sequence order; point-to-point ops one per (direction, peer,
-    tag) at a time, in issue order, beside them (`_p2p_key`). Kept per key, so an engine pass
-    admits in the same time with ten thousand async ops waiting as with one (a scan of one
-    queue made that quadratic: 8,000 outstanding all-reduces took 37 s, Gloo 13 s).
-
-    Receives from any source follow MPI's matching rule beside the specific ones of their tag:
-    receives match messages in the order they were posted, and once one has taken a message's
-    first frame the rest of it is its own. So a specific receive from P with tag T waits while
-    an any-source receive of T posted before it has matched no message yet, or is taking P's;
-    the next any-source receive of T starts once the one before it has matched (no sooner), and
-    leaves alone the peers whose message of T an earlier-posted receive still waits for or is
-    taking (`barred`, which its execution asks on each pass). Both kinds took frames of one
-    peer's tag at once and split one message between them, failing the group. Receives of other
-    peers and tags wait for nothing more (that could deadlock where Gloo does not). `posted`
-    numbers the point-to-point ops in the order they came; 0 is one the caller's thread started
-    with nothing else pending (Group._run_inline), so before every other."""
-    __slots__ = ("coll", "p2p", "n", "posted", "anys", "before")
-
-    def __init__(self):
-        self.coll: deque[Op] = deque()
-        self.p2p: dict[tuple, deque[Op]] = {}
-        self.n = 0
-        self.posted = 0
-        self.anys: dict[int, list[Op]] = {}  # tag -> the any-source receives pending, in posted order
-        self.before: dict[Op, tuple] = {}    # any-source receive -> the specific ones of its tag posted before it
-
-    def extend(self, ops, active=()) -> None:
-        running = None  # the specific receives running, by key: looked up once, for a batch with receives
-        for op in ops:
-            if op.is_p2p:
-                self.posted += 1
-                op.posted = self.posted
-                key = _p2p_key(op)
-                if op.direction != "send":
-                    if running is None:
-                        running = self._running(active)
-                    if op.direction == "recv-any":
-                        self._note_any(op, running)
-                q = self.p2p.get(key)
-                if q is None:
-                    q = self.p2p[key] = deque()
-                q.append(op)
-            else:
-                self.coll.append(op)
-            self.n += 1
-
-    def _running(self, active) -> dict:
-        """The specific receives running, by key; an any-source receive the caller's thread
-        started (never in this line) is entered in `anys` here, ahead of every other."""
-        running = {}
-        for o in active:
-            if o.is_p2p and not o.finished:
-                if o.direction == "recv":
-                    running[_p2p_key(o)] = o
-                elif o.direction == "recv-any" and o.posted == 0:
-                    pending = self.anys.setdefault(o.tag, [])
-                    while pending and pending[0].finished:
-                        del pending[0]
-                    if not pending or pending[0] is not o:
-                        pending.insert(0, o)
-        return running
-
-    def _note_any(self, op: Op, running: dict) -> None:
-        """Enter an any-source receive, with the specific receives of its tag posted before it
-        (the newest per peer: each peer's run one at a time, in order)."""
-        tag = op.tag
-        newest = {k: o for k, o in running.items() if k[2] == tag}
-        for k, q in self.p2p.items():
-            if k[0] == "recv" and k[2] == tag:
-                newest[k] = q[-1]
-        if newest:
-            self.before[op] = tuple(newest.values())
-        self.anys.setdefault(tag, []).append(op)
-
-    def barred(self, op: Op) -> set:
-        """The peers a receive from any source must not take a message from yet: those whose
-        message of its tag a receive posted before it still waits for (a specific one) or is
-        taking (an any-source one, matched). Only ever fewer as it waits: later receives bar
-        nothing."""
-        bar = set()
-        earlier = self.before.get(op)
-        if earlier:
-            live = tuple(o for o in earlier if not o.finished)
-            if len(live) < len(earlier):  # (a finished receive is not kept for its tensors' sake)
-                if live:
-                    self.before[op] = live
-                else:
-                    del self.before[op]
-            bar.update(o.peer for o in live)
-        for a in self.anys.get(op.tag, ()):
-            if a.posted >= op.posted:
-                break
-            if not a.finished:
-                bar.add(_sender(a))
-        return bar
-
-    def _held(self, op: Op) -> bool:
-        """Whether a specific receive waits for an any-source receive of its tag posted before it
-        (one that has matched no message yet, or is taking one from the same peer)."""
-        for a in self.anys[op.tag]:
-            if a.posted > op.posted:
-                break
-            if not a.finished:
-                peer = _sender(a)
-                if peer is None or peer == op.peer:
-                    return True
-        return False
-
-    def _prune(self) -> None:
-        """Drop finished any-source receives (only the ones matched come before the first one
-        that has not: those are all that can have finished)."""
-        for tag in list(self.anys):
-            pending = self.anys[tag]
-            i = 0
-            while i < len(pending):
-                a = pending[i]
-                if a.finished:
-                    del pending[i]
-                    self.before.pop(a, None)
-                elif _sender(a) is None:
-                    break
-                else:
-                    i += 1
-            if not pending:
-                del self.anys[tag]
-
-    def admit(self, active: list[Op]) -> None:
-        """Move to `active` every op whose kind has none running there (an any-source receive
-        that has matched a message lets the next of its tag start) and that no receive posted
-        before it holds back."""
-        busy_coll, busy = False, set()
-        for o in active:
-            if o.is_p2p:
-                if o.direction != "recv-any" or _sender(o) is None:
-                    busy.add(_p2p_key(o))
-            else:
-                busy_coll = True
-        if self.coll and not busy_coll:
-            active.append(self.coll.popleft())
-            self.n -= 1
-        anys = self.anys
-        if anys:
-            self._prune()
-        for key in [k for k in self.p2p if k not in busy]:
-            q = self.p2p[key]
-            if anys and key[0] == "recv" and key[2] in anys and self._held(q[0]):
-                continue
-            active.append(q.popleft())
-            self.n -= 1
-            if not q:
-                del self.p2p[key]
-
-    def __iter__(self):
-        yield from self.coll
-        for q in self.p2p.values():
-            yield from q
-
-    def __len__(self) -> int:
-        return self.n
-
-    def clear(self) -> None:
-        self.coll.clear()
-        self.p2p.clear()
-        self.anys.clear()
-        self.before.clear()
-        self.n = 0
-
-
 def _forget_groups_in_child() -> None:
     """A forked child (a DataLoader worker, a subprocess helper) inherits the parent's groups but
     none of their threads: at its exit, closing them would mark the parent's shared-memory
@@ -500,26 +163,10 @@ def _forget_groups_in_child() -> None:
         g.broken = GroupError(f"[{g.who(g.rank)}] group {g.name!r} belongs to the process that created it; this "
                               f"is a forked child (pid {os.getpid()}), which cannot use it: create groups in "
                               f"the child, or start it with the spawn method")
-    _WORLD["id"] = None  # the parent's world: a group the child makes belongs to a world of its own
+    WORLD["id"] = None  # the parent's world: a group the child makes belongs to a world of its own
 
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)
-
-_LOCAL_COUNTS: dict[str, int] = {}  # Group._generation's count where the store cannot add
-
-
-def _elastic_attempt() -> int:
-    """Which attempt of an elastic job this process belongs to, where that keeps attempts apart:
-    TORCHELASTIC_RESTART_COUNT, set by torch's agent for every worker, when the ranks use the
-    agent's store, which lives on across attempts (TORCHELASTIC_USE_AGENT_STORE). Otherwise 0
-    (outside torchrun/neuronrun, or a store made afresh for each round, as neuronrun asks for
-    with c10d rendezvous over several nodes): there a node's count can differ from another's in
-    one round (a round begun by another node's failure does not raise it), and keys that carried
-    it would keep the round's ranks from meeting."""
-    if env("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return 0
-    return env_int("TORCHELASTIC_RESTART_COUNT", 0, minimum=0)
-
 
 def _descriptors_full() -> bool:
     """Whether this process is at its descriptor limit: a group's set-up that ran out failed
@@ -534,50 +181,13 @@ def _descriptors_full() -> bool:
         return e.errno == errno.EMFILE
 
 
-def _retire_generation(store, key: str, generation: int, size: int) -> None:
-    """A group whose forming failed (a member that never came: a rank's `new_group` that timed
-    out alone, with `use_local_synchronization`) may have left its generation's count short of
-    `size` adds: the next attempt's adds then split across two generations and its members met
-    under different keys, again and again (the retry never formed, where Gloo's did). The count
-    is raised to the generation's end, so the next attempt starts a fresh one; no generation is
-    met twice, so keys a failed attempt left are never read. Best effort: a store that is gone
-    leaves the error that brought us here to be raised."""
-    end = (generation + 1) * size
-    try:
-        for _ in range(64):  # compare-and-set: a late member's add in between is kept, not undone
-            now = int(store.add(key, 0))
-            if now >= end or int(store.compare_set(key, str(now), str(end))) >= end:
-                return
-    except (RuntimeError, NotImplementedError, ValueError):  # the store is gone, or cannot compare
-        if key in _LOCAL_COUNTS:  # (a store without add: this process's own count)
-            _LOCAL_COUNTS[key] = max(_LOCAL_COUNTS[key], end)
-
-
-# a group's set-up records per rank, as "{family}/{rank}{tail}" (`_forget_setup`): written by
-# `_meet` (peer, peer_read), `_job_addr` (addr) and the transports' set-up (transport/shm.py,
-# zmq_transport.py, mpi.py; each transport's own key)
-_SETUP_RECORDS = (("peer", ("",)), ("peer_read", ("",)), ("addr", ("",)), ("shm", ("", "/mapped")),
-                  ("zmq", ("",)), ("mpi", ("",)))
-# the job id of this process's current world (its default group, while it is open): it scopes
-# the member lists its subgroups post as they meet (`Group._agree_on_members`)
-_WORLD: dict[str, str | None] = {"id": None}
-
-
 def _who(global_ranks: list[int], r: int) -> str:
     """`Group.who`, given the group's global ranks."""
     g = global_ranks[r] if r < len(global_ranks) else r
     return f"rank {r}" if g == r else f"rank {r} (global rank {g})"
 
 
-def _forget(store, key: str) -> None:
-    """Delete `key` from `store`, where the store can (best effort: a caller's store may not)."""
-    try:
-        store.delete_key(key)
-    except Exception:  # noqa: BLE001 - NotImplementedError, or the store is gone
-        pass
-
-
-class Group(HangDiagnosis):
+class Group(GroupMeeting, HangDiagnosis):
     """Connections and the progress engine of one process group."""
 
     _next_look = 0.0  # when a waiting op next looks at its peers' liveness (_check_stalled)
@@ -634,16 +244,17 @@ class Group(HangDiagnosis):
         # keeps every key of a new group apart from an old one's; and a job that torch's elastic
         # agent restarts (--max-restarts) meets the failed attempt's keys in the agent's store,
         # which lives on across attempts: the attempt number keeps them apart
-        attempt = _elastic_attempt()
+        attempt = elastic_attempt()
         members = f"{zlib.crc32(','.join(map(str, self.global_ranks)).encode()):08x}"  # the member list's key
         key, generation = self._generation(store, attempt, members)
         try:
             self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement, placement_error,
-                       forced, choice, t0)
+                       forced, choice)
+            self._start_engine(t0)
             if not dist.is_initialized():  # this world's default group, now formed (`_meet`)
-                _WORLD["id"] = self.job_id
+                WORLD["id"] = self.job_id
         except BaseException as e:
-            _retire_generation(store, key, generation, size)
+            retire_generation(store, key, generation, size)
             # the transports say so themselves; elsewhere the call that hit the limit named none
             # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
             if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
@@ -651,110 +262,21 @@ class Group(HangDiagnosis):
                                  f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
             raise
 
-    def _meet(self, store, members: str, placement, placement_error, forced, choice: dict, t0: float) -> None:
-        """Meet the peers under this group's generation of the store (agree on the members, the
-        token, every rank's set-up), connect the transport and start the engine. Its failure
-        retires the generation (`_retire_generation`), so that the next attempt meets afresh."""
-        from .transport import select as transport_select
-        rank, size, name, timeout = self.rank, self.size, self.name, self.timeout
-        # a subgroup's member lists are its world's: a later world on this store (torchrun's
-        # agent store, one passed again) whose group torch names alike, with other members, never
-        # reads them as a member's disagreement; a late member that disagrees still finds them
-        default = not dist.is_initialized()  # (the default group is made before torch counts it made)
-        scope = None if default else _WORLD["id"]
-        lists = f"members/{scope}/" if scope else "members/"
-        self._agree_on_members(store, lists)
-        meeting = store
-        # keys of this member list only: processes that called new_group with other ranks may
-        # share this group's name (and a group rank) but never its keys
-        store = self.store = dist.PrefixStore(f"members-{members}/", store)
-        # the token authenticates every frame; the job id names the group's shared-memory segments
-        # and IPC sockets, which any local user can list (/dev/shm, /proc/net/unix), so it is
-        # drawn apart from the token: a name derived from it gave away 48 of its 63 bits
-        if rank == 0:
-            store.set("token", f"{secrets.randbits(63)} {secrets.token_hex(6)}")
-        token, job_id = store.get("token").split()
-        self.token, self.job_id = int(token), job_id.decode()
-        try:  # a value that can never work is an error on every job, told to the peers like a bad placement
-            _forced_bind_addr()
-        except GroupError as e:
-            placement, placement_error = None, placement_error or e
-        me = {"host": socket.gethostname(), "machine": _machine_key(), "pid": os.getpid(), "cpus": _cpus(),
-              "mpi": transport_select.is_mpi_rank(), "frame_bytes": self.frame_bytes, "transport": forced, **choice}
-        me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
-        store.set(f"peer/{rank}", json.dumps(me))
-        try:
-            store.wait([f"peer/{r}" for r in range(size)], timeout)
-        except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
-            raise GroupError(f"[rank {rank}] group {name!r}: the members met, but not every one published its "
-                             f"set-up within {timeout.total_seconds():.0f}s (a member that died or left meanwhile): "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-        # every member has read every member list (each publishes its set-up only after): an
-        # unscoped one (a world's own, or a subgroup's of a world not on this backend) goes, lest a
-        # later world on this store whose group has other members meet under the same generation
-        # and read it as a member's disagreement
-        if not scope:
-            _forget(meeting, f"{lists}{self.global_ranks[rank]}")
-        self.peers_info = [json.loads(store.get(f"peer/{r}")) for r in range(size)]
-        store.set(f"peer_read/{rank}", "1")
-        bad = [(r, p["error"]) for r, p in enumerate(self.peers_info) if "error" in p]
-        # every rank cuts messages into frames of this size, and each checks the peer's frames
-        # against its own cut: ranks that differ would fail at their first collective, on sizes;
-        # ranks that force different transports would each wait for the other's records; ranks
-        # that choose algorithms differently (one host's environment forcing a ring, another's a
-        # hierarchical grid) send to disjoint peers and wait out the time-out at their first call
-        settings = {var: [p.get(key) for p in self.peers_info]
-                    for var, key in (("NEURON_DIST_FRAME_BYTES", "frame_bytes"), ("NEURON_DIST_TRANSPORT", "transport"),
-                                     ("the instance description (name and digest)", "model"),
-                                     ("NEURON_DIST_ALGO", "algo"), ("NEURON_DIST_TUNING", "tuning"))}
-        differ = [var for var, values in settings.items() if len(set(values)) > 1]
-        if bad or differ:
-            self._stay_until_read(store)
-            if placement_error is not None:
-                raise placement_error
-            if bad:
-                raise GroupError(f"[rank {rank}] group {name!r} cannot be built: " + "; ".join(
-                    f"{self.who(r)} cannot take part: {why}" for r, why in bad))
-            var = differ[0]
-            raise GroupError(f"[rank {rank}] group {name!r} cannot be built: the ranks disagree on {var} ("
-                             + ", ".join(f"rank {r}: {v if v else 'unset'}" for r, v in enumerate(settings[var]))
-                             + "); set it alike on every rank")
-        self.hosts = host_identities(self.peers_info)
-        host = self.hosts[rank]
-        try:
-            self.topology, self.order = self._build_topology()
-        except (GroupError, ValueError) as e:  # every rank finds it in the same records
-            self._stay_until_read(store)
-            note = adopted_note(_NUMBERING_VARS)  # (two ranks given one local rank by their launcher's variables)
-            if note and isinstance(e, ValueError):
-                raise ValueError(f"{e}{note}") from None
-            raise
-        # the CPUs this group's ranks on this host may run on, together (each may be bound to one)
-        local_cpus = {c for p, h in zip(self.peers_info, self.hosts) if h == host
-                      for first, last in p.get("cpus", ()) for c in range(first, last + 1)}
-        try:  # only a job that spans hosts listens on TCP (one host: shm or IPC)
-            bind_addr = self._job_addr(me, store) if len(set(self.hosts)) > 1 else "127.0.0.1"
-        except GroupError as e:  # (an unresolvable MASTER_ADDR on this host, say): the peers
-            err = e if str(e).startswith("[rank") else GroupError(f"[rank {rank}] {e}")
-            transport_select.publish_failure(store, rank, str(err))  # would wait to connect to us
-            raise err from None
-        ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
-                               hostname=host, hosts=self.hosts, bind_addr=bind_addr,
-                               mpi_ranks=[bool(p.get("mpi")) for p in self.peers_info],
-                               job_id=self.job_id, local_cpus=len(local_cpus))
-        self.transport = transport_select.create(ctx)
-        self._forget_setup(store)
+    def _start_engine(self, t0: float) -> None:
+        """Once the members have met and the transport is up: the mailbox, the watch on same-host
+        peers' processes, the engine thread and the progress record's thread."""
+        rank, size, name = self.rank, self.size, self.name
         # (a partial over the member list, not the bound `who`: the group would be in a cycle
         # through its mailbox, kept alive past its destroy until the cyclic collector ran)
         self.mailbox = Mailbox(self.transport, rank, functools.partial(_who, self.global_ranks))
-        self._deaths = DeathWatch(self, host)
+        self._deaths = DeathWatch(self, self.hosts[rank])
         self._graces = [self.transport.gone_grace(p) if p != rank else 0.0 for p in range(size)]
         # -- the engine ------------------------------------------------------------------------
         self._mu = threading.RLock()          # the engine's condition's lock (entered directly on the hot path)
         self._cv = threading.Condition(self._mu)
         self._queue: deque[Op] = deque()
         self._active: list[Op] = []          # ops the engine drives (only under self._drive)
-        self._waiting = _Waiting()           # taken from the queue, not yet started
+        self._waiting = Waiting()           # taken from the queue, not yet started
         self._drive = threading.Lock()       # held by whoever drives the transport
         self._callback_runner = CallbackRunner(f"neuron_dist-{name}")
         self._thread = threading.Thread(target=self._engine, name=f"neuron_dist-{name}", daemon=True)
@@ -762,82 +284,6 @@ class Group(HangDiagnosis):
         self._start_failure_watch()
         log.debug("group %s rank %d/%d up in %.1f ms over %s", name, rank, size,
                   (time.perf_counter() - t0) * 1e3, self.transport.name)
-
-    # -- topology ----------------------------------------------------------------------------
-    def _placement_info(self) -> dict:
-        """This rank's slot (node, chip, cores) from the launcher's environment: published to
-        the group so every rank builds the same topology, hence the same ring."""
-        try:
-            return _slot_record(self.rank, self.size)
-        except ValueError as e:  # ("bad rank numbers" may be values neuron_dist adopted: say whose)
-            raise ValueError(f"{e}{adopted_note(_NUMBERING_VARS)}") from None
-
-    def _forget_setup(self, store) -> None:
-        """Once every member's transport is up, every member has read every set-up record: the
-        last member to get here deletes them all (best effort: a caller's store may not add or
-        delete), so that a job making groups again and again does not grow the store by five
-        keys per member per group (review AC: 1,000 two-rank subgroups made and destroyed left
-        12,000 keys and 13 MB in the store's process; Gloo's leave 2,000). What stays: the
-        member lists of a subgroup (`_meet`), `progress/` records (diagnosis) and the count of
-        the name's generations."""
-        try:
-            if int(store.add("set-up", 1)) != self.size:
-                return
-        except Exception:  # noqa: BLE001
-            return
-        for key in ["token", "set-up"] + [f"{family}/{r}{tail}" for r in range(self.size)
-                                          for family, tails in _SETUP_RECORDS for tail in tails]:
-            _forget(store, key)
-
-    def _stay_until_read(self, store) -> None:
-        """Before a set-up error every rank finds in the records: rank 0's process may host the
-        store, so it stays until every peer has read them (a peer still reading met a closed
-        store: "DistNetworkError: Failed to recv", not the error)."""
-        if self.rank != 0:
-            return
-        try:
-            store.wait([f"peer_read/{r}" for r in range(1, self.size)], min(self.timeout, timedelta(seconds=30)))
-        except Exception:  # noqa: BLE001 - a peer that never comes learns it at its own time-out
-            pass
-
-    def _build_topology(self):
-        """The group's agreed topology (from every rank's published slot) and its ring order.
-
-        Without a node number from the launcher (GROUP_RANK, NODE_ID, NODE_RANK), a rank's node
-        was guessed as rank // LOCAL_WORLD_SIZE, which holds only for ranks laid out node by
-        node; when the members' host names show several hosts, the hosts decide instead (nodes
-        numbered in order of first appearance). A rank with neither a node number nor LOCAL_RANK
-        (published `by_host`) is placed here, by its host (`placement.place_by_host`): taken for
-        local rank `rank` of `world_size`, every multi-host job started so was refused ("4
-        processes per node but ... only 2")."""
-        from . import topology
-        from .topology.placement import place_by_host
-        slots = [topology.Slot.from_dict(p["slot"]) for p in self.peers_info]
-        by_host = [p.get("by_host") for p in self.peers_info]
-        if any(m is not None for m in by_host):
-            try:
-                slots = place_by_host(slots, self.hosts, by_host)
-            except ValueError as e:
-                raise GroupError(f"[rank {self.rank}] group {self.name!r} cannot be placed: {e} (no LOCAL_RANK or "
-                                 f"node number was given, so each host's ranks share one node)") from None
-        if len(set(self.hosts)) > 1 and not any(p.get("node_given") for p in self.peers_info):
-            node_of = {h: i for i, h in enumerate(dict.fromkeys(self.hosts))}
-            slots = [dataclasses.replace(s, node=node_of[h]) for s, h in zip(slots, self.hosts)]
-        else:  # the launcher's node numbers stand: ranks on two hosts cannot share a node's cores
-            first: dict[int, tuple[int, str]] = {}
-            for r, (s, h) in enumerate(zip(slots, self.hosts)):
-                q, other = first.setdefault(s.node, (r, h))
-                if other != h:
-                    raise GroupError(
-                        f"[rank {self.rank}] group {self.name!r}: ranks {q} and {r} run on different hosts ({other}; "
-                        f"{h}) but both on node {s.node} by the launcher's node number (GROUP_RANK, NODE_ID or "
-                        f"NODE_RANK): give each host its own, or set none and the hosts decide")
-        topo = topology.GroupTopology(topology.get_instance(slots[0].instance), slots)
-        topo.validate()
-        order = list(topology.ring_order(topo))
-        topo_log.debug("rank %d group %s: instance %s, placement %s, ring %s", self.rank, self.name,
-                       topo.instance.name, [s.to_dict() for s in slots], order)
-        return topo, order
 
     # -- submission --------------------------------------------------------------------------
     def submit(self, op: Op) -> Op:
@@ -1000,7 +446,7 @@ class Group(HangDiagnosis):
 
     def barred_for(self, op: Op):
         """For a receive from any source as it starts: a function that gives the peers it must
-        not take a message from yet (`_Waiting.barred`), or None where there are none now, and
+        not take a message from yet (`Waiting.barred`), or None where there are none now, and
         so none later (only receives posted before it bar peers, and they only finish)."""
         waiting = self._waiting
         if not waiting.barred(op):
@@ -1109,7 +555,7 @@ class Group(HangDiagnosis):
                                 active.remove(op)
                                 self._fail(op, e, active, waiting)
 
-    def _admit(self, active: list[Op], waiting: "_Waiting") -> None:
+    def _admit(self, active: list[Op], waiting: "Waiting") -> None:
         if waiting:
             waiting.admit(active)
 
@@ -1187,7 +633,7 @@ class Group(HangDiagnosis):
         except Exception:  # noqa: BLE001 - a broken channel tells nothing more
             return None
 
-    def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: _Waiting) -> None:
+    def _fail(self, op: Op, e: BaseException, active: list[Op], waiting: Waiting) -> None:
         from .transport.base import PeerGone
         if isinstance(e, PeerGone):
             e = GroupError(f"[{self.who(self.rank)}] {self._name(op)} failed: {self._gone_cause(e.peer, str(e))}")
@@ -1240,7 +686,7 @@ class Group(HangDiagnosis):
         except Exception:  # noqa: BLE001 - a broken channel tells nothing more
             return False
 
-    def _break(self, err: GroupError, active: list[Op], waiting: _Waiting) -> None:
+    def _break(self, err: GroupError, active: list[Op], waiting: Waiting) -> None:
         """After a failure (the peers already told): the peers' view of this group is now
         unknown, so nothing after it can be trusted: the group is broken and every op not yet
         finished fails with `err`. The first cause stays the group's (later calls name it)."""
@@ -1335,7 +781,7 @@ class Group(HangDiagnosis):
                     wait = min(wait, end - now + DUE_SLACK_S)
         return max(wait, 0.0)
 
-    def _check_stalled(self, active: list[Op], waiting: _Waiting) -> None:
+    def _check_stalled(self, active: list[Op], waiting: Waiting) -> None:
         now = time.monotonic()
         deaths = self._deaths
         if deaths is not None and deaths.news:  # a same-host peer's process ended (its pidfd woke
@@ -1401,36 +847,6 @@ class Group(HangDiagnosis):
                     active, waiting)
                 return
 
-    def _job_addr(self, me: dict, store) -> str:
-        """The address to listen on in a group that spans hosts (every member calls this, and
-        publishes its answer). The route to the rendezvous host is loopback on that host itself
-        when its name resolves to 127.0.1.1 (Debian's and Ubuntu's /etc/hosts): peers on other
-        hosts would then dial their own loopback. Such a rank takes its address on the route to
-        a rank on another host instead."""
-        forced, addr = _forced_bind_addr(), ""
-        try:
-            addr = _bind_addr(store)  # the forced address, if any
-        finally:  # published even when it failed, so that no member waits for it
-            store.set(f"addr/{self.rank}", addr)
-        if forced or not _is_loopback(addr):
-            return addr
-        if all(p["host"] == me["host"] for p in self.peers_info):  # one machine, its "hosts" namespaces
-            return addr                                          # of it that reached the store on loopback
-        for r, p in enumerate(self.peers_info):
-            if p["host"] == me["host"]:
-                continue
-            theirs = store.get(f"addr/{r}").decode()
-            if theirs and not _is_loopback(theirs):
-                mine = _route_from(theirs, f"rank {r}'s address")
-                if not _is_loopback(mine):
-                    log.debug("rank %d: the rendezvous host is loopback here; listening on %s, the route "
-                              "to rank %d (%s)", self.rank, mine, r, theirs)
-                    return mine
-        raise GroupError(f"[rank {self.rank}] group {self.name!r} spans hosts {sorted(set(self.hosts))}, but "
-                         f"this host reaches the rendezvous host over loopback ({addr}) and no rank on another "
-                         f"host has an address to route to: set MASTER_ADDR to an address every host reaches, "
-                         f"or NEURON_DIST_BIND_ADDR to this host's address on the job's network")
-
     def _start_failure_watch(self) -> None:
         """A small thread that keeps this rank's progress record in the store current (only when
         it changed, at most every `interval`), so a rank that times out can say what every rank
@@ -1453,60 +869,6 @@ class Group(HangDiagnosis):
 
         self._hb_thread = threading.Thread(target=beat, name=f"neuron_dist-{self.name}-progress", daemon=True)
         self._hb_thread.start()
-
-    def _generation(self, store, attempt: int, members: str) -> tuple[str, int]:
-        """How many groups of these members this store has seen by this name before (and the
-        count's key), counted in the store: each member adds one, and none can start the next
-        such group before every member has added for this one (_agree_on_members waits for them
-        all), so the n-th group is the one whose adds are n*size+1..(n+1)*size; a generation that
-        failed before every member added is retired (`_retire_generation`). A count kept in each
-        process went wrong where processes had different pasts (one ran a world of its own in
-        between; a process not in an earlier world's subgroup never counted that name): the ranks
-        met under different keys and waited out the time-out, where Gloo formed the group. The
-        member list is in the key, not in the meeting's keys: ranks that disagree on it still
-        meet there and are told so at once (the lists they post there are their world's:
-        `_meet`). `members`: the member list's key (a checksum of the global ranks)."""
-        key = f"gen-{attempt}/groups/{members}"
-        try:
-            k = store.add(key, 1)
-        except (RuntimeError, NotImplementedError):  # a store of the caller's without add (Gloo needs none):
-            k = _LOCAL_COUNTS[key] = _LOCAL_COUNTS.get(key, 0) + self.size  # this process's own count, as before
-            log.debug("rank %d: the store has no add; group %r counts its generations in this process",
-                      self.rank, self.name)
-        return key, (k - 1) // self.size
-
-    def _agree_on_members(self, store, lists: str = "members/") -> None:
-        """Every member must have called new_group with the same ranks, checked before this
-        group writes anything else. Each process posts its member list under its *global* rank
-        (ranks that disagree may share a group rank, never a global one), below `lists`, and
-        reads every member's: a disagreement, or a member that never comes, is a clear error at
-        once or at the group's time-out, never a group whose ranks mean different processes. A
-        rank that gives up on a member takes its own list back (it would mislead a later world
-        on this store)."""
-        mine = self.global_ranks
-        store.set(f"{lists}{mine[self.rank]}", json.dumps(mine))
-        try:
-            store.wait([f"{lists}{g}" for g in mine], self.timeout)
-        except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
-            try:
-                missing = [g for g in mine if not store.check([f"{lists}{g}"])]
-            except Exception:  # noqa: BLE001 - the store itself is gone (its host, rank 0, left)
-                raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): the store was "
-                                 f"lost while the members met: {e}") from None
-            _forget(store, f"{lists}{mine[self.rank]}")
-            # the default group is made inside init_process_group, before torch counts it initialized
-            todo = ("new_group with the same ranks" if dist.is_initialized() else
-                    f"init_process_group: were all {self.size} ranks (WORLD_SIZE) started?")
-            raise GroupError(f"[rank {self.rank}] group {self.name!r} (global ranks {mine}): global ranks {missing} "
-                             f"did not join within {self.timeout.total_seconds():.0f}s; every process must call "
-                             f"{todo}") from None
-        views = {g: json.loads(store.get(f"{lists}{g}")) for g in mine}
-        other = {g: v for g, v in views.items() if v != mine}
-        if other:
-            theirs = "; ".join(f"global rank {g}: {v}" for g, v in other.items())
-            raise GroupError(f"[rank {self.rank}] group {self.name!r}: ranks disagree on the group's members "
-                             f"(global rank {mine[self.rank]}, this process: {mine}; {theirs}); call new_group "
-                             f"with the same ranks on every process")
 
     # -- reporting and shutdown ----------------------------------------------------------------
     def report(self) -> list[dict]:
@@ -1544,8 +906,8 @@ class Group(HangDiagnosis):
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return
         engine = threading.current_thread() is self._thread
-        if not abort and _WORLD["id"] == getattr(self, "job_id", None):  # this world's default group,
-            _WORLD["id"] = None  # destroyed (after an abort too); not at an abort alone: the peers' copies
+        if not abort and WORLD["id"] == getattr(self, "job_id", None):  # this world's default group,
+            WORLD["id"] = None  # destroyed (after an abort too); not at an abort alone: the peers' copies
         with self._cv:           # still scope the world's new groups by it
             if self.closed:
                 return

@@ -246,25 +246,26 @@ def master_addr(hosts: list[str], one_node: bool) -> tuple[str | None, str]:
     127.0.1.1 by Debian's and Ubuntu's /etc/hosts: the ranks on other hosts would dial their own
     loopback and wait out the store's connect time-out); then rank 0's address on the route to
     another rank's host, as a rank in a group that spans hosts chooses where to listen
-    (`group._route_from`); else none."""
+    (`hosts.route_from`); else none."""
     if one_node and len(set(hosts)) == 1:
         return "127.0.0.1", ""
-    from .group import GroupError, _is_loopback, _route_from  # (group imports torch.distributed)
+    from .errors import GroupError
+    from .hosts import is_loopback, route_from
     try:
         addr = socket.gethostbyname(hosts[0])
     except OSError as e:
         why = f"rank 0's host name {hosts[0]!r} does not resolve ({e})"
     else:
-        if not _is_loopback(addr):
+        if not is_loopback(addr):
             return addr, ""
         why = f"rank 0's host name {hosts[0]!r} resolves to {addr}, a loopback address"
     others = list(dict.fromkeys(h for h in hosts if h != hosts[0]))
     for other in others:
         try:
-            mine = _route_from(other, f"the host {other!r} of another rank")
+            mine = route_from(other, f"the host {other!r} of another rank")
         except GroupError:
             continue
-        if not _is_loopback(mine):
+        if not is_loopback(mine):
             return mine, ""
     return None, why + (f", and no route to the other ranks' hosts ({', '.join(others)}) gives another"
                         if others else ", and the other hosts' ranks report that host name too")

@@ -54,8 +54,8 @@ class Op:
                  tag: int = 0):
         self.kind, self.desc, self._start, self._finish = kind, desc, start, finish
         self.outputs = list(outputs)
-        self.peer, self.direction, self.tag = peer, direction, tag  # a send/recv's (group._Waiting, a time-out's hint)
-        self.posted = 0  # a send/recv's place in the order posted (group._Waiting)
+        self.peer, self.direction, self.tag = peer, direction, tag  # a send/recv's (waiting.Waiting, a time-out's hint)
+        self.posted = 0  # a send/recv's place in the order posted (waiting.Waiting)
         self.nbytes, self.dtype, self.algorithm = nbytes, dtype, algorithm
         self.seq = -1  # the group's number of it, in its frames (a debug check's exchange takes one too)
         # the number errors and diagnoses show, counting the user's collectives: the debug check's

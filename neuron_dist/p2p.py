@@ -29,7 +29,7 @@ class Receive:
     receive of that size takes the message. A longer message, or one of another dtype, fails the
     frame check, naming both. From any source, the first peer with a message for the tag is the
     sender (leaving alone the peers an earlier-posted receive of the tag has a claim on:
-    group._Waiting); its frame is looked at and left in place for the receive."""
+    waiting.Waiting); its frame is looked at and left in place for the receive."""
 
     def __init__(self, group: Group, op: Op, out, dtype, tag, peer: int | None, schedule_for):
         # the op by weak reference: the op holds this as its `exe`, and a strong reference back

@@ -200,7 +200,7 @@ def test_mpirun_across_hosts_hands_out_no_loopback_master(monkeypatch, hosts, on
     hosts dialled their own loopback and waited out the store's connect time-out. Rank 0 must
     take its address on the route to another rank's host instead, or hand out none, saying why."""
     import socket
-    from neuron_dist import group, mpi_env
+    from neuron_dist import errors, hosts as hosts_mod, mpi_env
 
     def resolve(name):
         if name not in resolves:
@@ -209,11 +209,11 @@ def test_mpirun_across_hosts_hands_out_no_loopback_master(monkeypatch, hosts, on
 
     def route(host, what=""):
         if host not in routes:
-            raise group.GroupError(f"cannot resolve {what} {host!r}")
+            raise errors.GroupError(f"cannot resolve {what} {host!r}")
         return routes[host]
 
     monkeypatch.setattr(socket, "gethostbyname", resolve)
-    monkeypatch.setattr(group, "_route_from", route)
+    monkeypatch.setattr(hosts_mod, "route_from", route)
     got, why = mpi_env.master_addr(hosts, one_node)
     assert got == addr, (got, why)
     if addr is None:

@@ -123,7 +123,7 @@ def test_a_forked_child_that_destroys_and_exits_leaves_the_parents_groups_alone(
 
 
 class _FakeOp(types.SimpleNamespace):
-    """What the waiting room reads of an op (group._Waiting), compared and hashed by identity."""
+    """What the waiting room reads of an op (waiting.Waiting), compared and hashed by identity."""
     __eq__, __hash__ = object.__eq__, object.__hash__
     exe, finished, posted = None, False, 0
 
@@ -133,7 +133,7 @@ def test_waiting_ops_start_in_order_per_kind():
     one per (direction, peer, tag) at a time in issue order, beside the collectives (a receive
     of another tag from the same peer starts at once); held per kind so an engine pass does not
     scan every waiting op (8,000 outstanding all-reduces took 37 s)."""
-    from neuron_dist.group import _Waiting
+    from neuron_dist.waiting import Waiting
     Op = _FakeOp
     ops = [Op(name=f"c{i}", is_p2p=False, direction="", peer=None, tag=0) for i in range(3)]
     ops += [Op(name=f"s1.{i}", is_p2p=True, direction="send", peer=1, tag=0) for i in range(2)]
@@ -142,7 +142,7 @@ def test_waiting_ops_start_in_order_per_kind():
             Op(name="any", is_p2p=True, direction="recv-any", peer=None, tag=1),
             Op(name="r1.t5", is_p2p=True, direction="recv", peer=1, tag=5),
             Op(name="r1.t0", is_p2p=True, direction="recv", peer=1, tag=0)]
-    w = _Waiting()
+    w = Waiting()
     w.extend(ops)
     assert len(w) == 10 and [o.name for o in w] == ["c0", "c1", "c2", "s1.0", "s1.1", "r1", "r1.t0", "s2", "any",
                                                     "r1.t5"]
@@ -159,15 +159,15 @@ def test_waiting_ops_start_in_order_per_kind():
 
 
 def test_receives_of_one_tag_start_in_the_order_posted():
-    """MPI's matching rule in the waiting room (group._Waiting): a receive from rank 1 posted after
+    """MPI's matching rule in the waiting room (waiting.Waiting): a receive from rank 1 posted after
     one from any source waits until that one has matched a message from another peer (or is
     done); an any-source receive posted after one from rank 1 starts, but leaves rank 1 alone."""
     from types import SimpleNamespace
-    from neuron_dist.group import _Waiting
+    from neuron_dist.waiting import Waiting
 
     def recv(name, peer, tag=3):
         return _FakeOp(name=name, is_p2p=True, direction="recv" if peer is not None else "recv-any", peer=peer, tag=tag)
-    w, active = _Waiting(), []
+    w, active = Waiting(), []
     first, spec, other = recv("any", None), recv("from1", 1), recv("from1.t4", 1, tag=4)
     w.extend([first, spec, other], active)
     w.admit(active)
@@ -265,16 +265,16 @@ def test_a_forked_child_forgets_its_parents_world():
     so its neuron subgroups in a later world met under the parent's scope and waited out the
     time-out for peers that posted under their own (review AD)."""
     code = ("import os, torch.distributed as dist, neuron_dist\n"
-            "from neuron_dist import group\n"
+            "from neuron_dist import meeting\n"
             f"dist.init_process_group('neuron', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
-            "assert group._WORLD['id']\n"
+            "assert meeting.WORLD['id']\n"
             "pid = os.fork()\n"
             "if pid == 0:\n"
-            "    os._exit(0 if group._WORLD['id'] is None else 3)\n"
+            "    os._exit(0 if meeting.WORLD['id'] is None else 3)\n"
             "_, status = os.waitpid(pid, 0)\n"
             "print('child', os.waitstatus_to_exitcode(status))\n"
             "dist.destroy_process_group()\n"
-            "print('after destroy', group._WORLD['id'])\n")
+            "print('after destroy', meeting.WORLD['id'])\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "child 0" in p.stdout and "after destroy None" in p.stdout, p.stdout + p.stderr[-2000:]
 

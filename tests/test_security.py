@@ -61,31 +61,31 @@ def test_bind_address_choice(monkeypatch):
     loopback, NEURON_DIST_BIND_ADDR overrides, and an unresolvable host is a clear error
     naming the override (never a listener on every interface)."""
     from neuron_dist.errors import GroupError
-    from neuron_dist.group import _bind_addr
+    from neuron_dist.hosts import bind_addr
     monkeypatch.delenv("NEURON_DIST_BIND_ADDR", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "localhost")
-    assert _bind_addr() == "127.0.0.1"
+    assert bind_addr() == "127.0.0.1"
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.5")
-    assert _bind_addr() == "127.0.0.1"
+    assert bind_addr() == "127.0.0.1"
     monkeypatch.setenv("NEURON_DIST_BIND_ADDR", "10.1.2.3")
-    assert _bind_addr() == "10.1.2.3"
+    assert bind_addr() == "10.1.2.3"
     monkeypatch.delenv("NEURON_DIST_BIND_ADDR")
     monkeypatch.setenv("MASTER_ADDR", "no-such-host.invalid")
     with pytest.raises(GroupError, match=r"rendezvous host \(MASTER_ADDR\) 'no-such-host.invalid'.*NEURON_DIST_BIND_ADDR"):
-        _bind_addr()
+        bind_addr()
     for v6 in ("::1", "[::1]"):  # an IPv6 rendezvous (gethostbyname could not resolve it)
         monkeypatch.setenv("MASTER_ADDR", v6)
-        assert _bind_addr() == "::1"
+        assert bind_addr() == "::1"
     for every in ("0.0.0.0", "::", "[::]"):  # would listen everywhere, and peers cannot dial it
         monkeypatch.setenv("NEURON_DIST_BIND_ADDR", every)
         with pytest.raises(GroupError, match="every interface"):
-            _bind_addr()
+            bind_addr()
     for word in ("banana", "10.1.2", "eth0"):  # was taken silently by a job on one host
         monkeypatch.setenv("NEURON_DIST_BIND_ADDR", word)
         with pytest.raises(GroupError, match=rf"NEURON_DIST_BIND_ADDR='{word}' is not an IPv4 or IPv6 address"):
-            _bind_addr()
+            bind_addr()
     monkeypatch.setenv("NEURON_DIST_BIND_ADDR", "[fd00::7]")
-    assert _bind_addr() == "fd00::7"
+    assert bind_addr() == "fd00::7"
 
 
 def test_a_host_whose_name_resolves_to_loopback_listens_on_the_route_to_its_peers(monkeypatch):
@@ -95,10 +95,10 @@ def test_a_host_whose_name_resolves_to_loopback_listens_on_the_route_to_its_peer
     never delivered). The rank now listens on its route to a rank on another host; with no such
     rank it fails naming what to set."""
     import types
-    from neuron_dist import group as G
+    from neuron_dist import group as G, hosts
     from neuron_dist.errors import GroupError
     routes = {"10.9.9.2": "10.9.9.1"}  # this host's side of the route to each peer address
-    monkeypatch.setattr(G, "_route_from", lambda h, what="": "127.0.0.1" if G._is_loopback(h) else routes[h])
+    monkeypatch.setattr(hosts, "route_from", lambda h, what="": "127.0.0.1" if hosts.is_loopback(h) else routes[h])
     monkeypatch.delenv("NEURON_DIST_BIND_ADDR", raising=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.1.1")
 

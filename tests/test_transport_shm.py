@@ -583,12 +583,12 @@ def test_ranks_of_one_host_name_in_other_namespaces_are_other_hosts(monkeypatch)
     (boot, /dev/shm's file system, PID namespace) differs from the first of its host name's is
     another host: zmq between them, no pid watched. Checked end to end under `unshare --pid`
     in stop 47's review (RESULTS.md)."""
-    from neuron_dist import group as group_mod
+    from neuron_dist import hosts as hosts_mod
     info = [{"host": "a", "machine": "k1"}, {"host": "a", "machine": "k1"}, {"host": "a", "machine": "k2"},
             {"host": "b", "machine": "k3"}, {"host": "b", "machine": "k3"}]
-    hosts = group_mod.host_identities(info)
+    hosts = hosts_mod.host_identities(info)
     assert hosts == ["a", "a", "a [k2]", "b", "b"]
-    assert group_mod.host_identities([{"host": "a"}, {"host": "a"}]) == ["a", "a"]  # no keys: one host
+    assert hosts_mod.host_identities([{"host": "a"}, {"host": "a"}]) == ["a", "a"]  # no keys: one host
     for k in select.MPI_ENV:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
@@ -596,11 +596,11 @@ def test_ranks_of_one_host_name_in_other_namespaces_are_other_hosts(monkeypatch)
     c.hostname = hosts[0]
     assert select.plan(c, "") == {1: "shm", 2: "zmq", 3: "zmq", 4: "zmq"}
     # the key: the same in one process, another for another PID namespace (or boot, or /dev/shm)
-    key = group_mod._machine_key()
-    assert key == group_mod._machine_key() and len(key) == 8
+    key = hosts_mod.machine_key()
+    assert key == hosts_mod.machine_key() and len(key) == 8
     real = os.readlink
     monkeypatch.setattr(os, "readlink", lambda p: "pid:[1]" if p == "/proc/self/ns/pid" else real(p))
-    assert group_mod._machine_key() != key
+    assert hosts_mod.machine_key() != key
 
 
 def test_affinity_published_as_runs(monkeypatch):
@@ -608,11 +608,11 @@ def test_affinity_published_as_runs(monkeypatch):
     rank's record at group creation, so it must stay small on a many-core host)."""
     import os
 
-    from neuron_dist import group
+    from neuron_dist import hosts
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {8, 0, 1, 2, 5, 7})
-    assert group._cpus() == [[0, 2], [5, 5], [7, 8]]
+    assert hosts.cpu_runs() == [[0, 2], [5, 5], [7, 8]]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(256)))
-    assert group._cpus() == [[0, 255]]
+    assert hosts.cpu_runs() == [[0, 255]]
 
 
 @pytest.mark.parametrize("var,value,bound", [

@@ -784,7 +784,7 @@ class SingleFrameRecv:
 class BarredFrameRecv(SingleFrameRecv):
     """A SingleFrameRecv from any source posted while earlier receives of its tag were pending:
     on each pass it leaves alone the peers `barred()` names (whose message of the tag one of
-    those still waits for or is taking: group._Waiting.barred). Apart from SingleFrameRecv, so
+    those still waits for or is taking: waiting.Waiting.barred). Apart from SingleFrameRecv, so
     that the common receive pays nothing for it."""
     __slots__ = ("every", "barred")
 

@@ -9,11 +9,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from neuron_dist import group
+from neuron_dist import hosts
 
 rank, url = int(sys.argv[1]), sys.argv[2]
 if rank >= 2:
-    group._machine_key = lambda: "0ther0ne"
+    hosts.machine_key = lambda: "0ther0ne"
 dist.init_process_group("neuron", init_method=url, rank=rank, world_size=4, timeout=timedelta(seconds=30))
 t = torch.ones(3)
 dist.all_reduce(t)

@@ -9,9 +9,9 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WOR
                   LOCAL_RANK=str(rank % 2), LOCAL_WORLD_SIZE="2", GROUP_RANK="0")
 
 import neuron_dist  # noqa: E402,F401
-from neuron_dist import group  # noqa: E402
+from neuron_dist import hosts  # noqa: E402
 from report_init import init_and_report  # noqa: E402
 
 if rank >= world // 2:
-    group._machine_key = lambda: "0ther0ne"
+    hosts.machine_key = lambda: "0ther0ne"
 init_and_report(rank, 20)
