@@ -42,7 +42,8 @@ from .collectives.scratch import Scratch, scratch_bytes_setting
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
 from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
-from .meeting import WORLD, GroupMeeting, elastic_attempt, retire_generation
+from . import meeting
+from .meeting import GroupMeeting
 from .mpi_env import finalizes_at_exit
 from .op import CallbackRunner, Op, Record
 from .transport.base import PEER_GRACE_S, TransportError, descriptor_advice
@@ -163,7 +164,7 @@ def _forget_groups_in_child() -> None:
         g.broken = GroupError(f"[{g.who(g.rank)}] group {g.name!r} belongs to the process that created it; this "
                               f"is a forked child (pid {os.getpid()}), which cannot use it: create groups in "
                               f"the child, or start it with the spawn method")
-    WORLD["id"] = None  # the parent's world: a group the child makes belongs to a world of its own
+    meeting.WORLD["id"] = None  # the parent's world: a group the child makes belongs to a world of its own
 
 
 os.register_at_fork(after_in_child=_forget_groups_in_child)
@@ -244,7 +245,7 @@ class Group(GroupMeeting, HangDiagnosis):
         # keeps every key of a new group apart from an old one's; and a job that torch's elastic
         # agent restarts (--max-restarts) meets the failed attempt's keys in the agent's store,
         # which lives on across attempts: the attempt number keeps them apart
-        attempt = elastic_attempt()
+        attempt = meeting.elastic_attempt()
         members = f"{zlib.crc32(','.join(map(str, self.global_ranks)).encode()):08x}"  # the member list's key
         key, generation = self._generation(store, attempt, members)
         try:
@@ -252,9 +253,9 @@ class Group(GroupMeeting, HangDiagnosis):
                        forced, choice)
             self._start_engine(t0)
             if not dist.is_initialized():  # this world's default group, now formed (`_meet`)
-                WORLD["id"] = self.job_id
+                meeting.WORLD["id"] = self.job_id
         except BaseException as e:
-            retire_generation(store, key, generation, size)
+            meeting.retire_generation(store, key, generation, size)
             # the transports say so themselves; elsewhere the call that hit the limit named none
             # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
             if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
@@ -906,8 +907,8 @@ class Group(GroupMeeting, HangDiagnosis):
             self.closed = True  # peers are the parent's (closing would tell them it closed)
             return
         engine = threading.current_thread() is self._thread
-        if not abort and WORLD["id"] == getattr(self, "job_id", None):  # this world's default group,
-            WORLD["id"] = None  # destroyed (after an abort too); not at an abort alone: the peers' copies
+        if not abort and meeting.WORLD["id"] == getattr(self, "job_id", None):  # this world's default group,
+            meeting.WORLD["id"] = None  # destroyed (after an abort too); not at an abort alone: the peers' copies
         with self._cv:           # still scope the world's new groups by it
             if self.closed:
                 return
