@@ -32,6 +32,10 @@ from .transport.frame import Kind
 
 _KIND_NAMES = {int(k): k.name.lower() for k in Kind}  # a frame's kind as the records name it
 
+# what a rank "last ran" reads before its first collective: only collectives are recorded, and a
+# rank that had run sends and receives read "last ran: nothing" (review AI)
+NO_COLLECTIVE = "no collective yet (sends and receives are not recorded)"
+
 
 class _Said(NamedTuple):
     """What `_diagnose` found, for the hint a time-out adds (timeout_diagnosis)."""
@@ -286,7 +290,7 @@ class HangDiagnosis:
         """diagnose()'s text, and what timeout_diagnosis asks of it (see _Said)."""
         def fmt(recent):  # [seq, kind, bytes, dtype, state, algorithm, call number]
             return ", ".join(f"#{a[1] if len(a) > 1 else s} {k} {n}B {st}" + (f" ({a[0]})" if a and a[0] else "")
-                             for s, k, n, _dt, st, *a in recent) or "nothing"
+                             for s, k, n, _dt, st, *a in recent) or NO_COLLECTIVE
         mine = self.progress_record()
         parts, lost, inside, missing, mixed = [], [], [], [], False
         collective = op is not None and not op.is_p2p

@@ -243,3 +243,7 @@ def test_a_timed_out_send_or_receive_is_told_to_check_its_peers_matching_call():
     assert "Check that rank 1 (global rank 6) posts a recv from rank 0 (global rank 4) with tag 5" in said, said
     for direction in ("send", "recv", "recv-any"):
         assert "same collectives" not in g.timeout_diagnosis(p2p(direction, 1)), direction
+    g.records = []  # a rank that ran only sends and receives (review AI: it "last ran: nothing")
+    said = g.timeout_diagnosis(p2p("recv", 1))
+    assert said.startswith("Rank 0 (global rank 4) (this rank) last ran: no collective yet (sends and receives are "
+                           "not recorded). "), said
