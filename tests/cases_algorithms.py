@@ -85,6 +85,13 @@ def reductions_agree_bitwise(rank, world):
                         torch.testing.assert_close(x, want, rtol=0, atol=0, equal_nan=True,
                                                    msg=lambda m: f"{what}: {m}")
                         mine = x.view(torch.uint8)
+                        if algo == "direct" and world == 2:  # both ranks put rank 0's operand first
+                            # (review AG: with the order swapped on both ranks, every check above still
+                            # passed; only the sign of a zero or a NaN tells, which assert_close ignores)
+                            fold = {"sum": torch.add, "max": torch.maximum, "min": torch.minimum}[name](ins[0], ins[1])
+                            apart = (fold.view(torch.uint8) != mine).view(count, dtype.itemsize).any(1).nonzero()
+                            assert not len(apart), (f"rank {rank}: {what}: not op(rank 0's, rank 1's) at {len(apart)} "
+                                                    f"elements, the first {int(apart[0])}")
                         everyone = [torch.empty_like(mine) for _ in range(world)]
                         dist.all_gather(everyone, mine, group=rankctx.GLOO)
                         for r in range(world):
