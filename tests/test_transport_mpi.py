@@ -140,6 +140,55 @@ except Exception as e:
 
 
 @pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_group_failed_by_a_malformed_frame_is_destroyed_cleanly(tmp_path):
+    """Rank 1 sends rank 0 a header with the wrong token, then a magic that is not ours, on a
+    group's own MPI tag (a broken or hostile peer): rank 0's all-reduce fails at once naming the
+    token or the magic, and the failed group's destroy, whose flush met the rejected frame's
+    payload as a header ("a 16-byte message ... where a frame header was due"), raised that
+    FrameError and left the group registered (review AM). It must close."""
+    script = tmp_path / "malformed.py"
+    script.write_text(r"""
+from datetime import timedelta
+from mpi4py import MPI
+import torch, torch.distributed as dist
+import neuron_dist
+from neuron_dist.transport import frame
+dist.init_process_group("neuron", timeout=timedelta(seconds=20))
+r = dist.get_rank()
+for case in ("token", "magic"):
+    g = dist.new_group([0, 1], timeout=timedelta(seconds=20))
+    t = g._get_backend(torch.device("cpu")).group.transport
+    if r == 1:
+        h = frame.Header(int(frame.Kind.ALLREDUCE), frame.DTYPE_CODE[torch.float32], t.token, 0, 0, 1, 0, 0, 0, 16)
+        raw = bytearray(h._replace(token=t.token ^ 1).pack() if case == "token" else h.pack())
+        if case == "magic":
+            raw[0:4] = b"XXXX"
+        MPI.COMM_WORLD.Send([bytes(raw), MPI.BYTE], dest=0, tag=t.tag)
+        MPI.COMM_WORLD.Send([b"\0" * 16, MPI.BYTE], dest=0, tag=t.tag)
+    MPI.COMM_WORLD.Barrier()
+    if r == 0:
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+            print("call: no error", flush=True)
+        except Exception as e:
+            print(f"call {case}: {type(e).__name__}: {e}".replace("\n", " "), flush=True)
+    MPI.COMM_WORLD.Barrier()
+    try:
+        dist.destroy_process_group(g)
+        print(f"rank {r} destroy {case}: ok, registered {g in dist.distributed_c10d._world.pg_map}", flush=True)
+    except Exception as e:
+        print(f"rank {r} destroy {case}: {type(e).__name__}: {e}", flush=True)
+dist.destroy_process_group()
+""")
+    _, out = _mpirun_script(script, timeout=100)
+    for case, why in (("token", "the wrong token"), ("magic", "magic")):
+        line = next((x for x in out.splitlines() if x.startswith(f"call {case}:")), "")
+        assert "GroupError: [rank 0] allreduce" in line and why in line, out[-4000:]
+        for r in (0, 1):
+            assert f"rank {r} destroy {case}: ok, registered False" in out, out[-4000:]
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
 def test_mpirun_names_the_rank_that_raised_not_a_peer_that_failed_on_it(tmp_path):
     """Rank 1 of three raises; its peers fail on its ABORT and exit at once (os._exit, no
     finalize). The raising rank sat in MPI_Finalize, which waits for every rank, so the peers
