@@ -60,6 +60,17 @@ def test_forced_mpi_names_the_peers_that_are_no_mpi_processes(monkeypatch):
         select.plan(ctx(0, [True, True, False, False]), "mpi")
 
 
+def test_forced_shm_across_hosts_is_a_clear_error():
+    """NEURON_DIST_TRANSPORT=shm in a job that spans hosts names the pair on different hosts, at
+    set-up; forced zmq runs every pair over zmq (review AM: with the check removed, every test
+    still passed)."""
+    with pytest.raises(TransportError, match=r"^NEURON_DIST_TRANSPORT=shm, but rank 0 \(on a\) and rank 2 \(on b\) "
+                                             r"are on different hosts; use zmq or mpi$"):
+        select.plan(ctx(0), "shm")
+    assert select.plan(ctx(0, hosts=["a", "a"]), "shm") == {1: "shm"}
+    assert select.plan(ctx(0), "zmq") == {1: "zmq", 2: "zmq", 3: "zmq"}
+
+
 def test_a_rank_whose_later_transport_fails_fails_its_built_ones_with_the_cause(monkeypatch):
     """Rank 0 built its shared memory to rank 1, then its zmq set-up failed (an address it cannot
     listen on). It closed the shared memory with a plain close, an orderly goodbye: rank 1 took
