@@ -896,6 +896,8 @@ def reduce(rank, world):
                     if rank == root:
                         same(x, reference(ins, op, dtype), f"reduce root {root} {dtype} {op} n={count}")
                         checks += 1
+                    else:  # a non-root's buffer is its input still, PREMUL_SUM's included (review AL:
+                        same(x, ins[rank], f"reduce non-root {rank} {dtype} {op} n={count}")  # scaled in place)
     # AVG under the cross-rank argument check: every rank describes the call the same way (only
     # the root divides, but the non-roots call it AVG too, not SUM)
     from neuron_dist import debug
@@ -1044,6 +1046,24 @@ def p2p(rank, world):
             assert z.tolist() == [src, src * 10, -1, -1, -1], (src, z)
     else:
         dist.send(torch.tensor([rank, rank * 10]), 0, tag=12)
+    # the largest tag c10d takes (Gloo's too), and a receive from any source into a non-contiguous
+    # buffer, which must still say whose message it took (review AL: each untested)
+    top = torch.zeros(3)
+    reqs = [dist.isend(values(rank, 3, torch.float32, "sum", 17), nxt, tag=2**31 - 1),
+            dist.irecv(top, prv, tag=2**31 - 1)]
+    for q in reqs:
+        q.wait()
+    same(top, values(prv, 3, torch.float32, "sum", 17), "a message with tag 2**31 - 1")
+    pg = dist.distributed_c10d._get_default_group()
+    if rank == 0:
+        for _ in range(world - 1):
+            z = torch.full((2, 2), -1.0)[:, 0]
+            w = pg.recv_anysource([z], 14)
+            w.wait()
+            src = w._source_rank()
+            assert z.tolist() == [src, src * 10], (src, z)
+    else:
+        dist.send(torch.tensor([rank, rank * 10.0]), 0, tag=14)
     # receives posted before collectives from the same peer: the collectives' frames reach the
     # receive first and wait aside as early frames; none may stay behind (not even empty queues)
     for i in range(50):

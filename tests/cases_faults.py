@@ -844,6 +844,33 @@ def misuse_invalid(rank, world):
         warnings.simplefilter("ignore")  # nested tensors' prototype warning
         nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     expect(ValueError, lambda: dist.all_reduce(nested), "allreduce of a nested tensor")
+    # review AL: each of these, its check removed, failed the group mid-call, or ran on part of
+    # what it was given, with every test passing
+    expect(ValueError, lambda: pg.send([torch.ones(2)], -1, 0), "send to rank -1")
+    expect(ValueError, lambda: pg.recv([torch.ones(2)], -1, 0), "recv from rank -1")
+    expect(ValueError, lambda: dist.all_to_all_single(torch.empty(world), torch.ones(world),
+                                                      input_split_sizes=[world + 1, -1] + [0] * (world - 2)),
+           "negative split size")
+    expect(ValueError, lambda: dist.all_to_all_single(torch.empty(world + 1), torch.ones(world)),
+           "all_to_all_single output not divisible by the group size")
+    expect(ValueError, lambda: pg.alltoall([torch.empty(1) for _ in range(world)], [torch.ones(1)] * (world - 1)),
+           "alltoall with an input missing")
+    expect(ValueError, lambda: pg.allreduce([torch.ones(2), torch.ones(2)]), "allreduce of two tensors")
+    expect(ValueError, lambda: pg.broadcast([torch.ones(2), torch.ones(2)], dist.BroadcastOptions()),
+           "broadcast of two tensors")
+    expect(ValueError, lambda: pg.allgather_coalesced([[torch.empty(2)] * world, [torch.empty(2)]],
+                                                      [torch.ones(2), torch.ones(2)]),
+           "allgather_coalesced with an output list short")
+    expect(ValueError, lambda: dist.all_gather_into_tensor(torch.empty(2 * world, dtype=torch.float64), torch.ones(2)),
+           "all_gather_into_tensor into another dtype")
+    other = dist.GatherOptions()
+    other.rootRank = (rank + 1) % world  # every rank a non-root of its own call: none waits on another
+    expect(ValueError, lambda: pg.gather([[torch.empty(2) for _ in range(world)]], [torch.ones(2)], other),
+           "gather output lists on a non-root")
+    other = dist.ScatterOptions()
+    other.rootRank = (rank + 1) % world
+    expect(ValueError, lambda: pg.scatter([torch.empty(2)], [[torch.ones(2) for _ in range(world)]], other),
+           "scatter input lists on a non-root")
     dist.all_reduce(torch.zeros(2, 3)[:, 1])  # non-contiguous is fine: each element its own memory
     assert g._seq == seq0 + 1, f"a rejected call consumed sequence numbers ({seq0} -> {g._seq})"
     assert g.broken is None, f"a rejected call broke the group: {g.broken}"
