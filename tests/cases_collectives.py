@@ -534,7 +534,16 @@ def reduce_scatter_coalesced(rank, world):
                 full = reference([values(r, c * world, dt, op, 9) for r in range(world)], op, dt)
                 same(o, full[rank * c:(rank + 1) * c],
                      f"coalesced reduce_scatter of several dtypes ({dt} {op}, {'gloo' if group else 'neuron'})")
-    return len(sizes) + 2 * 2 * len(kinds)
+    # its Work's result (and future) holds every output, not the last dtype's only
+    outs = [torch.empty(c, dtype=dt) for dt, c in kinds]
+    work = pg.reduce_scatter_tensor_coalesced(outs, [values(rank, c * world, dt, "sum", 9) for dt, c in kinds],
+                                              ReduceScatterOptions())
+    value = work.get_future().wait()
+    work.wait()
+    for got, how in ((work.result(), "result()"), (value, "its future's value")):
+        assert len(got) == len(outs) and all(g.dtype == o.dtype and g.data_ptr() == o.data_ptr() for g, o in zip(got, outs)), \
+            f"rank {rank}: a coalesced reduce_scatter of several dtypes: {how} holds {len(got)} tensors, not its {len(outs)} outputs"
+    return len(sizes) + 2 * 2 * len(kinds) + 1
 
 
 def in_place(rank, world):
@@ -563,6 +572,28 @@ def in_place(rank, world):
         same(whole, torch.cat([values(r, count, torch.float32, "sum", 8) for r in range(world)]),
              f"all_gather_into_tensor from another block of the output n={count}")
         checks += 4
+    # the same over zmq, whose large sends go out without a copy and are read after the step that
+    # sent them: an input in the block the ring receives into in the round it sends from must be
+    # sent from a copy (c10d._gather_source; sent as it was, 4-16 MiB ones arrived partly overwritten)
+    with env(NEURON_DIST_TRANSPORT="zmq", NEURON_DIST_ALGO="allgather:ring"):
+        tcp = dist.new_group(list(range(world)))
+    try:
+        count = 1 << 21
+        want = torch.cat([values(r, count, torch.float32, "sum", 12) for r in range(world)])
+        for shift in range(1, world):
+            for form in ("tensor", "list"):
+                whole = torch.zeros(count * world)
+                blocks = list(whole.chunk(world))
+                other = blocks[(rank + shift) % world]
+                other.copy_(want.narrow(0, rank * count, count))
+                if form == "tensor":
+                    dist.all_gather_into_tensor(whole, other, group=tcp)
+                else:
+                    dist.all_gather(blocks, other, group=tcp)
+                same(whole, want, f"all_gather {form} over zmq from block {(rank + shift) % world} of the output")
+                checks += 1
+    finally:
+        dist.destroy_process_group(tcp)
     # in place into this rank's own block, written there without staging (algorithms.OWN_BLOCK_OUT:
     # a 64 MiB one staged took 28.6 ms against 10.8 out of place), with every reduce-scatter
     # algorithm forced, several ops, the tensor and the list form, against the reference and Gloo
