@@ -318,6 +318,52 @@ def test_allreduce_bit_identical_under_any_operand_order(algo, n):
                     (algo, n, count, eager, t and len({s.node for s in t.slots}), r, o, res.outs[0])
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_direct_reductions_combine_in_rank_order(n):
+    """direct.py's promise: the direct all-reduce (both two-rank forms, and the staged one from
+    three ranks) and the direct reduce-scatter combine the ranks' contributions in group-rank
+    order, op(...op(op(x0, x1), x2)..., x(n-1)), on every rank. The op 2a + b shows any other
+    order on any data; with the real ops only the sign of a zero or a NaN tells (schedule.py,
+    "Operand order"). The bit-identical check above passes a staged all-reduce whose every rank
+    puts the received vector first alike, and a reduce-scatter's ranks compute no element twice
+    (review AO: mutants D03, D05 and, for the reduce below, D07 each passed every other test)."""
+    from neuron_dist.collectives.direct import allreduce, reduce, reduce_scatter
+
+    def op(a, b):
+        return 2 * a + b
+
+    def fold(xs):
+        acc = xs[0]
+        for x in xs[1:]:
+            acc = op(acc, x)
+        return acc
+
+    rng = np.random.default_rng(100 + n)
+    for count, eager in ((5, 5), (5, 0)):  # (at two ranks: the one-frame form; through scratch)
+        X = [rng.integers(-8, 9, count).astype(np.float64) for _ in range(n)]
+        res = simulate([allreduce(r, n, count, eager) for r in range(n)], [x.copy() for x in X], inplace=True, op=op)
+        for r, o in enumerate(res.outs):
+            assert np.array_equal(o, fold(X)), ("allreduce", n, count, eager, r, o, fold(X))
+    counts = [3 + r % 2 for r in range(n)]
+    off = np.cumsum([0] + counts)
+    X = [rng.integers(-8, 9, sum(counts)).astype(np.float64) for _ in range(n)]
+    res = simulate([reduce_scatter(r, n, counts) for r in range(n)], X, [np.full(c, np.nan) for c in counts], op=op)
+    for r, o in enumerate(res.outs):
+        want = fold([x[off[r]:off[r + 1]] for x in X])
+        assert np.array_equal(o, want), ("reduce_scatter", n, r, o, want)
+    # the tree reduce: its root takes its children's partial results in rank order counted from
+    # the root (the root's own first), so at root 0 the group-rank order of the direct
+    # all-reduce: a 3-rank float32 reduce of 2^-24, 1, 2^-24 is 1.0 as that all-reduce's, where
+    # the children taken in the other order made it 1.0000001 (review AO: mutant D07). Strings
+    # under concatenation (associative, not commutative) show the order whatever the tree's shape.
+    for root in range(n):
+        S = [np.array([chr(65 + r)], dtype=object) for r in range(n)]
+        res = simulate([reduce(r, n, root, 1) for r in range(n)], S, [np.array([""], dtype=object) for _ in range(n)],
+                       op=lambda a, b: a + b)
+        want = "".join(chr(65 + (root + k) % n) for k in range(n))
+        assert res.outs[root][0] == want, ("reduce", n, root, res.outs[root][0], want)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 @pytest.mark.parametrize("count,eager", [(7, 0), (7, 7), (7, 6), (0, 4), (1000, 1 << 16)])
 def test_direct_allreduce_forms(n, count, eager):

@@ -809,6 +809,36 @@ def test_a_lent_frame_is_read_in_place_and_held_until_released():
         b.close()
 
 
+def test_the_release_of_a_lent_frame_wakes_a_lender_asleep_on_it(monkeypatch):
+    """A receiver that releases a lent frame rings the lender, whose wait for that release may
+    already sleep on the futex: without the ring (review AO's mutant S04) the lender slept out
+    its futex sleep (MAX_SLEEP, 0.25 s, per lent frame a sleeping rank waits on; raised here so
+    that a lost ring shows as the wait's whole time-out, not as a lag a loaded host also makes)."""
+    monkeypatch.setattr(shm, "MAX_SLEEP", 30.0)
+    a, b = pair("lendwake")
+    try:
+        n = 3 * a.slot_bytes + 5
+        src = torch.ones(n, dtype=torch.uint8)
+        ticket = a.lend(1, hdr(0, 1, 0, n), src)
+        assert ticket
+        a.wait(0)  # (the lend itself is no news to the lender)
+        h, got = b.recv(0)
+        dst = torch.empty(n, dtype=torch.uint8)
+        got.read_into(dst)
+        timer = threading.Timer(0.1, b.release, (0,))  # past the lender's spin: it sleeps by then
+        timer.start()
+        t0 = time.monotonic()
+        while not a.released(1, ticket) and time.monotonic() - t0 < 10.0:
+            a.wait(10.0)
+        took = time.monotonic() - t0
+        timer.join()
+        assert a.released(1, ticket) and took < 5.0, \
+            f"a lender waiting on its lent frame woke {took:.1f} s after it started waiting (the release came at 0.1 s)"
+    finally:
+        a.close()
+        b.close()
+
+
 def test_lending_is_on_for_all_or_for_none(monkeypatch):
     """One rank that cannot read its peers' memory (or a NEURON_DIST_SHM_LEND=0) turns lending
     off on every rank: they must cut the same collectives into the same frames."""

@@ -85,11 +85,16 @@ def test_a_context_that_will_not_end_does_not_hang_the_last_close(monkeypatch, c
         b.close()
 
 
-def test_ranks_that_close_together_each_hear_the_others_bye():
+def test_ranks_that_close_together_each_hear_the_others_bye(monkeypatch):
     """A rank's orderly close listens (up to BYE_WAIT_S) for its peers' BYEs: two ranks closing
     together used to close their listeners at once, and a BYE queued to a listener closed under
     it held the sender's context for the whole 5 s close linger at `destroy_process_group`
-    (1 in 20-100 whole-world destroys with subgroups alive)."""
+    (1 in 20-100 whole-world destroys with subgroups alive). The bound is raised here: at 0.25 s
+    it left b's close (a thread woken 0.1 s after a's) 0.15 s to start and its BYE to arrive, and
+    at a load of 11-14 on two cores a heard nothing twice (review AO: the same message whenever b
+    closes past a's bound); a still has to return as b's BYE arrives, not at the bound."""
+    from neuron_dist.transport import zmq_transport as zt
+    monkeypatch.setattr(zt, "BYE_WAIT_S", 3.0)
     a, b = make_pair("bye-wait")
     took = {}
 
@@ -106,7 +111,7 @@ def test_ranks_that_close_together_each_hear_the_others_bye():
         for t in ts:
             t.join(30)
         assert 1 in a.finished and 0 in b.finished, f"a heard {a.finished}, b heard {b.finished}"
-        assert took["a"] < BYE_WAIT_S + 1.0 and took["b"] < 2.0, took
+        assert took["a"] < 2.5 and took["b"] < 2.0, took  # (a: b's BYE, 0.1 s in, ended its wait)
     finally:
         a.close(abort=True)
         b.close(abort=True)
