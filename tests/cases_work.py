@@ -104,3 +104,26 @@ def frame_plans_kept_after_a_long_all_reduce(rank, world, count=1 << 20):
         dist.destroy_process_group(sub)
     dist.barrier(group=R.GLOO)
     return len(built), kept
+
+
+def a_failed_ops_future(rank, world):
+    """Rank 0's all-reduce on a group with a 1 s time-out that rank 1 never joins, its future
+    asked for while the op runs and again once it failed: what each future's wait() gave (the
+    error's text, or 'value' where it returned one), and is_success()/exception() after."""
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=1))
+    seen = None
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(4), group=sub, async_op=True)
+        early = work.get_future()
+        got = []
+        for fut in (early, None):
+            fut = fut or work.get_future()
+            try:
+                fut.wait()
+                got.append("value")
+            except Exception as e:  # noqa: BLE001 - the failure this case makes
+                got.append(f"{type(e).__name__}: {e}")
+        seen = (got, work.is_success(), type(work.exception()).__name__)
+    dist.barrier(group=R.GLOO)
+    dist.destroy_process_group(sub)
+    return seen

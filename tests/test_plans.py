@@ -301,3 +301,30 @@ def test_kept_scratch_lies_on_huge_pages_and_goes_back_with_its_group():
     for nbytes in ((4 << 20) + 4096, (2 << 20) + 12288):
         b = huge_page_bytes(nbytes)
         assert b.numel() == nbytes and b.data_ptr() % HUGE_PAGE == 0, (nbytes, b.data_ptr() % HUGE_PAGE)
+
+
+def test_calls_that_differ_only_in_their_detail_get_plans_of_their_own():
+    """`detail` (a coalesced call's parts) enters the plan's description and so the checksum its
+    frames carry: two calls alike but for it must not share a plan, or the second's errors name
+    the first's parts and a mismatch between ranks in it goes unseen."""
+    plans = Plans(_collective_group([]))
+    args = ("reduce_scatter", Kind.REDUCE_SCATTER, "ring", {"counts": (2, 2, 2)}, torch.float32, "sum", 24)
+    a = plans.get(*args, name="reduce_scatter_tensor_coalesced", detail="parts [float32[1], float32[1]]")
+    b = plans.get(*args, name="reduce_scatter_tensor_coalesced", detail="parts [float32[2]]")
+    assert a is not b and b.desc.endswith("parts [float32[2]])") and a.tag != b.tag, (a.desc, b.desc)
+
+
+def test_a_builder_registered_later_renews_the_common_paths_plans():
+    """A call runs the builder registered when it was made (README): once a builder is
+    registered, the common paths' cache starts again as the argument-set cache does, instead of
+    running a plan made with the builder it replaced."""
+    from neuron_dist.collectives import algorithms
+    plans = Plans(_collective_group([]))
+    kept = plans.keep_common(("allreduce", torch.float32, 1000, "direct"), _allreduce(plans, 1000))
+    assert plans.common() == {("allreduce", torch.float32, 1000, "direct"): kept}
+    key = ("allreduce", "direct")
+    builder = algorithms.BUILDERS[key]
+    algorithms.register("allreduce", "direct", builder)  # the built-in one put back: a new generation
+    assert algorithms.BUILDERS[key] is builder
+    assert plans.common() == {}, "the common paths still run plans made before the register"
+    assert _allreduce(plans, 1000) is not kept

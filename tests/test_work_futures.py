@@ -41,3 +41,15 @@ def test_no_kept_frame_plan_is_longer_than_the_executor_keeps(pools):
         assert built > 0, "no plan of the all-reduce built a schedule"
         assert all(frames <= MAX_KEPT_FRAMES for frames in kept), \
             f"frame plans of {sorted(kept)} frames kept (at most {MAX_KEPT_FRAMES})"
+
+
+def test_the_future_of_a_failed_op_fails_as_gloos(pools):
+    """get_future() of an op that failed (its 1 s time-out: the peer never joined) fails with the
+    op's error, asked for while the op ran or after, as Gloo's does (its future raises on
+    wait()); a future that completed with the outputs handed a DDP comm hook the caller's
+    unreduced tensors as the result. is_success() says False and exception() is the error."""
+    (got, success, exc), _ = pools(2).run("cases_work:a_failed_ops_future", timeout=60)
+    for i, text in enumerate(got):
+        assert text != "value" and "rank 0" in text and "allreduce" in text.lower(), \
+            f"future {i} ({'asked while the op ran' if i == 0 else 'asked after it failed'}): {text}"
+    assert success is False and exc != "NoneType", (success, exc)
