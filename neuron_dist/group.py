@@ -670,8 +670,9 @@ class Group(GroupMeeting, HangDiagnosis):
         once; only for the members the failure names, not one exiting beside it): told at once,
         the caller, failing in turn, raced it to the exit, and the launchers' summaries, which
         name the first rank to exit non-zero, blamed this rank instead of the exception
-        (mpirun's in 5 of 7 runs at three ranks). It costs the caller that rank's exit, ~0.5 s with torch loaded. The peers are
-        told first (`_send_abort`), so none of them waits on this rank meanwhile."""
+        (mpirun's in 5 of 7 runs at three ranks). It costs the caller that rank's exit, ~0.5 s
+        with torch loaded. The peers are told first (`_send_abort`), so none of them waits on
+        this rank meanwhile."""
         if self._deaths is None:
             return
         exiting = [r for r in range(self.size) if r != self.rank and (

@@ -141,8 +141,9 @@ class GroupMeeting:
             hosts.forced_bind_addr()
         except GroupError as e:
             placement, placement_error = None, placement_error or e
-        me = {"host": socket.gethostname(), "machine": hosts.machine_key(), "pid": os.getpid(), "cpus": hosts.cpu_runs(),
-              "mpi": transport_select.is_mpi_rank(), "frame_bytes": self.frame_bytes, "transport": forced, **choice}
+        me = {"host": socket.gethostname(), "machine": hosts.machine_key(), "pid": os.getpid(),
+              "cpus": hosts.cpu_runs(), "mpi": transport_select.is_mpi_rank(), "frame_bytes": self.frame_bytes,
+              "transport": forced, **choice}
         me.update(placement or {"error": f"{type(placement_error).__name__}: {placement_error}"})
         store.set(f"peer/{rank}", json.dumps(me))
         try:

@@ -1107,7 +1107,7 @@ def p2p(rank, world):
         same(r, torch.full((4,), float(prv * 100 + i)), "p2p behind a collective")
         same(s_, torch.full((3,), float(sum(range(world)) + world * i)), "collective behind a receive")
     dist.barrier()
-    box = dist.distributed_c10d._get_default_group().group.mailbox
+    box = pg.group.mailbox
     assert not box.early, f"rank {rank}: {len(box.early)} early-frame queues left: {list(box.early)[:4]}"
     assert not box.held, f"rank {rank}: frames left held in the transport: {list(box.held)}"
     return 5

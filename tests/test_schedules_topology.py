@@ -1,6 +1,8 @@
 """Topology-aware schedules (torus, hierarchical, recursive doubling) run by the simulator for
 many world sizes on several instances, against a reference reduction, with neighbour-only
 traffic where the group covers whole chips and tori."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -332,11 +334,8 @@ def test_direct_reductions_combine_in_rank_order(n):
     def op(a, b):
         return 2 * a + b
 
-    def fold(xs):
-        acc = xs[0]
-        for x in xs[1:]:
-            acc = op(acc, x)
-        return acc
+    def fold(xs):  # op(...op(op(x0, x1), x2)..., x(n-1))
+        return functools.reduce(op, xs)
 
     rng = np.random.default_rng(100 + n)
     for count, eager in ((5, 5), (5, 0)):  # (at two ranks: the one-frame form; through scratch)

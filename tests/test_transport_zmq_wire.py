@@ -11,7 +11,7 @@ import pytest
 import torch
 import zmq
 
-from zmqpair import TOKEN, make_pair
+from zmqpair import TOKEN, make_pair, recv_within
 from neuron_dist.transport import frame
 from neuron_dist.transport.frame import FrameError, Header, Kind
 from neuron_dist.transport.zmq_transport import USER, context
@@ -39,7 +39,8 @@ def hdr(kind=Kind.P2P, dtype=F32, token=TOKEN, src=1, dst=0, chunk=0, nbytes=8, 
 
 
 def until(fn, wait=3.0):
-    """Call fn (after a take_in) until it returns something truthy or raises; the last value."""
+    """Call fn every 20 ms until it returns something truthy or raises, for at most `wait`
+    seconds; its last value."""
     end = time.monotonic() + wait
     while True:
         v = fn()
@@ -58,7 +59,7 @@ def test_a_frame_with_the_wrong_job_token_is_dropped_not_delivered(pair):
     a, b, s = pair
     inject(s, hdr(token=TOKEN + 1).pack(), b"\x01" * 8)
     inject(s, hdr().pack(), b"\x02" * 8)  # then a good one: the bad one must not be what arrives
-    got = until(lambda: a.recv(1))
+    got = recv_within(a, 1, 3.0)
     assert got is not None and bytes(got[1].numpy()) == b"\x02" * 8 and got[0].token == TOKEN, got
 
 
@@ -158,5 +159,5 @@ def test_small_float64_payloads_are_aligned(pair):
     for n in (8, 16, 24):
         inject(s, hdr(dtype=f64, nbytes=n, seq=n).pack(), b"\x00" * n)
     for n in (8, 16, 24):
-        got = until(lambda: a.recv(1))
+        got = recv_within(a, 1, 3.0)
         assert got[1].data_ptr() % 8 == 0
