@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -201,7 +203,7 @@ def test_a_comma_list_neuronrun_cannot_place_is_a_clear_error(visible, message):
         cfg("t.py", NEURON_RT_VISIBLE_CORES=visible)
 
 
-
+def test_torchrun_values_redirects_alone_and_nproc_cpu():
     """-r alone writes files only (torchrun's meaning; --tee defaults to 3 otherwise), -r with
     an explicit --tee keeps it; --nproc-per-node cpu is one rank per CPU this process may use."""
     assert (cfg("-r", "3", "t.py").tee, cfg("-r", "3", "t.py").redirects) == ("0", "3")
@@ -421,3 +423,79 @@ def test_dry_run_and_help_import_neither_torch_nor_the_backend():
     *_, loaded, source = r.stdout.strip().splitlines()
     assert loaded == "[]", r.stdout[-2000:]
     assert source == "own copy" and "trn1.32xlarge" in r.stdout, r.stdout[-2000:]  # neuron_dist's models, placed on
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--nnodes", "2:1"], {}, r"--nnodes '2:1': expected N or MIN:MAX with 0 < MIN <= MAX"),
+    (["--nnodes", "1:2:3"], {}, r"--nnodes '1:2:3': expected N or MIN:MAX"),
+    (["--nproc-per-node", "0"], {}, r"--nproc-per-node 0: must be at least 1"),
+    (["--max-restarts", "-1"], {}, r"--max-restarts must be >= 0"),
+    ([], {"NEURON_RT_ROOT_COMM_ID": "h:0"}, r"\$NEURON_RT_ROOT_COMM_ID='h:0' is not host:port"),
+    ([], {"NEURONRUN_CPU_BIND": "socket"}, r"\$NEURONRUN_CPU_BIND='socket': choose from none, core"),
+])
+def test_values_torchrun_or_the_neuron_runtime_would_refuse_are_refused_up_front(argv, env, message):
+    """Each of these reached torch's agent or the ranks (an elastic range MAX < MIN, a third
+    --nnodes field, a job of no ranks, a negative restart count, a root on port 0), or was
+    silently dropped (--cpu-bind from the environment outside its choices ran unbound)."""
+    with pytest.raises(ConfigError, match=message):
+        cfg(*argv, "t.py", **env)
+
+
+def test_an_empty_variable_is_no_value():
+    """A template that exports a flag's variable empty (PET_MASTER_PORT=, NEURONRUN_STANDALONE=)
+    asks for nothing: the next variable, then the default, answers."""
+    assert cfg("t.py", NEURONRUN_NPROC_PER_NODE="", PET_NPROC_PER_NODE="3").nproc_per_node == 3
+    assert cfg("--nproc-per-node", "2", "t.py", PET_MASTER_PORT="").master_port == 29500
+    assert cfg("t.py", NEURONRUN_STANDALONE="", NEURONRUN_NO_PYTHON="").no_python is False
+
+
+def test_nproc_per_node_cpu_counts_the_cpus_this_launcher_may_use(monkeypatch):
+    """`--nproc-per-node cpu` is torchrun's one rank per CPU the launcher may run on (taskset, a
+    cgroup's cpuset), not per CPU of the host."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
+    assert cfg("--nproc-per-node", "cpu", "--instance", "trn1.32xlarge", "t.py").nproc_per_node == 3
+
+
+def test_an_instance_described_in_a_file_reaches_the_ranks_as_its_path(tmp_path):
+    """NEURON_DIST_INSTANCE is the file's path, which the backend loads in every rank; the name
+    inside the file is known only to a process that loaded it (the ranks would fail at init)."""
+    pytest.importorskip("neuron_dist.topology.instances")
+    desc = {"name": "test.neuronrun.file", "chips": 4, "physical_cores_per_chip": 2, "default_lnc": 1,
+            "supported_lnc": [1], "graph": "ring", "torus_dims": [4], "torus_wrap": [True],
+            "link_bandwidth": "100 GB/s", "hbm_bandwidth": "800 GB/s", "multi_node": False}
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(desc))
+    c = cfg("--instance", str(path), "--nproc-per-node", "auto", "t.py")
+    assert (c.plan.instance, c.nproc_per_node) == (str(path), 8)
+    assert {env["NEURON_DIST_INSTANCE"] for _, env in rank_table(c)} == {str(path)}
+    c = cfg("--nproc-per-node", "2", "t.py", NEURON_DIST_INSTANCE=str(path))
+    assert rank_table(c)[1][1]["NEURON_DIST_INSTANCE"] == str(path)
+
+
+def test_under_srun_an_explicit_value_must_agree_and_an_explicit_id_stands():
+    """An explicit --nnodes that does not cover Slurm's node count is a conflict (fewer as much as
+    more); an explicit --rdzv-id is the user's, not replaced by $SLURM_JOB_ID."""
+    with pytest.raises(ConfigError, match="--nnodes 1 conflicts with slurm's 2 nodes"):
+        cfg("--nnodes", "1", "t.py", **SRUN)
+    assert cfg("--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "t.py", **SRUN).max_nodes == 4
+    assert cfg("--rdzv-id", "mine", "t.py", **SRUN).rdzv_id == "mine"
+
+
+def test_the_highest_master_port_leaves_the_root_the_port_after_it():
+    """--master-port 65534 is accepted (65535 is not): every rank's NEURON_RT_ROOT_COMM_ID is then
+    on 65535, the last port, which the ranks and --dry-run must take."""
+    c = cfg("--master-port", "65534", "t.py")
+    assert {env["NEURON_RT_ROOT_COMM_ID"] for _, env in rank_table(c)} == {"127.0.0.1:65535"}
+
+
+def test_dry_run_lists_an_exported_root_and_this_nodes_host_under_any_rendezvous():
+    """--dry-run's listing is what the ranks get: under c10d an exported NEURON_RT_ROOT_COMM_ID is
+    used as is (not a placeholder); under static rendezvous this node, whatever its --node-rank,
+    is the host neuronrun runs on, the others unknown."""
+    c = cfg("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "t.py",
+            NEURON_RT_ROOT_COMM_ID="head:9000")
+    assert {env["NEURON_RT_ROOT_COMM_ID"] for _, env in rank_table(c)} == {"head:9000"}
+    c = cfg("--nnodes", "2", "--node-rank", "1", "--master-addr", "h0", "--nproc-per-node", "2", "t.py")
+    assert [f["host"] for f, _ in rank_table(c)] == ["(node 0)", "(node 0)", socket.gethostname(),
+                                                    socket.gethostname()]

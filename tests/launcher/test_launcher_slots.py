@@ -197,3 +197,10 @@ def test_format_cpus_and_plan_round_trip():
     assert back == plan and back.cpus(1) == (2, 3)
     old = plan.to_json().replace(',"host_cpus":[0,1,2,3]', "")  # a plan without the field: no binding
     assert "host_cpus" not in old and NeuronPlan.from_json(old).cpus(0) == ()
+
+
+def test_mpich_hydra_and_srun_pmi2_are_mpi_launchers():
+    """MPICH's hydra and srun --mpi=pmi2 publish PMI_SIZE/PMI_RANK only (no OMPI_*): neuronrun
+    under them reads its node count and node rank from those, as README says."""
+    info = scheduler.detect({"PMI_SIZE": "3", "PMI_RANK": "2", "PMI_FD": "7"})
+    assert (info.name, info.nnodes, info.node_rank) == ("mpi", 3, 2)

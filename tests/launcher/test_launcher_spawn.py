@@ -329,3 +329,40 @@ def test_under_an_mpi_launcher_a_rank_loses_its_process_variables_not_the_users_
     # no MPI launcher started neuronrun: whatever MPI variables the user set are theirs, and stay
     mine = {**USER_MPI_CONFIG, "OMPI_MCA_orte_base_help_aggregate": "0", "PMI_FD": "9"}
     assert {k: v for k, v in _rank_of_mpirun_neuronrun(mine).items() if k in mine} == mine
+
+
+def test_under_mpich_hydra_alone_a_rank_loses_its_process_variables():
+    """MPICH's hydra (and srun --mpi=pmi2) set PMI_* but no OMPI_*/PMIX_* variables: neuronrun is
+    under an MPI launcher there too, and its ranks must not take themselves for MPI processes."""
+    hydra = {k: v for k, v in MPI_PROCESS.items() if k.startswith(("PMI_", "MPI_LOCAL"))}
+    env = _rank_of_mpirun_neuronrun({**hydra, **USER_MPI_CONFIG})
+    assert [k for k in hydra if k in env] == []
+    assert {k: env.get(k) for k in USER_MPI_CONFIG} == USER_MPI_CONFIG
+
+
+def test_the_users_omp_num_threads_stands(recorder, monkeypatch):
+    """OMP_NUM_THREADS is set only where the user left it unset (as torchrun): an exported value
+    reaches every rank, bound (--cpu-bind core) or not."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    _launch_nodes(lambda n: ["--nproc-per-node", "2", "t.py"], 1)
+    assert {r: env["OMP_NUM_THREADS"] for r, (_, env) in recorder.ranks().items()} == {0: "3", 1: "3"}
+    plan = config_from_argv(["--nproc-per-node", "2", "--cpu-bind", "core", "t.py"], {}).plan
+    base = {worker.PLAN_VAR: plan.to_json(), "LOCAL_RANK": "1", "RANK": "1", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500"}
+    assert worker.rank_env({**base, "OMP_NUM_THREADS": "5"})["OMP_NUM_THREADS"] == "5"
+    assert worker.rank_env(base)["OMP_NUM_THREADS"] == str(len(plan.cpus(1)))
+
+
+def test_a_program_that_cannot_be_run_exits_127(tmp_path):
+    """The trampoline's exec of a missing program (--no-python with a typo) ends the rank with
+    127, the shell's "command not found", naming the rank and the program."""
+    import subprocess
+    plan = config_from_argv(["--nproc-per-node", "1", "t.py"], {}).plan
+    env = {**os.environ, worker.PLAN_VAR: plan.to_json(), "LOCAL_RANK": "0", "RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    env.pop(worker.GROUPS_VAR, None)
+    missing = str(tmp_path / "no-such-program")
+    p = subprocess.run([sys.executable, launch.WORKER, "exec", missing], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 127, p
+    assert f"neuronrun worker (rank 0): cannot run {missing!r}" in p.stderr, p.stderr
