@@ -220,6 +220,75 @@ def test_mpirun_across_hosts_hands_out_no_loopback_master(monkeypatch, hosts, on
         assert "rank 0's host name 'n0'" in why and "loopback" in why, why
 
 
+class _FakeComm:
+    """MPI_COMM_WORLD as rank 0 of `size` processes on `hosts` sees it: gather and bcast at the root."""
+    rank = 0
+
+    def __init__(self, hosts):
+        self.hosts, self.size = hosts, len(hosts)
+
+    def gather(self, value, root=0):
+        return list(self.hosts)
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def _fake_mpi(monkeypatch, hosts):
+    import types
+    from neuron_dist import mpi_env
+    monkeypatch.setattr(mpi_env, "mpi", lambda: types.SimpleNamespace(COMM_WORLD=_FakeComm(hosts)))
+
+
+@pytest.mark.parametrize("local_size, one_node", [("4", True), ("2", False)])
+def test_rank_0_under_mpirun_counts_one_node_by_the_local_size(monkeypatch, local_size, one_node):
+    """Rank 0 takes the job for one node (and hands out loopback) only when Open MPI counts every
+    rank on its node: a job whose hosts report one name (containers) but span nodes must not get
+    127.0.0.1, which the other nodes' ranks would dial on their own host."""
+    from neuron_dist import mpi_env
+    _fake_mpi(monkeypatch, ["n0"] * 4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", local_size)
+    seen = []
+    monkeypatch.setattr(mpi_env, "master_addr", lambda hosts, one: (seen.append((hosts, one)), ("10.0.0.5", ""))[1])
+    addr, port, why = mpi_env._master_from_mpi()
+    assert seen == [(["n0"] * 4, one_node)] and addr == "10.0.0.5" and port.isdigit(), (seen, addr, port, why)
+
+
+def test_rank_0_failing_to_choose_a_master_tells_every_rank(monkeypatch):
+    """Whatever fails on rank 0 while it chooses MASTER_ADDR/PORT is broadcast as the reason:
+    raised there instead, rank 0 died and every other rank waited in the broadcast for good."""
+    from neuron_dist import mpi_env
+
+    def no_port(host=""):
+        raise OSError(98, "no free port")
+    _fake_mpi(monkeypatch, ["n0", "n0"])
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    monkeypatch.setattr(mpi_env, "free_port", no_port)
+    addr, port, why = mpi_env._master_from_mpi()
+    assert addr is None and port == "" and why == "rank 0 could not choose one: OSError: [Errno 98] no free port", why
+
+
+def test_under_mpirun_the_users_master_port_wins(monkeypatch):
+    """With MASTER_PORT exported and MASTER_ADDR not, rank 0 still chooses both through MPI, but
+    only the missing address is taken: the user's port (one the firewall allows) is kept."""
+    import os
+    from neuron_dist import mpi_env
+    saved = dict(os.environ)  # adopt() writes os.environ itself: put every variable back after
+    try:
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "PMI_RANK", "PMI_SIZE",
+                  "SLURM_PROCID", "SLURM_NTASKS") + mpi_env.ELASTIC_VARS:
+            os.environ.pop(k, None)
+        os.environ.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2",
+                          MASTER_PORT="38511")
+        _fake_mpi(monkeypatch, ["n0", "n0"])
+        mpi_env.adopt()
+        assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "38511")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def test_a_program_that_imported_neuronrun_first_still_takes_its_mpi_rank():
     """neuron_dist skipped taking RANK/WORLD_SIZE from MPI or PMI in any process that had imported
     neuronrun_launcher first, for when the launcher read topology models through neuron_dist (a
@@ -448,6 +517,8 @@ _DAEMON_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "1", "SLURM_LAUNCH_NODE_I
      {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}),
     (dict(_DAEMON_STEP, PMI_RANK="3", PMI_SIZE="4"),  # no local numbers, but Slurm's are another step's
      {"RANK": "3", "WORLD_SIZE": "4"}),
+    (dict(_DAEMON_STEP, PMI_RANK="1", PMI_SIZE="4"),  # the same, its rank by chance the daemon's task number
+     {"RANK": "1", "WORLD_SIZE": "4"}),
     (dict(_PMI2, MPI_LOCALRANKID="0", MPI_LOCALNRANKS="2"),  # mpiexec without Slurm: as it was
      {"RANK": "64", "WORLD_SIZE": "128", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}),
 ])
