@@ -990,3 +990,57 @@ def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tm
     # not 0.5 + EXIT_FIRST_S (3 s); over zmq the disconnect's grace (0.5 s) and a loaded host's
     # scheduling come on top (1.48 s seen at load 5)
     assert float(took) < 0.5 + (2.5 if transport == "zmq" else 1.5), out
+
+
+def test_the_death_watch_fails_an_op_only_on_the_members_it_needs():
+    """`DeathWatch.check` at an op's start (three ranks on one host): a send or receive between
+    two live ranks goes ahead while a third member is dead (Gloo's pairs do too); a collective
+    needs every member and fails naming the dead one; a member that closed in order breaks
+    nothing; a receive from a member whose copy of the group failed but lives takes what it sent
+    before, until its process ends: then it fails naming the rank."""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from neuron_dist.deathwatch import DeathWatch
+    from neuron_dist.errors import GroupError
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    state = {"failed": {}, "finished": set()}
+    transport = SimpleNamespace(wake=lambda: None, take_in=lambda: None, check_peer=lambda p: None,
+                                peer_failed=lambda p: state["failed"].get(p),
+                                peer_finished=lambda p: p in state["finished"])
+    g = SimpleNamespace(rank=0, size=3, hosts=["h", "h", "h"], transport=transport,
+                        peers_info=[{"pid": os.getpid()}, {"pid": child.pid}, {"pid": 2 ** 22 + 1}],
+                        who=lambda r: f"rank {r}", _name=lambda op: op.name,
+                        _gone_cause=lambda r, why: f"rank {r} is gone ({why})")
+
+    def op(name, peer=None, direction=None):
+        return SimpleNamespace(name=name, is_p2p=peer is not None, peer=peer, direction=direction)
+    watch = DeathWatch(g, "h")
+    try:
+        assert 2 in watch.dead and 1 not in watch.dead, watch.dead  # (no such pid: gone at creation)
+        watch.check(g, op("send", 1, "send"))
+        watch.check(g, op("recv", 1, "recv"))
+        with pytest.raises(GroupError, match=r"\[rank 0\] allreduce failed: rank 2 is gone"):
+            watch.check(g, op("allreduce"))
+        state["finished"].add(2)  # it closed in order after its part
+        watch.check(g, op("allreduce"))
+        state["failed"][1] = "rank 1 aborted the group"
+        time.sleep(0.01)
+        watch.check(g, op("recv", 1, "recv"))  # what it sent before it failed is still there
+        with pytest.raises(GroupError, match="rank 1 aborted the group"):
+            watch.check(g, op("send", 1, "send"))
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while watch.exited(g, 1) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert watch.exited(g, 1) == f"rank 1 (pid {child.pid}) exited", watch.dead
+        with pytest.raises(GroupError, match=rf"recv failed.*rank 1 \(pid {child.pid}\) exited"):
+            watch.check(g, op("recv", 1, "recv"))
+    finally:
+        watch.close()
+        child.kill()
+        child.wait()

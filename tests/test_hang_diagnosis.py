@@ -247,3 +247,110 @@ def test_a_timed_out_send_or_receive_is_told_to_check_its_peers_matching_call():
     said = g.timeout_diagnosis(p2p("recv", 1))
     assert said.startswith("Rank 0 (global rank 4) (this rank) last ran: no collective yet (sends and receives are "
                            "not recorded). "), said
+
+
+def test_a_rank_that_published_nothing_and_was_seen_in_nothing_is_silent_and_records_show_the_latest_calls():
+    """A rank with no progress record that this rank saw take part in no call (it never got as
+    far as its first heartbeat) "published no progress record": it is neither "frozen" (a rank
+    whose frames arrived) nor in the call. Every record, this rank's own included, lists the
+    rank's latest four collectives, not its first four (what it last ran is the point)."""
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import HangDiagnosis
+    from neuron_dist.op import Record
+    from neuron_dist.transport.frame import Kind
+
+    class Group(HangDiagnosis):
+        rank, size, _seq, _calls, broken = 0, 3, 6, 6, None
+        records = [Record(i, "broadcast", 8, "float32", "ring", "done", call=i) for i in range(5)] + \
+                  [Record(5, "broadcast", 8, "float32", "ring", "running", call=5)]
+        mailbox = SimpleNamespace(early={}, held={})
+
+        def who(self, r):
+            return f"rank {r}"
+
+        def _peer_records(self):
+            return {1: {"issued": 6, "calls": 6, "recent": [[5, "broadcast", 8, "float32", "running", "ring", 5]],
+                        "broken": None}}, [], ""
+
+    g = Group()
+    assert [r[0] for r in g.progress_record()["recent"]] == [2, 3, 4, 5]
+    op = SimpleNamespace(seq=5, call=5, checks="", checked=False, is_p2p=False, kind=Kind.BROADCAST,
+                         exe=SimpleNamespace(recv_chunks={1: 1}))
+    said = g.diagnose(op)
+    assert said.startswith("Ranks [2] published no progress record; ranks [0, 1] had entered it. "), said
+    assert "frozen" not in said and "took part in calls" not in said, said
+    assert said.endswith("Rank 0 (this rank) last ran: #2 broadcast 8B done (ring), #3 broadcast 8B done (ring), "
+                         "#4 broadcast 8B done (ring), #5 broadcast 8B running (ring)."), said
+
+
+def test_a_frame_kept_early_is_named_by_the_users_call_under_the_debug_check():
+    """Under the debug check each user call takes two frame numbers (its fingerprint exchange,
+    then the call): a peer's frame kept early is named by the user's call it belongs to, whether
+    the op that timed out is a call or its exchange."""
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import _call_at
+    call = SimpleNamespace(seq=5, call=2, checks="", checked=True)  # call 2: exchange 4, call 5
+    assert [_call_at(call, s) for s in (4, 5, 6, 7, 8, 9)] == [2, 2, 3, 3, 4, 4]
+    exchange = SimpleNamespace(seq=4, call=2, checks="allreduce", checked=False)
+    assert [_call_at(exchange, s) for s in (4, 5, 6, 7, 8)] == [2, 2, 3, 3, 4]
+    plain = SimpleNamespace(seq=5, call=5, checks="", checked=False)
+    assert [_call_at(plain, s) for s in (5, 6, 8)] == [5, 6, 8]
+
+
+def test_a_rank_seen_in_the_call_whose_record_stops_just_before_it_is_not_said_to_have_skipped_it():
+    """A rank frozen (SIGSTOP, a debugger) just after it entered the call: its frames of the call
+    arrived, but its last record was published before it issued it (`issued` is the call's own
+    number). That record predates the call: the rank had entered it, and the hint is its
+    process, not the order of calls."""
+    import time
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import HangDiagnosis
+    from neuron_dist.op import Record
+    from neuron_dist.transport.frame import Kind
+
+    class Group(HangDiagnosis):
+        rank, size, _seq, _calls, broken = 0, 2, 3, 3, None
+        records = [Record(0, "broadcast", 32, "float32", "ring", "done", call=0),
+                   Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
+                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)]
+        mailbox = SimpleNamespace(early={}, held={})
+
+        def who(self, r):
+            return f"rank {r}"
+
+        def _peer_records(self):
+            return {1: {"issued": 2, "recent": [[1, "broadcast", 32, "float32", "done", "ring"]], "broken": None,
+                        "t": time.time() - 3}}, [], ""
+
+    op = SimpleNamespace(seq=2, call=2, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE,
+                         exe=SimpleNamespace(recv_chunks={1: 1}))
+    said = Group().timeout_diagnosis(op)
+    assert said.startswith("The progress records of ranks [1] (the oldest "), said
+    assert "predate calls they took part in (rank 1: allreduce seq 2)" in said and "had not entered" not in said, said
+    assert "ranks [0, 1] had entered it." in said and "Check that the processes of ranks [1] still run" in said, said
+
+
+def test_a_rank_that_never_published_is_not_waited_for_in_the_store():
+    """A rank with no progress record (it never reached its first heartbeat) has no key: the
+    diagnosis asks the store whether the key is there before it reads it, since a get() of a
+    missing key waits for it (the store's time-out, or STORE_ANSWER_S here), and then every
+    later rank's record went unread ("the store did not answer"), a live store blamed."""
+    import json
+    import time
+    from datetime import timedelta
+    import torch.distributed as dist
+    from neuron_dist.diagnosis import HangDiagnosis
+
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    store.set("progress/2", json.dumps({"issued": 1, "recent": []}))
+
+    class Group(HangDiagnosis):
+        rank, size = 0, 3
+
+    g = Group()
+    g.store = store
+    t0 = time.monotonic()
+    records, unread, why = g._peer_records()
+    assert (sorted(records), unread, why) == ([2], [], ""), (records, unread, why)
+    assert time.monotonic() - t0 < 1.5

@@ -186,6 +186,31 @@ def test_receives_of_one_tag_start_in_the_order_posted():
     assert w.barred(late) == set()
 
 
+def test_an_any_source_receive_is_held_back_only_by_receives_of_its_own_tag():
+    """MPI's matching rule orders the receives of one tag only: an any-source receive of tag 3
+    posted after receives of tag 4 (one from rank 1 running, one from rank 2 waiting) may take
+    a message of tag 3 from either rank at once. Barred from them, it would wait for their
+    messages (an exchange whose tag-4 sends come after the tag-3 reply would deadlock); a
+    receive of its own tag posted before it does bar its peer."""
+    from neuron_dist.waiting import Waiting
+
+    def recv(name, peer, tag):
+        return _FakeOp(name=name, is_p2p=True, direction="recv" if peer is not None else "recv-any", peer=peer, tag=tag)
+    w, active = Waiting(), []
+    running = recv("from1.t4", 1, 4)
+    w.extend([running], active)
+    w.admit(active)
+    assert active == [running]
+    waiting, any3 = recv("from2.t4", 2, 4), recv("any.t3", None, 3)
+    w.extend([recv("from2.t4.first", 2, 4), waiting, any3], active)
+    assert w.barred(any3) == set(), w.barred(any3)
+    w.admit(active)
+    assert any3 in active
+    first, any3b = recv("from2.t3", 2, 3), recv("any.t3.b", None, 3)
+    w.extend([first, any3b], active)
+    assert w.barred(any3b) - {None} == {2}, w.barred(any3b)  # rank 2's tag-3 receive (None: any3, unmatched)
+
+
 def test_report_counts_stay_bounded_and_exact(pools):
     assert all(n > 0 for n in pools(2).run("cases_faults:stats_bounded"))
 
