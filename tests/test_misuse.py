@@ -319,3 +319,25 @@ def test_ranks_on_two_hosts_given_one_node_number_are_told_so():
         line = rank_line(out, r)
         assert "ranks 0 and 2 run on different hosts" in line and "both on node 0 by the launcher's node number" \
             in line and "GROUP_RANK" in line, line
+
+
+def test_reduce_ops_of_complex_tensors_are_decided_before_any_byte_moves():
+    """torch hands the backend complex tensors unviewed in reduce_scatter_tensor and reduce. MIN,
+    MAX and the bitwise ops have no meaning there and must be refused by the argument check
+    (ValueError naming the op and dtype); without it torch.minimum raised mid-call, failing the
+    group ("minimum not implemented for complex tensors", then "the group is unusable"; review
+    AR: O09). SUM, AVG, PREMUL_SUM and PRODUCT are reduced (review AR: O08 refused PREMUL_SUM,
+    which reduce_scatter_tensor of complex tensors ran: 1.5+3j from 1+2j and 2+4j at 0.5)."""
+    import torch
+
+    from neuron_dist.collectives import reduce_ops
+    for dtype in (torch.complex64, torch.complex128):
+        for op in ("min", "max", "band", "bor", "bxor"):
+            with pytest.raises(ValueError, match=f"ReduceOp.{op.upper()} is not supported for {dtype}"):
+                reduce_ops.check(op, dtype)
+        for op in ("sum", "avg", "premul_sum", "product"):
+            reduce_ops.check(op, dtype)
+            a, b = torch.tensor([1 + 2j], dtype=dtype), torch.tensor([3 - 1j], dtype=dtype)
+            out = torch.empty_like(a)
+            reduce_ops.reducer(op, dtype)(out, a, b)
+            assert out.item() == ((1 + 2j) * (3 - 1j) if op == "product" else 4 + 1j), (op, dtype, out)

@@ -561,3 +561,89 @@ def test_ring_allgather_sends_its_own_block_from_the_input(n):
         assert np.array_equal(o, np.concatenate(X)), (n, r)
     if n == 2:
         assert [s.rounds for s in scheds] == [direct.allgather(r, 2, blocks).rounds for r in range(2)]
+
+
+def _meets(a, b, inplace):
+    """Whether chunks a and b share an element (IN and OUT are one buffer in place)."""
+    same = a.buf == b.buf or inplace and {a.buf, b.buf} == {IN, OUT}
+    return same and a.count and b.count and a.start < b.start + b.count and b.start < a.start + a.count
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+def test_no_round_sends_a_slice_its_receives_write(n):
+    """Round semantics (schedule.py): a round's sends and receives progress together, so a Send
+    must not read what a Recv of its round writes: an executor sends a large slice frame by
+    frame while the peer's frames are reduced into it. The simulator copies a send's slice
+    whole when it posts it and cannot see that; recursive doubling sending straight from the
+    slice it reduces (without its TMP copy) passed every simulated test and gave wrong sums
+    over shared memory and zmq from 3M float32 (rdh forced, worlds 2 and 3; review AR, D08).
+    Every builder, in place for all-reduce, with and without a placement."""
+    topos = [None, place("trn2", 1, n)] + ([place("trn2", 2, n // 2)] if n % 2 == 0 else [])
+    for t in topos:
+        order = tuple(ring_order(t)) if t else ()
+        for collective, algo in BUILDERS:
+            for count in (1, 7, 3 * n + 1):
+                for r in range(n):
+                    spec = Spec(collective, r, n, count, counts=(count,) * n, recv_counts=(count,) * n,
+                                order=order, eager_count=4, topo=t)
+                    for k, rnd in enumerate(build(spec, algo).rounds):
+                        for s in (s for s in rnd if isinstance(s, Send)):
+                            for v in (v for v in rnd if isinstance(v, Recv)):
+                                assert not _meets(s.src, v.dst, collective == "allreduce"), \
+                                    (collective, algo, n, count, r, k, s, v)
+
+
+@pytest.mark.parametrize("nodes,ppn", [(2, 4), (3, 4), (4, 2)])
+def test_hierarchical_schedules_send_across_nodes_the_least_data(nodes, ppn):
+    """The hierarchical schedules put the network on the smallest pieces (hierarchical.py): each
+    rank sends (N-1) * count elements to other nodes for all-gather and reduce-scatter (the
+    inter-node step first in all-gather, last in reduce-scatter) and 2 (N-1)/N of its 1/L share
+    for all-reduce, where the dimensions walked the other way send L times as much (review AR)."""
+    topo = place("trn2.48xlarge", nodes, ppn, 2)
+    P, c = topo.size, 12
+    for build_, count, want in ((hierarchical_allgather, c, (nodes - 1) * c),
+                                (hierarchical_reduce_scatter, c, (nodes - 1) * c),
+                                (hierarchical_allreduce, c * P, 2 * (nodes - 1) * c)):
+        check = {hierarchical_allgather: check_allgather, hierarchical_reduce_scatter: check_reduce_scatter,
+                 hierarchical_allreduce: check_allreduce}[build_]
+        res = check(build_, topo, count)
+        sent = [0] * P
+        for s, d, b in res.transfers:
+            if topo.slots[s].node != topo.slots[d].node:
+                sent[s] += b // 8
+        assert sent == [want] * P, (build_.__name__, nodes, ppn, sent, want)
+
+
+def test_ring_builders_follow_the_ring_order_they_are_given():
+    """The ring order comes from the topology (select.py), so that a ring crosses each link and
+    each network boundary once: the registered ring and recursive-doubling builders pair ranks
+    along `Spec.order`, not in rank order (review AR: a builder taking range(size) still
+    reduced right, and every other test passed). Order 0, 2, 1, 3: rank 0's ring neighbours
+    are 2 (next) and 3 (previous), its first doubling partner 2."""
+    order = (0, 2, 1, 3)
+    for collective, algo in (("allreduce", "ring"), ("allgather", "ring"), ("reduce_scatter", "ring"),
+                             ("allreduce", "rdh")):
+        for rank in range(4):
+            s = build(Spec(collective, rank, 4, 8, counts=(8,) * 4, order=order), algo)
+            sends = [st.peer for rnd in s.rounds for st in rnd if isinstance(st, Send)]
+            recvs = [st.peer for rnd in s.rounds for st in rnd if isinstance(st, Recv)]
+            p = order.index(rank)
+            if algo == "ring":
+                assert set(sends) == {order[(p + 1) % 4]} and set(recvs) == {order[(p - 1) % 4]}, \
+                    (collective, rank, sends, recvs)
+            else:
+                assert sends == [order[p ^ 1], order[p ^ 2]], (rank, sends)
+
+
+def test_a_schedule_lends_when_any_round_does_whatever_follows():
+    """`Schedule.lends` tells the executor to plan lending for the steps marked so; a round
+    without such steps after one with them must not clear it: the two-rank direct all-reduce
+    (its scratch form), the direct reduce-scatter and the folding ranks of recursive doubling
+    end on rounds that lend nothing (review AR: with `add` resetting the mark, those calls lost
+    single-copy reads, and every other test passed)."""
+    from neuron_dist.collectives import direct
+    a = Schedule("x").add(Send(1, Chunk(OUT, 0, 2), lend=True)).add(Copy(Chunk(OUT, 0, 2), Chunk(IN, 0, 2)))
+    assert a.lends
+    assert direct.allreduce(0, 2, 1000, 0).lends and direct.allreduce(0, 3, 1000, 0).lends
+    assert direct.reduce_scatter(1, 3, [4, 4, 4]).lends
+    assert rdh_allreduce(4, range(5), 10).lends  # (fold in, then the answer: lent)
