@@ -497,3 +497,53 @@ def test_a_message_sent_before_its_sender_failed_is_delivered_over_mpi():
     assert rc == 0 and out.count(f": {case} ok") == 2, out[-4000:]
     got = next(x for x in out.splitlines() if x.startswith(f"rank 0: {case} ok"))
     assert "'outcome': 'ok'" in got and "'right': True" in got, got  # (mpi_rank prints what the case returned)
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+@pytest.mark.parametrize("mode", ("hook", "raise"))
+def test_a_program_that_imported_mpi4py_keeps_mpi4pys_exit(mode):
+    """A program that imported mpi4py.MPI before neuron_dist keeps mpi4py's ways (mpi_env.mpi):
+    neuron_dist neither finalizes MPI at exit (its hook, registered after the program's own,
+    ran first: the program's exit hook that calls MPI aborted the job, exit 14) nor takes the
+    process for one that skips MPI_Finalize (mpi4py's finalize holds the raising rank until its
+    peer ends, so an ABORT reading "[rank 1] exiting" kept rank 0 waiting 3 s for that process
+    to end: EXIT_FIRST_S)."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_program_imports_mpi4py.py"), timeout=100,
+                             env=(f"MODE={mode}",))
+    if mode == "hook":
+        assert rc == 0, out[-4000:]
+        for r in (0, 1):
+            assert f"rank {r}: destroyed" in out and f"rank {r}: the program's exit hook summed 2" in out, out[-4000:]
+        return
+    line = next((x for x in out.splitlines() if x.startswith("rank 0 failed after")), None)
+    assert line is not None and "ValueError: the root cause on rank 1" in line, out[-4000:]
+    assert float(line.split("after ")[1].split("s")[0]) < 2.0, line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_late_rank_fails_on_its_peers_abort_after_they_closed():
+    """The same, with ranks 0 and 1 gone (HOLD=0: they exit, closing the failed group, before
+    rank 2 comes). A failed group's close sends no BYE after its ABORT (`close(abort=True)`):
+    with one, rank 2 took its peers for ranks that had closed in order, not failed, and its
+    all-reduce returned the data they had given up on, silently."""
+    rc, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_late_rank_after_abort.py"), n=3, timeout=100,
+                             env=("LATE=4", "TIMEOUT=2", "COUNT=16", "HOLD=0"))
+    line = next((x for x in out.splitlines() if x.startswith("rank 2 ")), None)
+    assert line is not None and "failed after" in line, out[-4000:]
+    assert re.search(r"rank [01] aborted the group: \[rank [01]\] .*timed out after 2.0s waiting for rank 2",
+                     line), line
+
+
+@pytest.mark.skipif(_mpirun() is None, reason="mpi4py/mpirun not installed")
+def test_a_send_waits_on_the_peer_of_the_oldest_open_send():
+    """Rank 0 has rendezvous sends open to ranks 1 and 2; rank 1 dies (the job kept alive), rank 2
+    is alive but late. The send to rank 1 must fail at once naming rank 1 gone: the transport
+    named the newest open send's peer (rank 2) as the one waited on, so the stall check
+    watched rank 2, and the send waited out the 6 s time-out "waiting for rank 2"."""
+    _, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_two_sends_one_peer_killed.py"), n=3, timeout=100,
+                            mpirun_args=("--enable-recovery",))
+    line = next((x for x in out.splitlines() if x.startswith("rank 0 send to 1 ")), None)
+    assert line is not None and "failed after" in line, out[-4000:]
+    assert re.search(r"send\(4194304 bytes, to rank 1, tag 0\) failed: rank 1 is gone: rank 1 \(pid \d+\) exited",
+                     line), line
+    assert float(line.split("after ")[1].split("s")[0]) < 4.5, line
