@@ -41,6 +41,14 @@ def test_receives_match_messages_in_the_order_posted(pools, world):
 
 
 @pytest.mark.parametrize("world", (2, 3))
+def test_point_to_point_plans_are_per_peer_dtype_and_any_source_says_who_sent(pools, world):
+    """A plan kept per form must tell peers and dtypes apart, and a receive from any source of a
+    message of several frames must say its sender (cases_collectives.p2p_forms_apart)."""
+    checks = pools(world).run("cases_collectives:p2p_forms_apart")
+    assert checks[:2] == [3 * 2, 3] and checks[2:] == [0] * (world - 2), checks
+
+
+@pytest.mark.parametrize("world", (2, 3))
 def test_a_rank_that_waits_long_for_a_late_peer_sleeps(pools, world):
     """A waiting rank's process uses under 1.2% of a core while a peer is 2 s late (Gloo's: about
     0.2%; before the fenced doorbell and the growing engine wait, 4% over shared memory and 2% over

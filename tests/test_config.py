@@ -33,10 +33,71 @@ def test_env_flag_rejects_other_values(monkeypatch):
 
 
 @pytest.mark.parametrize("value, where", [("0", None), ("false", None), ("", None), ("1", "stderr"),
-                                          ("stderr", "stderr"), ("true", "stderr"), ("/tmp/x.txt", "/tmp/x.txt")])
+                                          ("stderr", "stderr"), ("true", "stderr"), ("/tmp/x.txt", "/tmp/x.txt"),
+                                          # in any case, as env_flag reads them: not files named "OFF" or "TRUE"
+                                          ("OFF", None), ("No", None), ("TRUE", "stderr"), ("STDERR", "stderr")])
 def test_env_target(monkeypatch, value, where):
     monkeypatch.setenv("ND_TEST_TARGET", value)
     assert config.env_target("ND_TEST_TARGET") == where
+
+
+@pytest.mark.parametrize("value, want", [(None, 7), ("", 7), (" 5 ", 5), ("2", 2), ("9", 9), ("1", "must be at least 2"),
+                                         ("10", "must be at most 9"), ("x", "is not an integer")])
+def test_env_int_takes_its_bounds_inclusively_and_unset_or_empty_as_the_default(monkeypatch, value, want):
+    """README's ranges are inclusive (NEURON_DIST_SHM_SLOTS 2 to 65536, NEURON_DIST_FRAME_BYTES 64 B to
+    1 GiB, NEURON_DIST_SCRATCH_BYTES from 0), and an empty value is the default, as for env_flag."""
+    if value is None:
+        monkeypatch.delenv("ND_TEST_INT", raising=False)
+    else:
+        monkeypatch.setenv("ND_TEST_INT", value)
+    if isinstance(want, int):
+        assert config.env_int("ND_TEST_INT", 7, minimum=2, maximum=9) == want
+    else:
+        with pytest.raises(ValueError, match=f"ND_TEST_INT={value!r} {want}"):
+            config.env_int("ND_TEST_INT", 7, minimum=2, maximum=9)
+
+
+def test_the_frame_and_shared_memory_settings_have_readmes_defaults_and_bounds(monkeypatch):
+    """README's table: NEURON_DIST_FRAME_BYTES 512 KiB (64 B to 1 GiB); NEURON_DIST_SHM_SLOTS 4
+    (2 to 65536), the spin 50 us then 1000 us yielding (20 and 0 where local ranks outnumber
+    cores), lending on; NEURON_DIST_SCRATCH_BYTES 64 MiB (0: none)."""
+    from neuron_dist.collectives.scratch import scratch_bytes_setting
+    from neuron_dist.transport import shm
+    from neuron_dist.transport.frame import frame_bytes_setting
+    for var in ("NEURON_DIST_FRAME_BYTES", "NEURON_DIST_SHM_SLOTS", "NEURON_DIST_SHM_SPIN_US",
+                "NEURON_DIST_SHM_YIELD_US", "NEURON_DIST_SHM_LEND", "NEURON_DIST_SCRATCH_BYTES"):
+        monkeypatch.delenv(var, raising=False)
+    assert frame_bytes_setting() == 512 << 10 and scratch_bytes_setting() == 64 << 20
+    assert shm.settings(False) == (4, 50 * 1e-6, 1000 * 1e-6, True)  # (seconds, as the variables in us x 1e-6)
+    assert shm.settings(True) == (4, 20 * 1e-6, 0.0, True)
+    for var, ok, bad, why in (("NEURON_DIST_FRAME_BYTES", (64, 1 << 30), 63, "at least 64"),
+                              ("NEURON_DIST_SHM_SLOTS", (2, 1 << 16), 1, "at least 2"),
+                              ("NEURON_DIST_SCRATCH_BYTES", (0,), -1, "at least 0")):
+        read = {"NEURON_DIST_FRAME_BYTES": frame_bytes_setting, "NEURON_DIST_SCRATCH_BYTES": scratch_bytes_setting,
+                "NEURON_DIST_SHM_SLOTS": lambda: shm.settings()[0]}[var]
+        for v in ok:
+            monkeypatch.setenv(var, str(v))
+            assert read() == v, var
+        monkeypatch.setenv(var, str(bad))
+        with pytest.raises(ValueError, match=f"{var}='{bad}' must be {why}"):
+            read()
+        monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("value", ["ALL", "1"])
+def test_debug_all_turns_on_every_subsystem_and_the_variables_read(value):
+    """NEURON_DIST_DEBUG=ALL (or 1) logs every subsystem at debug level, the package's own
+    logger included: its lines are the NEURON_DIST_* variables read at set-up."""
+    code = ("import logging, os, neuron_dist\n"
+            "from neuron_dist import config\n"
+            "print([logging.getLogger(n).getEffectiveLevel() for n in config._LOGGERS.values()])\n"
+            "os.environ['NEURON_DIST_TEST_READ'] = '3'\n"
+            "config.env('NEURON_DIST_TEST_READ')\n")
+    p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, NEURON_DIST_DEBUG=value),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "unknown subsystems" not in p.stderr, p.stderr[-2000:]
+    assert p.stdout.split("\n")[0] == str([10] * 5), p.stdout
+    assert "neuron_dist DEBUG: env NEURON_DIST_TEST_READ=3" in p.stderr, p.stderr[-2000:]
 
 
 def test_check_switch_reads_false_as_off(monkeypatch):
@@ -607,7 +668,7 @@ def test_a_frame_above_what_a_receiver_accepts_is_refused_at_init(transport):
     assert f"NEURON_DIST_FRAME_BYTES='{(1 << 30) + 4096}' must be at most {1 << 30}" in p.stderr, p.stderr[-2000:]
 
 
-def test_a_negative_scratch_limit_is_refused_at_init():
+def test_a_negative_scratch_bytes_setting_is_refused_at_init():
     p = _init_alone(NEURON_DIST_SCRATCH_BYTES="-1")
     assert p.returncode != 0, p.stdout + p.stderr
     assert "NEURON_DIST_SCRATCH_BYTES='-1' must be at least 0" in p.stderr, p.stderr[-2000:]

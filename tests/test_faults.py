@@ -834,6 +834,18 @@ def test_a_failure_is_recorded_even_if_the_wait_for_an_exiting_peer_is_interrupt
     assert [d[0] for d in done] == ["done", "break"] and "exiting on an uncaught X" in done[0][2], done
 
 
+def test_the_package_error_is_a_dist_backend_error():
+    """GroupError is what every failed call raises: callers catch it as torch.distributed's
+    DistBackendError, as they would NCCL's or Gloo's (a RuntimeError alone is not caught there)."""
+    import torch.distributed as dist
+
+    from neuron_dist.errors import GroupError
+    from neuron_dist.group import GroupError as reexported
+    assert reexported is GroupError and issubclass(GroupError, dist.DistBackendError)
+    with pytest.raises(dist.DistBackendError, match=r"\[rank 1\] allreduce"):
+        raise GroupError("[rank 1] allreduce(12 bytes, float32, sum) (seq 3) failed")
+
+
 def test_the_cause_an_exiting_rank_gives_is_the_exception_it_exits_on(monkeypatch):
     """What `_close_at_exit` tells the peers: the uncaught exception the interpreter printed last
     (sys.last_value), with its message if it has one (Ctrl-C's KeyboardInterrupt has none), and

@@ -158,6 +158,31 @@ def test_report_without_a_default_group_says_so():
         neuron_dist.report()
 
 
+def test_report_rows_are_per_call_and_a_group_that_ran_nothing_prints_none(tmp_path, monkeypatch):
+    """The table's host and model columns are per call (test_report_at_shutdown runs one call,
+    where a total reads the same); `report(group)` reads that group, not the default one (here
+    there is none); a group that ran no collective adds no empty table to NEURON_DIST_REPORT's
+    file (a job's every new_group would)."""
+    from types import SimpleNamespace
+
+    import neuron_dist
+    from neuron_dist.report import at_shutdown, format_rows
+    row = {"collective": "allreduce", "algorithm": "ring", "calls": 4, "bytes": 64, "host_s": 2e-3,
+           "model_device_s": 4e-5}
+    cols = format_rows([row], "# t").splitlines()[2].split()
+    assert cols == ["allreduce", "ring", "4", "64", "500.0", "10.00"], cols
+    pg = SimpleNamespace(group=SimpleNamespace(report=lambda: [row]))
+    assert neuron_dist.report(pg) == [row]
+    out = tmp_path / "report.txt"
+    monkeypatch.setenv("NEURON_DIST_REPORT", str(out))
+    group = SimpleNamespace(stats={}, topology=None, report=lambda: [], name="idle", rank=0, size=2)
+    at_shutdown(group)
+    assert not out.exists(), out.read_text()
+    group.stats, group.report = {("allreduce", "ring"): [4, 2e-3, 64]}, lambda: [row]
+    at_shutdown(group)
+    assert "group 'idle' rank 0/2, modelled instance no placement" in out.read_text(), out.read_text()
+
+
 def test_a_store_without_add_still_makes_groups():
     """A caller's store with set/get/check/wait but no add (Gloo needs no more) failed group
     creation with 'Tried to call pure virtual function ::c10d::Store::add' once group generations

@@ -129,8 +129,9 @@ def test_torch_set_debug_level_detail_turns_the_check_on_for_groups_made_after(p
         assert plain == "ran", plain
 
 
-def test_fingerprint_check_three_ranks(pools):
-    res = pools(3).run("cases_faults:misuse_mismatch", case="op", check=True, timeout_s=TIMEOUT)
+@pytest.mark.parametrize("case", ["op", "reduce_root_third"])  # rank 0 differs; rank 2 does
+def test_fingerprint_check_three_ranks(pools, case):
+    res = pools(3).run("cases_faults:misuse_mismatch", case=case, check=True, timeout_s=TIMEOUT)
     assert all("Detected mismatch" in x["msg"] and x["usable"] for x in res), res
 
 
