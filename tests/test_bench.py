@@ -204,7 +204,7 @@ def test_a_rank_whose_tool_died_before_it_asked_exits():
 def test_model_column_is_the_backends_choice(monkeypatch, instance, n, op, nbytes):
     """The model column's algorithm is the one the backend runs on a group of that topology (its
     model policy, collectives.select.choose), not the cost model's pick among algorithms the
-    backend has no schedule for."""
+    backend has no schedule for; its busbw is that algorithm's predicted algbw x the bus factor."""
     from types import SimpleNamespace
 
     from neuron_dist.collectives import select
@@ -215,6 +215,44 @@ def test_model_column_is_the_backends_choice(monkeypatch, instance, n, op, nbyte
     group = SimpleNamespace(topology=place(instance, 1, n), size=n, transport=None)  # what choose reads
     algo, busbw = bench.model_busbw(op, nbytes, n, instance)
     assert algo == select.choose(op, nbytes, group) and algo in algorithms_for(op) and busbw > 0
+    # the column is a bus bandwidth, as the measured one beside it: the predicted time's, x the bus factor
+    from neuron_dist.topology import estimate
+    assert busbw == pytest.approx(nbytes / estimate(op, algo, nbytes, group.topology) / 1e9 * NCCL_BUS[op](n))
+
+
+# nccl-tests' bus factors (PERFORMANCE.md), written out here rather than read from bench.BUS
+NCCL_BUS = {"allreduce": lambda n: 2 * (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+            "allgather": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n,
+            "scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1, "reduce": lambda n: 1,
+            "sendrecv": lambda n: 1}
+
+
+def _check_numbers(stdout, rows):
+    """What a bench run prints and writes follows from its times: algbw = size / time, busbw =
+    algbw x nccl-tests' factor, for every form and Gloo's; ratio = neuron's busbw over Gloo's (of
+    the main form); each table line shows its row's JSON (the out-of-place group the out-of-place
+    form, the in-place group the in-place one, '-' where none ran); the average bus bandwidth is
+    over every timed form of neuron."""
+    import statistics
+    lines = [l.split() for l in stdout.splitlines() if l.strip() and not l.startswith("#")]
+    assert len(lines) == len(rows), stdout
+    for r, t in zip(rows, lines):
+        ip = (r.get("in_place") or {}).get("neuron")
+        forms = {"out": r["neuron"] if r["place"] == "out" else None,
+                 "in": r["neuron"] if r["place"] == "in" else ip}
+        for f in [r["neuron"], ip, r.get("gloo")]:
+            if f and f["time_us"] is not None:
+                assert f["algbw"] == pytest.approx(r["size"] / f["time_us"] / 1e3), r
+                assert f["busbw"] == pytest.approx(f["algbw"] * NCCL_BUS[r["op"]](r["world"])), r
+        cells = lambda f: ["-"] * 4 if f is None else [f"{f['time_us']:.1f}", f"{f['algbw']:.3f}",
+                                                      f"{f['busbw']:.3f}", str(f["wrong"])]
+        assert t[:3] == [str(r["size"]), str(r["count"]), r["type"]] and t[3:11] == cells(forms["out"]) + \
+            cells(forms["in"]), (r, t)
+        if "gloo" in r:
+            assert r["ratio"] == pytest.approx(r["neuron"]["busbw"] / r["gloo"]["busbw"]), r
+            assert t[11:14] == [f"{r['gloo']['time_us']:.1f}", f"{r['gloo']['busbw']:.3f}", f"{r['ratio']:.2f}"], t
+    timed = [f["busbw"] for r in rows for f in (r["neuron"], (r.get("in_place") or {}).get("neuron")) if f]
+    assert f"# Avg bus bandwidth    : {statistics.mean(timed):.4f}" in stdout, stdout
 
 
 def test_collective_bench_vs_gloo_json(tmp_path):
@@ -235,6 +273,7 @@ def test_collective_bench_vs_gloo_json(tmp_path):
         assert (r["model"] is None) == (r["op"] == "sendrecv"), r
         # the default (model) policy runs what the model column names; send/recv has no algorithm
         assert r["neuron"]["algorithm"] == (None if r["op"] == "sendrecv" else r["model"]["algorithm"]), r
+    _check_numbers(p.stdout, rows)
 
 
 def test_rooted_rows_at_another_root(tmp_path):
@@ -278,6 +317,7 @@ def test_out_of_place_and_in_place_groups(tmp_path):
     table = [l.split() for l in p.stdout.splitlines() if l.strip().startswith("65536")]
     assert [t[3:11].count("-") for t in table] == [4, 0, 4], p.stdout  # allreduce, allgather, alltoall
     assert table[0][3] == "-" and table[2][7] == "-", p.stdout  # out of place, in place: none
+    _check_numbers(p.stdout, json.load(open(out))["rows"])
     tp = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(tmp_path)],
                         capture_output=True, text=True, timeout=60)
     assert tp.returncode == 0 and "| allgather | 64 KiB |" in tp.stdout, tp.stdout + tp.stderr
@@ -400,6 +440,68 @@ def test_added_time_below_the_barrier_jitter_is_unresolved():
                     added=True)
     assert math.isnan(t), t
     assert bench._num(None, 9, 1) == "        -" and bench._num(12.345, 9, 1) == "     12.3"
+
+
+class ClockDist:
+    """torch.distributed for `bench._timed` on a fake clock, with a second rank simulated: each
+    barrier advances the clock by `barrier_s`, each call by `call_s(i)` (the i-th call); the
+    group's all_reduce combines this rank's tensor with `peer` (the other rank's values) by the
+    reduction asked for, so the reduction and the statistic over iterations can be told apart."""
+    class ReduceOp:
+        MAX, MIN, SUM = "max", "min", "sum"
+
+    def __init__(self, peer, barrier_s=0.001):
+        self.now, self.peer, self.barrier_s, self.ops = 0.0, peer, barrier_s, []
+
+    def clock(self):
+        return self.now
+
+    def barrier(self, group=None):
+        self.now += self.barrier_s
+
+    def all_reduce(self, t, op=None, group=None):
+        import torch
+        self.ops.append(op)
+        other = torch.tensor(self.peer, dtype=t.dtype)
+        t.copy_({"max": torch.maximum, "min": torch.minimum, "sum": torch.add}[op](t, other))
+
+    def get_world_size(self, group=None):
+        return 2
+
+
+class ClockCase:
+    def __init__(self, dist, call_s):
+        self.dist, self.call_s, self.calls = dist, call_s, 0
+
+    def run(self):
+        self.dist.now += self.call_s(self.calls)
+        self.calls += 1
+
+
+def test_row_time_is_the_median_of_the_slowest_ranks_iterations(monkeypatch):
+    """The three timings' arithmetic, on a fake clock with a simulated second rank (no sleeps):
+    the default time is the median over iterations of the slower rank's time (one slow iteration
+    of five moves the median, not a mean; the other rank's 2 ms is the maximum, not a sum); --loop
+    the slower rank's average per call; --added the ranks' mean of (call + barrier) - barrier,
+    median over iterations. A mean, a sum over ranks or an average over one call too many would
+    each print a wrong time, and every bandwidth from it."""
+    import types
+
+    import torch
+    fake = ClockDist(peer=[0.002] * 5)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=fake.clock))
+    warm = 2  # the warm-up calls are not timed
+    mine = [0.0] * warm + [0.001, 0.001, 0.001, 0.001, 0.010]
+    t = bench._time(ClockCase(fake, lambda i: mine[i]), 5, warm, None, fake, torch)
+    assert t == pytest.approx(0.002) and fake.ops == ["max"], t  # max(1, 2) ms x 4, max(10, 2): median 2
+    fake = ClockDist(peer=[0.001])
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=fake.clock))
+    t = bench._time(ClockCase(fake, lambda i: 0.002), 4, 1, None, fake, torch, loop=True)
+    assert t == pytest.approx(0.002) and fake.ops == ["max"], t  # 8 ms over 4 calls; the other rank 1 ms
+    fake = ClockDist(peer=[0.001] * 3, barrier_s=0.001)
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=fake.clock))
+    t = bench._time(ClockCase(fake, lambda i: 0.003), 3, 0, None, fake, torch, added=True)
+    assert t == pytest.approx(0.002) and fake.ops == ["sum"], t  # (3 + 1) - 1 = 3 ms here, 1 ms there: mean 2
 
 
 class ReusedCase(bench.Case):
@@ -641,6 +743,72 @@ def test_training_bench_runs(tmp_path):
         assert r["ratio"] == pytest.approx(r["step_ms"] / r["compute_ms"])
         assert r["peak_mib"] > 50  # a rank's peak resident memory (torch alone is more than that)
     assert result["config"]["thp"] == "off" and "thp off" in p.stdout
+
+
+class _FakeRanks:
+    """bench.rank_context for bench_train.run in one process: a rank "runs" as it starts, putting
+    (step seconds, digest, peak MiB) from `result(backend, rank)` on the queue."""
+    def __init__(self, result):
+        import queue
+        self.result, self.Queue = result, queue.Queue
+
+    def Process(self, target, args):
+        from types import SimpleNamespace
+        rank, a, backend, wrap, port, q, launcher = args
+        return SimpleNamespace(start=lambda: q.put(self.result(backend, rank)), exitcode=0, join=lambda: None,
+                               is_alive=lambda: False, terminate=lambda: None)
+
+
+def test_training_rows_take_the_slowest_rank_and_the_references_beside_them(monkeypatch, capsys, tmp_path):
+    """bench_train's arithmetic in one process, the ranks and the compute-only reference faked with
+    known times: a row's step is the slowest rank's (rank 1: 30 ms against rank 0's 10), its
+    compute-only time the mean of the references measured just before and after it, its ratio step
+    over that, in the JSON and the printed table alike; peak MiB the largest rank's. A step time
+    taken from the fastest rank, or a reference from elsewhere in the run, printed a ratio the
+    backend did not have."""
+    import torch
+    from neuron_dist import bench_train
+    monkeypatch.setattr(bench, "rank_context", lambda preload=(): _FakeRanks(
+        lambda backend, rank: ((0.010, 0.030)[rank] * (2 if backend == "gloo" else 1), ((1.0, 2.0),), 100.0 + rank)))
+    refs = iter([0.010, 0.020, 0.040])  # before the first row, after it, after the second
+    monkeypatch.setattr(bench_train, "_steps", lambda m, a, rank: next(refs))
+    out = tmp_path / "t.json"
+    a = bench_train.parse_args(["--wrap", "ddp", "--backends", "neuron,gloo", "--layers", "1", "--width", "8",
+                                "--port", "38570", "--json", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        assert bench_train._main(a) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.load(open(out))["rows"]
+    assert [(r["backend"], r["step_ms"], r["compute_ms"], r["ratio"], r["peak_mib"]) for r in rows] == [
+        ("neuron", pytest.approx(30), pytest.approx(15), pytest.approx(2), 101.0),
+        ("gloo", pytest.approx(60), pytest.approx(30), pytest.approx(2), 101.0)]
+    printed = [l.split() for l in capsys.readouterr().out.splitlines() if l.split()[:1] == ["ddp"]]
+    assert [p[2:5] for p in printed] == [["30.0", "15.0", "2.00"], ["60.0", "30.0", "2.00"]], printed
+
+
+def test_training_step_is_the_median_after_the_warm_up(monkeypatch):
+    """_steps times --warmup + --steps steps and takes the median of the last --steps: the
+    warm-up steps (first-call allocations, lazy initialisation; 1 s each on the fake clock here)
+    must not enter it."""
+    import types
+
+    import torch
+    from neuron_dist import bench_train
+    now = [0.0]
+
+    class Slow(torch.nn.Linear):
+        calls = 0
+
+        def forward(self, x):
+            now[0] += 1.0 if Slow.calls < 3 else 0.001
+            Slow.calls += 1
+            return super().forward(x)
+
+    monkeypatch.setattr(bench_train, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    a = types.SimpleNamespace(batch=2, width=4, warmup=3, steps=2)
+    assert bench_train._steps(Slow(4, 4), a, 0) == pytest.approx(0.001)
 
 
 def test_training_bench_with_torch_huge_pages(tmp_path, monkeypatch):

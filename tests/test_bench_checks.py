@@ -156,6 +156,74 @@ def test_an_unwritable_json_path_is_a_usage_error(module, tmp_path):
     assert not ok.exists()
 
 
+# Loaded (through PYTHONPATH) by every process of a bench run, the fork server's ranks included:
+# with BENCH_FAULTS set ("op:when,..."), rank 1's output of that torch.distributed call gets 1000
+# added to its first element once the call completes. `when`: "first" (the backend under test's
+# first call of the op), "last" (its fifth: the check after -w 1 -n 2), "in_place" (its calls whose
+# input is a block of the output, or the output a block of the input) or "gloo" (the reference's).
+FAULTY_SITECUSTOMIZE = '''
+import os
+if os.environ.get("BENCH_FAULTS"):
+    import torch.distributed as dist
+    faults = dict(f.split(":") for f in os.environ["BENCH_FAULTS"].split(","))
+    def _wrap(name, fn):
+        calls = [0]
+        def f(output, input, *args, **kw):
+            w = fn(output, input, *args, **kw)
+            gloo = kw.get("group") is not None
+            calls[0] += not gloo
+            lo, hi = output.data_ptr(), output.data_ptr() + output.numel() * output.element_size()
+            in_place = lo <= input.data_ptr() < hi or input.data_ptr() <= lo < input.data_ptr() + input.nbytes
+            when = faults.get(name)
+            if dist.get_rank() == 1 and when and (
+                    (when == "gloo") == gloo and when in ("gloo", "in_place" if in_place else "-")
+                    or not gloo and (when, calls[0]) in (("first", 1), ("last", 5))):
+                output.view(-1)[0] += 1000
+            return w
+        return f
+    for name in faults:
+        setattr(dist, name, _wrap(name, getattr(dist, name)))
+'''
+
+
+def _faulty_bench(tmp_path, faults, *args):
+    (tmp_path / "sitecustomize.py").write_text(FAULTY_SITECUSTOMIZE)
+    out = tmp_path / "f.json"
+    env = dict(os.environ, BENCH_FAULTS=faults,
+               PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "-b", "4K", "-e", "4K", "-n", "2",
+                        "-w", "1", "--instance", "", "--no-progress", "--json", str(out), *args],
+                       env=env, capture_output=True, text=True, timeout=300)
+    rows = {r["op"]: r for r in json.load(open(out))["rows"]}
+    table = [l.split() for l in p.stdout.splitlines() if l.strip() and not l.startswith("#")]
+    return p, rows, table
+
+
+def test_wrong_elements_show_in_the_form_and_check_that_saw_them(tmp_path):
+    """Faults planted in rank 1's calls, each in one place only, must reach rank 0's table, the
+    JSON, the summary line and the exit status: all-gather wrong on its first (checked) call alone
+    (rank 0's check saw nothing: only the sum over the ranks shows it), all-to-all on its last
+    call alone (the check after the timed calls), reduce-scatter in its in-place form alone (the
+    in-place group's #wrong, not the out-of-place one's). In a second run only the Gloo reference
+    is wrong: the table's #wrong stays 0, its own line says so, and the exit status is 1."""
+    p, rows, table = _faulty_bench(tmp_path, "all_gather_single:first,all_to_all_single:last,"
+                                             "reduce_scatter_single:in_place",
+                                   "--ops", "allgather,reduce_scatter,alltoall", "--vs", "gloo")
+    assert p.returncode == 1, p.stdout + p.stderr
+    got = {op: (r["neuron"]["wrong"], (r.get("in_place") or {}).get("neuron", {}).get("wrong"), r["gloo"]["wrong"])
+           for op, r in rows.items()}
+    assert got == {"allgather": (1, 0, 0), "reduce_scatter": (0, 1, 0), "alltoall": (1, None, 0)}, got
+    # the table's rows are printed in the same order: size count type, then two groups of time algbw busbw #wrong
+    printed = [[t[6], t[10]] for t in table]
+    assert printed == [["1", "0"], ["0", "1"], ["1", "-"]], p.stdout
+    assert "# Out of bounds values : 3 FAILED" in p.stdout and "Gloo reference" not in p.stdout, p.stdout
+    p, rows, _ = _faulty_bench(tmp_path, "all_gather_single:gloo", "--ops", "allgather", "--place", "out",
+                               "--vs", "gloo")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert (rows["allgather"]["neuron"]["wrong"], rows["allgather"]["gloo"]["wrong"]) == (0, 1), rows
+    assert "# Out of bounds values : 0 OK" in p.stdout and "Gloo reference values wrong : 1 FAILED" in p.stdout, p.stdout
+
+
 def test_training_bench_fails_on_wrong_gradients(tmp_path):
     """The backend under test corrupts rank 1's all-reduce (DDP's gradients) and reduce-scatter
     (FSDP2's gradient shards). FSDP2's wrong shard updates a parameter that every rank then
@@ -233,6 +301,46 @@ def test_tables_per_core_bound_counts_the_lent_path(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "-> bound busbw 4.00 GB/s (5N model" in p.stdout and "= 75% of the bound" in p.stdout, p.stdout
     assert "busbw <= 4.80 GB/s; measured = 62% of it." in p.stdout, p.stdout
+
+
+def test_tables_read_the_right_numbers_and_judge_targets_at_their_thresholds(tmp_path):
+    """tables.py on a run with known numbers: the bench table's columns are the JSON's (busbw is
+    not algbw), the rows slower than Gloo are those with ratio < 1, and a row whose in-place form
+    alone was wrong is listed with the wrong rows; the back-to-back table's "x faster than gloo"
+    is Gloo's time over neuron's (25 us against 1000: 40.0); the collbench table's ratios are
+    neuron's busbw over Gloo's and Open MPI's, with 5x Gloo a target at 1-16 MiB alone; the bound
+    takes the better of the run's two copy measurements (at its start and end), as its line says,
+    and 55% of it misses the 60% target."""
+    d = tmp_path / "r"
+    d.mkdir()
+    form = lambda t, wrong=0: {"time_us": t, "algbw": 4096 / t / 1e3, "busbw": 4096 / t / 2e3, "wrong": wrong}
+    _cb(d, "bench_w2.json", [
+        {"op": "allgather", "size": 4096, "count": 512, "type": "float32", "place": "out", "neuron": form(10.0),
+         "gloo": form(20.0), "ratio": 2.0, "in_place": {"neuron": form(10.0, wrong=5)}},
+        {"op": "reduce_scatter", "size": 4096, "count": 512, "type": "float32", "place": "out", "neuron": form(40.0),
+         "gloo": form(20.0), "ratio": 0.5, "in_place": {"neuron": form(40.0)}}])
+    for impl, us in (("neuron", 25.0), ("gloo", 1000.0), ("mpi", 5.0)):
+        _cb(d, f"loop_{impl}.json", [{"size": 4096, "time_us": us, "wrong": 0}])
+    for name, traffic in (("membw.json", 20.0), ("membw_end.json", 10.0)):
+        (d / name).write_text(json.dumps({"rows": [
+            {"kind": "copy", "procs": 1, "agg_gbs": 8.0, "traffic_gbs": 16.0},
+            {"kind": "copy", "procs": 2, "agg_gbs": 10.0, "traffic_gbs": traffic},
+            {"kind": "add", "procs": 1, "agg_gbs": 6.0, "traffic_gbs": 18.0}]}))
+    for impl, bw in (("neuron", (3.0, 2.2)), ("gloo", (1.0, 0.2)), ("mpi", (2.0, 4.4))):
+        _cb(d, f"cb_allreduce_{impl}.json", [{"size": s, "busbw": b, "time_us": 1.0, "wrong": 0}
+                                             for s, b in zip((MiB, 64 * MiB), bw)])
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(d)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    # collbench: x gloo and x mpi are neuron's busbw over theirs; 5x Gloo is a target at 1-16 MiB only
+    assert "| 1 MiB | 1.0 | 3.000 | 1.000 | 2.000 | 3.00 | 1.50 | 5x gloo missed, >= mpi met |" in p.stdout, p.stdout
+    assert "| 64 MiB | 1.0 | 2.200 | 0.200 | 4.400 | 11.00 | 0.50 | >= mpi missed |" in p.stdout, p.stdout
+    assert "| allgather | 4 KiB | 512 | float32 | 10.0 | 0.410 | 0.205 | 0 | 20.0 | 0.102 | 2.00 | - |" in p.stdout, p.stdout
+    assert "Rows where neuron is slower than Gloo: reduce_scatter 4 KiB." in p.stdout, p.stdout
+    assert "**Rows with wrong results** (elements): allgather 4 KiB (neuron 0, gloo 0, neuron in place 5)." in p.stdout
+    assert "| 4 KiB | 25.0 | 1000.0 | 5.0 | 40.0 |" in p.stdout, p.stdout
+    assert "-> bound busbw 4.00 GB/s (5N model" in p.stdout, p.stdout  # 20 GB/s, not the end's 10
+    assert "measured 2.20 GB/s = 55% of the bound (target 60%: missed)" in p.stdout, p.stdout
 
 
 def test_summary_leaves_wrong_rows_out(tmp_path):

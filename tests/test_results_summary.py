@@ -103,3 +103,27 @@ def test_world4_rows_count_the_six_collectives_of_48(tmp_path):
     rows, _ = _table(tmp_path)
     assert rows["world 4 on 2 cores: rows slower than Gloo (of 48), one call at a time"][
         "AMD EPYC, L3 32 MiB (1 run)"] == "1 (0/1)"
+
+
+def test_targets_at_their_thresholds_and_the_ends_of_their_ranges(tmp_path):
+    """The targets' edges and ranges, with values placed on them: a ratio of exactly 5x Gloo, a
+    DDP ratio of exactly 1.25 and a world-4 ratio of exactly 1 (not slower) meet their targets,
+    1.27 does not; 16 MiB and 64 MiB, the last sizes of their rows' ranges, count (16 MiB's 2.0
+    is the all-reduce row's lowest). A world-4 row whose in-place form was wrong says nothing of
+    speed: left out of the count and named, as a wrong out-of-place one is."""
+    _write_run(tmp_path / "a", "AMD EPYC", "32 MiB", {MiB: (5.0, 1.0, 1.0), 16 * MiB: (2.0, 1.0, 1.0),
+                                                      64 * MiB: (1.0, 1.0, 4.0)},
+               train={("ddp", "neuron"): 1.25, ("fsdp2", "neuron"): 1.27})
+    _write_run(tmp_path / "b", "Intel Xeon", "48 MiB", {MiB: (5.0, 1.0, 5.0)}, train={("ddp", "neuron"): 1.27})
+    rows = [{"op": op, "size": 4096, "ratio": ratio, "neuron": {"wrong": 0}, "gloo": {"wrong": 0},
+             "in_place": {"neuron": {"wrong": wrong}}}
+            for op, ratio, wrong in (("allgather", 1.0, 0), ("reduce_scatter", 0.5, 2))]
+    json.dump({"config": {}, "rows": rows}, open(tmp_path / "a" / "bench_w4.json", "w"))
+    rows, out = _table(tmp_path)
+    a, b = "AMD EPYC, L3 32 MiB (1 run)", "Intel Xeon, L3 48 MiB (1 run)"
+    assert rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"][a] == "2.0-5.0 (0/1)"
+    assert rows["world 2 all-reduce, busbw x Gloo, 1-16 MiB"][b] == "5.0 (1/1)"
+    assert rows["world 2 all-reduce, busbw x Open MPI, 1-64 MiB"][a] == "0.25-5.00 (0/1)"
+    assert rows["DDP step x compute-only"][a] == "1.25 (1/1)" and rows["DDP step x compute-only"][b] == "1.27 (0/1)"
+    assert rows["world 4 on 2 cores: rows slower than Gloo (of 48), one call at a time"][a] == "0 (1/1)"
+    assert "a's bench_w4.json reduce_scatter 4096 B" in out, out
