@@ -3,6 +3,27 @@ rank last ran (cases_hang.py)."""
 import pytest
 
 
+def _diagnosing(size, records, peer_records):
+    """A stand-in group for `HangDiagnosis`: rank 0 of `size`, its own calls' `records` (their
+    count its sequence), and `peer_records()` what its peers' progress records read."""
+    from types import SimpleNamespace
+    from neuron_dist.diagnosis import HangDiagnosis
+
+    class Group(HangDiagnosis):
+        rank, broken = 0, None
+
+        def who(self, r):
+            return f"rank {r}"
+
+        def _peer_records(self):
+            return peer_records(), [], ""
+
+    g = Group()
+    g.size, g.records, g._seq = size, records, len(records)
+    g._calls, g.mailbox = len(records), SimpleNamespace(early={}, held={})
+    return g
+
+
 @pytest.mark.parametrize("world", (2, 3))
 def test_absent_rank_is_named(pools, world):
     assert all(pools(world).run("cases_hang:absent_rank"))
@@ -82,32 +103,23 @@ def test_a_time_out_names_ranks_that_run_one_call_by_different_algorithms():
     ranks mid-job, to a schedule with other peers) wait for frames that never come: the
     time-out's diagnosis names each rank's algorithm from the progress records."""
     from types import SimpleNamespace
-    from neuron_dist.diagnosis import HangDiagnosis
     from neuron_dist.op import Record
     from neuron_dist.transport.frame import Kind
 
     def record(algorithm):
         return {"issued": 1, "recent": [[0, "allreduce", 20, "float32", "running", algorithm]], "broken": None}
 
-    class Group(HangDiagnosis):
-        rank, size, _seq, _calls, broken = 0, 3, 1, 1, None
-        records = [Record(0, "allreduce", 20, "float32", "ring", "running", call=0)]
-
-        def who(self, r):
-            return f"rank {r}"
-
-        def _peer_records(self):
-            return {1: record("ring"), 2: record(other)}, [], ""
-
+    g = _diagnosing(3, [Record(0, "allreduce", 20, "float32", "ring", "running", call=0)],
+                    lambda: {1: record("ring"), 2: record(other)})
     op = SimpleNamespace(seq=0, call=0, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE)
     other = "hierarchical"
-    said = Group().diagnose(op)
+    said = g.diagnose(op)
     assert "different algorithms (rank 0: ring, rank 1: ring, rank 2: hierarchical)" in said, said
     assert "Rank 2 last ran: #0 allreduce 20B running (hierarchical)" in said, said
-    said = Group().timeout_diagnosis(op)  # the algorithms, not a slow link, are the cause
+    said = g.timeout_diagnosis(op)  # the algorithms, not a slow link, are the cause
     assert "different algorithms" in said and "it had not finished" not in said, said
     other = "ring"
-    assert "different algorithms" not in Group().diagnose(op)
+    assert "different algorithms" not in g.diagnose(op)
 
 
 def test_a_lost_store_is_left_alone_after_its_first_failed_call():
@@ -132,7 +144,6 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
     usual "had not entered" and its hint."""
     import time
     from types import SimpleNamespace
-    from neuron_dist.diagnosis import HangDiagnosis
     from neuron_dist.op import Record
     from neuron_dist.transport.frame import Kind
 
@@ -140,22 +151,12 @@ def test_what_a_rank_saw_of_its_peers_outweighs_their_older_progress_records():
         return {"issued": issued, "recent": [[0, "allreduce", 32, "float32", "done", "ring"]], "broken": None,
                 "t": time.time() - 5}
 
-    class Group(HangDiagnosis):
-        rank, size, _seq, _calls, broken = 0, 4, 3, 3, None
-        records = [Record(0, "allreduce", 32, "float32", "ring", "done", call=0),
-                   Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
-                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)]
-        mailbox = SimpleNamespace(early={}, held={})
-
-        def who(self, r):
-            return f"rank {r}"
-
-        def _peer_records(self):
-            return {1: record(1), 2: record(1), 3: record(1)}, [], ""
-
+    g = _diagnosing(4, [Record(0, "allreduce", 32, "float32", "ring", "done", call=0),
+                        Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
+                        Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)],
+                    lambda: {1: record(1), 2: record(1), 3: record(1)})
     op = SimpleNamespace(seq=2, call=2, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE,
                          exe=SimpleNamespace(recv_chunks={2: 3}))
-    g = Group()
     g.mailbox.early[(3, ("coll", 3))] = [(SimpleNamespace(kind=int(Kind.ALLREDUCE)), None)]
     said = g.diagnose(op)
     assert said.startswith("Ranks [1] had not entered allreduce seq 2 by their progress records"), said
@@ -255,24 +256,13 @@ def test_a_rank_that_published_nothing_and_was_seen_in_nothing_is_silent_and_rec
     whose frames arrived) nor in the call. Every record, this rank's own included, lists the
     rank's latest four collectives, not its first four (what it last ran is the point)."""
     from types import SimpleNamespace
-    from neuron_dist.diagnosis import HangDiagnosis
     from neuron_dist.op import Record
     from neuron_dist.transport.frame import Kind
 
-    class Group(HangDiagnosis):
-        rank, size, _seq, _calls, broken = 0, 3, 6, 6, None
-        records = [Record(i, "broadcast", 8, "float32", "ring", "done", call=i) for i in range(5)] + \
-                  [Record(5, "broadcast", 8, "float32", "ring", "running", call=5)]
-        mailbox = SimpleNamespace(early={}, held={})
-
-        def who(self, r):
-            return f"rank {r}"
-
-        def _peer_records(self):
-            return {1: {"issued": 6, "calls": 6, "recent": [[5, "broadcast", 8, "float32", "running", "ring", 5]],
-                        "broken": None}}, [], ""
-
-    g = Group()
+    g = _diagnosing(3, [Record(i, "broadcast", 8, "float32", "ring", "done", call=i) for i in range(5)]
+                    + [Record(5, "broadcast", 8, "float32", "ring", "running", call=5)],
+                    lambda: {1: {"issued": 6, "calls": 6, "broken": None,
+                                 "recent": [[5, "broadcast", 8, "float32", "running", "ring", 5]]}})
     assert [r[0] for r in g.progress_record()["recent"]] == [2, 3, 4, 5]
     op = SimpleNamespace(seq=5, call=5, checks="", checked=False, is_p2p=False, kind=Kind.BROADCAST,
                          exe=SimpleNamespace(recv_chunks={1: 1}))
@@ -304,27 +294,17 @@ def test_a_rank_seen_in_the_call_whose_record_stops_just_before_it_is_not_said_t
     process, not the order of calls."""
     import time
     from types import SimpleNamespace
-    from neuron_dist.diagnosis import HangDiagnosis
     from neuron_dist.op import Record
     from neuron_dist.transport.frame import Kind
 
-    class Group(HangDiagnosis):
-        rank, size, _seq, _calls, broken = 0, 2, 3, 3, None
-        records = [Record(0, "broadcast", 32, "float32", "ring", "done", call=0),
-                   Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
-                   Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)]
-        mailbox = SimpleNamespace(early={}, held={})
-
-        def who(self, r):
-            return f"rank {r}"
-
-        def _peer_records(self):
-            return {1: {"issued": 2, "recent": [[1, "broadcast", 32, "float32", "done", "ring"]], "broken": None,
-                        "t": time.time() - 3}}, [], ""
-
+    g = _diagnosing(2, [Record(0, "broadcast", 32, "float32", "ring", "done", call=0),
+                        Record(1, "broadcast", 32, "float32", "ring", "done", call=1),
+                        Record(2, "allreduce", 1 << 20, "float32", "ring", "running", call=2)],
+                    lambda: {1: {"issued": 2, "recent": [[1, "broadcast", 32, "float32", "done", "ring"]],
+                                 "broken": None, "t": time.time() - 3}})
     op = SimpleNamespace(seq=2, call=2, checks="", checked=False, is_p2p=False, kind=Kind.ALLREDUCE,
                          exe=SimpleNamespace(recv_chunks={1: 1}))
-    said = Group().timeout_diagnosis(op)
+    said = g.timeout_diagnosis(op)
     assert said.startswith("The progress records of ranks [1] (the oldest "), said
     assert "predate calls they took part in (rank 1: allreduce seq 2)" in said and "had not entered" not in said, said
     assert "ranks [0, 1] had entered it." in said and "Check that the processes of ranks [1] still run" in said, said
