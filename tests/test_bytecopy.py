@@ -75,3 +75,19 @@ def test_overlapping_ranges_copy_as_memmove_does(moved):
     copy_into(buf[: n + 5], buf[5:n + 10])  # backwards, overlapping
     assert torch.equal(buf[: n + 5], want)
     assert len(moved) == 2
+
+
+def test_large_copies_of_other_shapes_or_layouts_are_copy_s(moved):
+    """Only a copy of a whole contiguous source into a destination of its size is a byte copy:
+    a strided source is copied element by element (memmove of its span gave every second
+    element and the bytes between), and a destination of another size fails as copy_ fails
+    (memmove filled half of it silently)."""
+    n = MEMMOVE_FROM // 4 * 2
+    wide = _values(2 * n, torch.float32)
+    out = torch.empty(n)
+    copy_into(out, wide[::2])  # strided source
+    assert torch.equal(out, wide[::2])
+    bigger = torch.zeros(2 * n)
+    with pytest.raises(RuntimeError):
+        copy_into(bigger, wide[:n])
+    assert moved == []

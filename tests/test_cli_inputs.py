@@ -444,3 +444,42 @@ def test_topology_tool_names_the_bad_setting_and_follows_the_jobs_lnc(capsys, mo
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "3")
     rc, out, err = _topology(["predict", "all_reduce", "--sizes", "8K"], capsys)
     assert rc == 2 and "NEURON_LOGICAL_NC_CONFIG='3'" in err, err
+
+
+def test_topology_predict_columns_are_the_models(monkeypatch, capsys):
+    """Each row's time, algbw and busbw are the cost model's for the placement and algorithm the
+    row names (time in us, busbw with the bus factor of the whole group's size, not one node's),
+    count is bench's for every per-rank collective, and the average line is the mean busbw."""
+    import torch
+    from neuron_dist.topology import estimate, place
+    from neuron_dist.topology.cost import bus_factor
+    for v in ("NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE", "NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_NUM_CORES"):
+        monkeypatch.delenv(v, raising=False)
+    sizes = (8192, 1 << 20, 64 << 20)
+    for coll in ("allreduce", "reduce_scatter"):
+        rc, out, _ = _topology(["predict", coll, "--instance", "trn1.32xlarge", "--nodes", "2", "--ppn", "4",
+                                "--sizes", ",".join(map(str, sizes))], capsys)
+        topo = place("trn1.32xlarge", 2, 4)
+        busbws = []
+        assert rc == 0 and len(_rows(out)) == 3
+        for size, (b, count, _, us, algbw, busbw, algo) in zip(sizes, _rows(out)):
+            t = estimate(coll, algo, size, topo)
+            assert int(b) == size and float(us) == pytest.approx(t * 1e6, abs=0.01), (coll, size, us, t)
+            assert float(algbw) == pytest.approx(size / t / 1e9, abs=0.01)
+            assert float(busbw) == pytest.approx(size / t / 1e9 * bus_factor(coll, 8), abs=0.01)
+            assert int(count) == bench.Case(coll, size, torch.float32, 0, 8, None).count, (coll, count)
+            busbws.append(float(busbw))
+        avg = float(re.search(r"Avg bus bandwidth \(modelled\): ([\d.]+) GB/s", out).group(1))
+        assert avg == pytest.approx(sum(busbws) / 3, abs=0.01)
+
+
+def test_topology_show_lists_each_chips_logical_cores(tmp_path, capsys):
+    """show --lnc N numbers the logical cores at that LNC: trn2 at LNC=2 has 4 per chip, at
+    LNC=1 8; the drawing goes where --svg says."""
+    for lnc, per in ((2, 4), (1, 8)):
+        svg = tmp_path / f"r{lnc}.svg"
+        rc, out, _ = _topology(["show", "trn2.48xlarge", "--lnc", str(lnc), "--svg", str(svg)], capsys)
+        assert rc == 0 and svg.exists() and f"drawing: {svg}" in out
+        assert f"LNC={lnc}: {per} logical cores per chip, {16 * per} per node" in out
+        chips = re.findall(r"chip +(\d+) at .*: cores (\d+)-(\d+),", out)
+        assert [(int(c), int(a), int(b)) for c, a, b in chips] == [(c, c * per, c * per + per - 1) for c in range(16)]

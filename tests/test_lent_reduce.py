@@ -145,3 +145,25 @@ def test_a_part_outside_the_frame_is_refused():
     for off in (-4, 52):
         with pytest.raises(ValueError, match="of a lent frame of 64 bytes"):
             lent.read_part(got, off)
+
+
+def test_a_read_the_kernel_splits_is_completed(monkeypatch):
+    """process_vm_readv may copy fewer bytes than asked (a read that crosses into memory it
+    cannot fault in now): `cma.read` goes on from where the kernel stopped, on both sides, until
+    every byte is in. Here the kernel copies at most 1000 bytes per call."""
+    from neuron_dist.transport import cma
+    real, calls = cma._readv, []
+
+    def split(pid, local, lcount, remote, rcount, flags):
+        lo, re_ = local._obj, remote._obj
+        calls.append((lo.base, re_.base, lo.len, re_.len))
+        return real(pid, ctypes.byref(cma._iovec(lo.base, min(lo.len, 1000))), 1,
+                    ctypes.byref(cma._iovec(re_.base, min(re_.len, 1000))), 1, flags)
+    monkeypatch.setattr(cma, "_readv", split)
+    x = torch.arange(2500, dtype=torch.int16)  # 5000 bytes: five calls
+    got = torch.zeros(2500, dtype=torch.int16)
+    Lent(os.getpid(), x.data_ptr(), x.nbytes, x.dtype, PEER).read_into(got)
+    assert torch.equal(got, x)
+    assert [c[1] - x.data_ptr() for c in calls] == [0, 1000, 2000, 3000, 4000]
+    assert [c[0] - got.data_ptr() for c in calls] == [0, 1000, 2000, 3000, 4000]
+    assert [c[2] for c in calls] == [c[3] for c in calls] == [5000, 4000, 3000, 2000, 1000]

@@ -1135,3 +1135,31 @@ def test_process_dead_leaves_no_descriptor_open():
         assert not process_dead(os.getpid())
     after = len(os.listdir("/proc/self/fd"))
     assert after <= before, f"1000 calls left {after - before} descriptors open"
+
+
+def test_process_dead_reads_the_state_after_the_whole_name():
+    """/proc/<pid>/stat puts the process's name in parentheses before its state, and a process
+    may name itself anything (setproctitle, prctl), ')' and a state letter included: the state
+    is read after the last ')', or a dead rank named 'x) R (y' read as running for ever."""
+    from neuron_dist.transport.base import process_dead
+    child = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('x) R (y')"])
+    try:
+        assert os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT).si_pid == child.pid  # a zombie now
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            assert f.read().startswith(f"{child.pid} (x) R (y) Z".encode())
+        assert process_dead(child.pid)
+    finally:
+        child.wait()
+
+
+def test_setup_error_reads_back_what_publish_error_wrote():
+    """A peer's published set-up error comes back exactly as written (the peers' message quotes it)."""
+    from neuron_dist.transport.base import Transport
+
+    class Store(dict):
+        def set(self, k, v):
+            self[k] = v
+    store = Store()
+    Transport.publish_error(store, "shm", 3, "cannot map /dev/shm/x: ENOSPC")
+    assert Transport.setup_error(store["shm/3"]) == "cannot map /dev/shm/x: ENOSPC"
+    assert Transport.setup_error("ready 123") is None
