@@ -1657,3 +1657,24 @@ def a_message_sent_before_its_sender_failed_is_delivered(rank, world, count=4):
         dist.barrier(group=meta)
         dist.destroy_process_group(sub)
     return got
+
+
+def a_broken_group_refuses_later_calls(rank, world, timeout_s=1.5):
+    """Rank 0 times out on rank 1, which never calls; rank 0's next call on the group fails at
+    once, saying the group is unusable after that failure (its cause named), as Gloo's does,
+    instead of being run (and waiting out another time-out on peers that gave up on the group)."""
+    import torch
+    import torch.distributed as dist
+    sub = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s))
+    meta = dist.new_group(backend="gloo")
+    try:
+        dist.all_reduce(torch.ones(2), group=sub)
+        if rank != 0:
+            return dict(outcome="skipped")
+        first = _outcome(lambda: dist.all_reduce(torch.ones(2), group=sub))  # rank 1 never calls it
+        t0 = time.monotonic()
+        later = _outcome(lambda: dist.all_reduce(torch.ones(2), group=sub))
+        return dict(first=first, later=later, elapsed=time.monotonic() - t0)
+    finally:
+        dist.barrier(group=meta)  # nobody closes before rank 0 is done
+        dist.destroy_process_group(sub)

@@ -1056,3 +1056,11 @@ def test_the_death_watch_fails_an_op_only_on_the_members_it_needs():
         watch.close()
         child.kill()
         child.wait()
+
+
+def test_a_broken_group_refuses_later_calls_at_once_naming_the_first_failure(pools):
+    res = pools(2).run("cases_faults:a_broken_group_refuses_later_calls", timeout=120)[0]
+    assert res["first"]["outcome"] == "GroupError" and "timed out" in res["first"]["msg"], res
+    assert res["later"]["outcome"] == "GroupError", res
+    assert "unusable after an earlier failure" in res["later"]["msg"] and "timed out" in res["later"]["msg"], res
+    assert res["elapsed"] < 1.0, res  # (its time-out is 1.5 s: failed at once, not run)
