@@ -10,6 +10,18 @@ import pytest
 from neuron_dist import config
 
 
+@pytest.fixture
+def own_environ():
+    """os.environ, put back whole after the test: `mpi_env.adopt` writes it itself, so what it
+    sets must not outlive the test (monkeypatch restores only what it set)."""
+    saved = dict(os.environ)
+    try:
+        yield os.environ
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("YES", True), ("on", True), ("", False),
                                        ("0", False), ("false", False), ("Off", False), ("no", False)])
 def test_env_flag(monkeypatch, value, on):
@@ -177,35 +189,30 @@ def test_dump_zero_writes_no_file(tmp_path):
     assert not (tmp_path / "0").exists()
 
 
-def test_a_stale_rank_under_mpi_is_warned_about(monkeypatch):
+def test_a_stale_rank_under_mpi_is_warned_about(own_environ):
     """Under mpirun, a RANK exported without WORLD_SIZE (left over from another launcher) won over
     the MPI rank silently: every process took rank 0 and the job failed with EADDRINUSE or a
     store time-out. It still wins (variables the user set win), but with a warning naming both."""
     import os
     import warnings
     from neuron_dist import mpi_env
-    saved = dict(os.environ)  # adopt() writes os.environ itself: put every variable back after
-    try:
-        for k in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
-                  "SLURM_NTASKS"):
-            os.environ.pop(k, None)
-        os.environ.update(RANK="0", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # no MPI exchange of the address here
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mpi_env.adopt()
-        msgs = [str(w.message) for w in caught]
-        assert any("RANK=0" in m and "rank 1" in m for m in msgs), msgs
-        assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "2"
-        os.environ["RANK"] = "1"  # agreeing: no warning
-        del os.environ["WORLD_SIZE"]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            mpi_env.adopt()
-        assert not [w for w in caught if "neuron_dist" in str(w.message)]
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    for k in ("WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+              "SLURM_NTASKS"):
+        os.environ.pop(k, None)
+    os.environ.update(RANK="0", OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")  # no MPI exchange of the address here
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mpi_env.adopt()
+    msgs = [str(w.message) for w in caught]
+    assert any("RANK=0" in m and "rank 1" in m for m in msgs), msgs
+    assert os.environ["RANK"] == "0" and os.environ["WORLD_SIZE"] == "2"
+    os.environ["RANK"] = "1"  # agreeing: no warning
+    del os.environ["WORLD_SIZE"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mpi_env.adopt()
+    assert not [w for w in caught if "neuron_dist" in str(w.message)]
 
 
 _MPIRUN = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "1"}  # a process mpirun started
@@ -330,24 +337,19 @@ def test_rank_0_failing_to_choose_a_master_tells_every_rank(monkeypatch):
     assert addr is None and port == "" and why == "rank 0 could not choose one: OSError: [Errno 98] no free port", why
 
 
-def test_under_mpirun_the_users_master_port_wins(monkeypatch):
+def test_under_mpirun_the_users_master_port_wins(monkeypatch, own_environ):
     """With MASTER_PORT exported and MASTER_ADDR not, rank 0 still chooses both through MPI, but
     only the missing address is taken: the user's port (one the firewall allows) is kept."""
     import os
     from neuron_dist import mpi_env
-    saved = dict(os.environ)  # adopt() writes os.environ itself: put every variable back after
-    try:
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "PMI_RANK", "PMI_SIZE",
-                  "SLURM_PROCID", "SLURM_NTASKS") + mpi_env.ELASTIC_VARS:
-            os.environ.pop(k, None)
-        os.environ.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2",
-                          MASTER_PORT="38511")
-        _fake_mpi(monkeypatch, ["n0", "n0"])
-        mpi_env.adopt()
-        assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "38511")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "PMI_RANK", "PMI_SIZE",
+              "SLURM_PROCID", "SLURM_NTASKS") + mpi_env.ELASTIC_VARS:
+        os.environ.pop(k, None)
+    os.environ.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_SIZE="2",
+                      MASTER_PORT="38511")
+    _fake_mpi(monkeypatch, ["n0", "n0"])
+    mpi_env.adopt()
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]) == ("127.0.0.1", "38511")
 
 
 def test_a_program_that_imported_neuronrun_first_still_takes_its_mpi_rank():
@@ -419,7 +421,7 @@ def test_slurm_variables_inside_an_srun_task_are_the_launch(step):
     assert mpi_env.in_srun_task(env)
 
 
-def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variables(monkeypatch):
+def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variables(monkeypatch, own_environ):
     """Values the backend took from Slurm's variables are named with them in an error: two tasks
     given SLURM_LOCALID=0 read "ranks 0 and 1 both use core 0 ... more ranks than cores or
     overlapping NEURON_RT_VISIBLE_CORES", and SLURM_LOCALID=5 "local rank 5 of 2", naming
@@ -432,23 +434,18 @@ def test_an_error_about_numbers_neuron_dist_adopted_names_the_launchers_variable
     assert sources == {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
                        "LOCAL_WORLD_SIZE": "SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID 0",
                        "GROUP_RANK": "SLURM_NODEID"}, sources
-    saved = dict(os.environ)  # (adopt writes os.environ itself: what it sets must not outlive the test)
-    try:
-        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
-                  "MASTER_ADDR", "MASTER_PORT"):
-            os.environ.pop(k, None)
-        os.environ.update(env, LOCAL_WORLD_SIZE="2")  # LOCAL_WORLD_SIZE: the user's own, not named as adopted
-        monkeypatch.setattr(mpi_env, "ADOPTED", {})
-        mpi_env.adopt()
-        assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
-            " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
-        os.environ["LOCAL_RANK"] = "2"  # the program's own value since: not credited to Slurm
-        assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
-        monkeypatch.setattr(mpi_env, "ADOPTED", {})
-        assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_ID", "NODE_RANK",
+              "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(k, None)
+    os.environ.update(env, LOCAL_WORLD_SIZE="2")  # LOCAL_WORLD_SIZE: the user's own, not named as adopted
+    monkeypatch.setattr(mpi_env, "ADOPTED", {})
+    mpi_env.adopt()
+    assert mpi_env.adopted_note(["LOCAL_RANK", "LOCAL_WORLD_SIZE"]) == \
+        " (neuron_dist took LOCAL_RANK=5 from SLURM_LOCALID)"
+    os.environ["LOCAL_RANK"] = "2"  # the program's own value since: not credited to Slurm
+    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
+    monkeypatch.setattr(mpi_env, "ADOPTED", {})
+    assert mpi_env.adopted_note(["LOCAL_RANK"]) == ""
 
 
 def test_the_ranks_taken_from_mpiruns_variables_name_them():
