@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .schedule import Copy, LocalReduce, Recv, Schedule, Send
+from .schedule import IN, OUT, Copy, LocalReduce, Recv, Schedule, Send
 
 
 class Deadlock(RuntimeError):
@@ -76,6 +76,9 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
             elif isinstance(s, LocalReduce):
                 d = view(r, s.dst)
                 d[...] = op(view(r, s.src), d) if s.src_first else op(d, view(r, s.src))
+        clash = round_conflict(steps, inplace)
+        if clash:
+            raise ScheduleError(f"rank {r} round {pc[r]}: {clash[0]} reads what {clash[1]} writes")
         recvs = []
         for s in steps:
             if isinstance(s, Send):
@@ -154,16 +157,33 @@ def simulate(schedules: Sequence[Schedule], ins: Sequence, outs: Sequence | None
     return SimResult([b[1] for b in bufs], transfers, max((len(s.rounds) for s in schedules), default=0))
 
 
+def _meets(a, b, inplace: bool) -> bool:
+    """Whether chunks `a` and `b` share an element (IN and OUT are one buffer in place)."""
+    same = a.buf == b.buf or inplace and {a.buf, b.buf} == {IN, OUT}
+    return bool(same and a.count and b.count and a.start < b.start + b.count and b.start < a.start + a.count)
+
+
+def round_conflict(steps, inplace: bool):
+    """The first (Send, Recv) of a round whose send reads what the receive writes, or None. A
+    round's sends and receives progress together (schedule.py): an executor sends a slice frame
+    by frame while the peer's frames land in it. This simulator copies a send's slice whole when
+    it posts it, so without this check it ran such a schedule right (recursive doubling without
+    its TMP copy passed every simulated test and gave wrong sums over real transports)."""
+    for s in steps:
+        if isinstance(s, Send):
+            for v in steps:
+                if isinstance(v, Recv) and _meets(s.src, v.dst, inplace):
+                    return s, v
+    return None
+
+
 def _check_late(r: int, rnd: int, copy: Copy, steps, inplace: bool) -> None:
     """A late Copy (schedule.py) may write nothing its round's sends read or receives write, nor
     read what a receive writes: it runs while they are under way. IN and OUT are one buffer in
     place."""
-    same = (lambda a, b: a == b or inplace and {a, b} == {0, 1})
-    meets = (lambda a, b: same(a.buf, b.buf) and a.start < b.start + b.count and b.start < a.start + a.count
-             and a.count and b.count)
     for s in steps:
-        hit = isinstance(s, Send) and meets(copy.dst, s.src) or \
-            isinstance(s, Recv) and (meets(copy.dst, s.dst) or meets(copy.src, s.dst))
+        hit = isinstance(s, Send) and _meets(copy.dst, s.src, inplace) or \
+            isinstance(s, Recv) and (_meets(copy.dst, s.dst, inplace) or _meets(copy.src, s.dst, inplace))
         if hit:
             raise ScheduleError(f"rank {r} round {rnd}: late {copy} touches what {s} uses")
 
