@@ -13,6 +13,115 @@ from neuron_dist import bench
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _usage_error(monkeypatch, capsys, argv, env, tool="bench") -> str:
+    """`python -m neuron_dist.<tool> argv` under the environment variables `env` (None: unset),
+    run in this process as its command line runs it (main): it must be a usage error (exit
+    status 2) before any rank starts; its stderr. Starting ranks, or the process restarting
+    itself, fails the test instead (a fresh interpreter per refused command line cost seconds
+    of CPU each)."""
+    from neuron_dist import bench_train
+
+    def started(*args, **kw):
+        raise AssertionError(f"{tool} {argv}: started ranks or restarted instead of refusing")
+    for name in ("launch", "worker", "rank_context"):
+        monkeypatch.setattr(bench, name, started)
+    monkeypatch.setattr(bench_train, "_main", started)
+    monkeypatch.setattr(os, "execve", started)
+    for k, v in env.items():
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        (bench if tool == "bench" else bench_train).main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2, (argv, e.value.code, err)
+    return err
+
+
+class _BenchSession:
+    """tests/scripts/bench_session.py: `python -m neuron_dist.TOOL ARGV` command lines run one
+    after another in one process (the tool's main, as its command line runs it), their ranks real
+    processes forked from one fork server: a fresh interpreter and fork server per command line,
+    each importing torch, cost seconds of CPU. Its ranks run with the environment of a shell
+    outside a launcher (this process's, without the variables below), and `ranks_env` over it."""
+    SCRIPT = os.path.join(ROOT, "tests", "scripts", "bench_session.py")
+    UNSET = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "THP_MEM_ALLOC_ENABLE", "NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE")
+
+    def __init__(self, tmp_path_factory, tool: str = "bench", ranks_env: dict | None = None):
+        self.tmp, self.tool, self.ranks_env, self.p = tmp_path_factory, tool, ranks_env or {}, None
+
+    def __call__(self, argv: list[str], env: dict | None = None, timeout: float = 300):
+        """What `subprocess.run([python, "-m", "neuron_dist.TOOL", *argv], capture_output=True,
+        text=True, timeout=timeout)` would give, with `env` ({name: value, or None to unset}) over
+        the session's environment in the process that runs main."""
+        import threading
+        if self.p is None or self.p.poll() is not None:
+            env0 = dict({k: v for k, v in os.environ.items() if k not in self.UNSET}, **self.ranks_env)
+            self.p = subprocess.Popen([sys.executable, self.SCRIPT, str(self.tmp.mktemp("bench_session")), self.tool],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env0,
+                                      start_new_session=True)
+        self.p.stdin.write(json.dumps({"argv": argv, "env": env or {}}) + "\n")
+        self.p.stdin.flush()
+        line = []
+        reader = threading.Thread(target=lambda: line.append(self.p.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        if not (line and line[0]):
+            self.close(kill=True)
+            raise AssertionError(f"neuron_dist.{self.tool} {argv}: no answer in {timeout} s (or its session ended)")
+        r = json.loads(line[0])
+        return subprocess.CompletedProcess([f"neuron_dist.{self.tool}", *argv], r["returncode"], r["stdout"],
+                                           r["stderr"])
+
+    def close(self, kill: bool = False) -> None:
+        import signal
+        if self.p is None:
+            return
+        if not kill:
+            self.p.stdin.close()
+            try:
+                self.p.wait(60)
+            except subprocess.TimeoutExpired:
+                kill = True
+        if kill:
+            try:
+                os.killpg(self.p.pid, signal.SIGKILL)  # it, its fork server and any rank left
+            except ProcessLookupError:
+                pass
+            self.p.wait()
+        self.p = None
+
+
+@pytest.fixture(scope="session")
+def bench_cli(tmp_path_factory):
+    session = _BenchSession(tmp_path_factory)
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def bench_cli_model(tmp_path_factory):
+    """bench's session whose ranks run under the model policy (NEURON_DIST_TUNING=model)."""
+    session = _BenchSession(tmp_path_factory, ranks_env={"NEURON_DIST_TUNING": "model"})
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def train_cli(tmp_path_factory):
+    """bench_train's session (its fork server preloads torch._dynamo, as bench_train's does)."""
+    session = _BenchSession(tmp_path_factory, "bench_train")
+    yield session
+    session.close()
+
+
+# what a shell's environment holds for a command line not under a launcher
+NOT_LAUNCHED = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def test_parse_size():
     assert bench.parse_size("4K") == 4096 and bench.parse_size("64MiB") == 64 << 20 and bench.parse_size("7") == 7
 
@@ -41,7 +150,7 @@ def test_free_port_is_below_the_ephemeral_range_and_free(monkeypatch):
     ["neuron_dist.bench_train", "--world", "1", "--layers", "1", "--width", "8", "--steps", "1", "--warmup", "0",
      "--wrap", "ddp", "--backends", "gloo"]])
 @pytest.mark.parametrize("given", ["MASTER_PORT", "--port"])
-def test_spawned_ranks_meet_on_the_port_given(tool, given):
+def test_spawned_ranks_meet_on_the_port_given(tool, given, bench_cli, train_cli):
     """The ranks bench and bench_train spawn meet on --port, else MASTER_PORT (both ignored it:
     every run drew a random port). Held by the test, the port makes their rendezvous fail and
     name it; a port picked at random would not."""
@@ -56,20 +165,24 @@ def test_spawned_ranks_meet_on_the_port_given(tool, given):
     with socket.socket() as held:
         held.bind(("127.0.0.1", port))
         held.listen()
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        # (the command line in its tool's session)
+        p = (bench_cli if tool[0] == "neuron_dist.bench" else train_cli)(argv[3:],
+                                                                           env={"MASTER_PORT": env.get("MASTER_PORT")})
     assert p.returncode != 0 and f"port: {port}" in p.stderr and "EADDRINUSE" in p.stderr, p.stdout + p.stderr
 
 
-def test_bench_records_the_port_and_rejects_a_bad_one(tmp_path, monkeypatch, capsys):
+def test_bench_records_the_port_and_rejects_a_bad_one(tmp_path, monkeypatch, capsys, bench_cli):
     """The JSON says which port the ranks met on; a MASTER_PORT or --port that is no port number
     is a usage error before any rank starts."""
     out, port = tmp_path / "p.json", bench.free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "1", "-b", "4K", "-e", "4K", "-n", "1",
-                        "-w", "0", "--instance", "", "--json", str(out)], env=dict(env, MASTER_PORT=str(port)),
-                       capture_output=True, text=True, timeout=300)
+    # (the session runs without RANK, WORLD_SIZE and THP_MEM_ALLOC_ENABLE)
+    p = bench_cli(["-g", "1", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", "", "--json", str(out)],
+                  env={"MASTER_PORT": str(port)})
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.load(open(out))["config"]["port"] == port
+    # (test_thp_on_runs_every_rank_with_torchs_huge_pages's "off" half: without --thp and without
+    # THP_MEM_ALLOC_ENABLE the ranks run without torch's huge pages, and the header says so)
+    assert " thp off " in p.stdout.splitlines()[0], p.stdout
     monkeypatch.delenv("RANK", raising=False)
     for argv, value, said in ((["--port", "70000"], None, "--port '70000'"), ([], "29x", "MASTER_PORT '29x'")):
         if value is not None:
@@ -186,11 +299,25 @@ def test_a_rank_whose_tool_died_before_it_asked_exits():
     signal; the rank finds another process where its tool should be (its parent, or its
     parent's parent under the fork server) and exits at once. Here the "tool" named is pid 1,
     neither: the process ends with status 1 before it prints; named as its parent, it goes on."""
-    code = "import sys; from neuron_dist import bench; bench.die_with_launcher(int(sys.argv[1])); print('on')"
-    gone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, timeout=120)
-    assert (gone.returncode, gone.stdout) == (1, ""), gone
-    here = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=120)
-    assert (here.returncode, here.stdout) == (0, "on\n"), here
+    # one interpreter for both: its forked child names pid 1 (neither its parent, the process
+    # below, nor that one's parent, this test) and must end before it prints; then the process
+    # names this test, its parent, and goes on
+    code = textwrap.dedent("""
+        import os, sys
+        from neuron_dist import bench
+        pid = os.fork()
+        if pid == 0:
+            bench.die_with_launcher(1)
+            print('on', flush=True)
+            os._exit(0)
+        print('gone', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+        bench.die_with_launcher(int(sys.argv[1]))
+        print('on')
+    """)
+    p = subprocess.run([sys.executable, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=120)
+    gone, _, here = p.stdout.partition("\n")
+    assert gone == "gone 1", p  # status 1, nothing printed before
+    assert (p.returncode, here) == (0, "on\n"), p
 
 
 @pytest.mark.parametrize("instance,n,op,nbytes", [
@@ -255,11 +382,10 @@ def _check_numbers(stdout, rows):
     assert f"# Avg bus bandwidth    : {statistics.mean(timed):.4f}" in stdout, stdout
 
 
-def test_collective_bench_vs_gloo_json(tmp_path):
+def test_collective_bench_vs_gloo_json(tmp_path, bench_cli):
     out = tmp_path / "b.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "all", "-b", "1K",
-                        "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--vs", "gloo", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = bench_cli(["-g", "2", "--ops", "all", "-b", "1K", "-e", "64K", "-f", "64", "-n", "2", "-w", "1", "--vs", "gloo",
+                   "--json", str(out)], timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     for col in ("size", "count", "type", "time", "algbw", "busbw", "#wrong", "ratio", "model"):
         assert col in p.stdout
@@ -276,13 +402,12 @@ def test_collective_bench_vs_gloo_json(tmp_path):
     _check_numbers(p.stdout, rows)
 
 
-def test_rooted_rows_at_another_root(tmp_path):
+def test_rooted_rows_at_another_root(tmp_path, bench_cli):
     """reduce, gather and scatter rows run at the root -r names, checked, with nccl-tests' bus
     factors (reduce 1, gather and scatter (n-1)/n) and the cost model's price."""
     out = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "reduce,gather,scatter",
-                        "-r", "1", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = bench_cli(["-g", "2", "--ops", "reduce,gather,scatter", "-r", "1", "-b", "64K", "-e", "64K", "-n", "2",
+                   "-w", "1", "--json", str(out)])
     assert p.returncode == 0, p.stdout + p.stderr
     rows = json.load(open(out))["rows"]
     assert [(r["op"], r["size"], r["count"]) for r in rows] == [("reduce", 65536, 16384), ("gather", 65536, 8192),
@@ -293,16 +418,15 @@ def test_rooted_rows_at_another_root(tmp_path):
         assert r["model"]["busbw"] > 0 and n["algorithm"] == r["model"]["algorithm"], r
 
 
-def test_out_of_place_and_in_place_groups(tmp_path):
+def test_out_of_place_and_in_place_groups(tmp_path, bench_cli):
     """nccl-tests prints an out-of-place and an in-place group of columns (time, algbw, busbw,
     #wrong): all-gather runs both; all-reduce, whose torch call takes one buffer, only in place;
     all-to-all only out of place ('-' in the other group). The JSON keeps its old fields for
     the main form (`place` names it; Gloo and the ratio compare it) and adds `in_place`;
     benchmarks/tables.py reads it. --place in leaves all-to-all out."""
     out = tmp_path / "bench_w2.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,allgather,alltoall",
-                        "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--vs", "gloo", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = bench_cli(["-g", "2", "--ops", "allreduce,allgather,alltoall", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                   "--vs", "gloo", "--json", str(out)])
     assert p.returncode == 0, p.stdout + p.stderr
     assert "out-of-place" in p.stdout and "in-place" in p.stdout
     # the Gloo columns name the form Gloo ran: all-reduce's only form, all-gather's and all-to-all's main one
@@ -321,9 +445,8 @@ def test_out_of_place_and_in_place_groups(tmp_path):
     tp = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "tables.py"), str(tmp_path)],
                         capture_output=True, text=True, timeout=60)
     assert tp.returncode == 0 and "| allgather | 64 KiB |" in tp.stdout, tp.stdout + tp.stderr
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allgather,alltoall", "--place",
-                        "in", "-b", "64K", "-e", "64K", "-n", "1", "-w", "0", "--vs", "gloo", "--json", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    p = bench_cli(["-g", "2", "--ops", "allgather,alltoall", "--place", "in", "-b", "64K", "-e", "64K", "-n", "1",
+                   "-w", "0", "--vs", "gloo", "--json", str(out)])
     assert p.returncode == 0 and "# alltoall: left out under --place in" in p.stdout, p.stdout + p.stderr
     assert [(r["op"], r["place"]) for r in json.load(open(out))["rows"]] == [("allgather", "in")]
     assert "gloo: in place" in p.stdout and "gloo: out" not in p.stdout, p.stdout  # (it said "out, else in place")
@@ -346,13 +469,12 @@ def test_ran_column_is_what_the_backend_ran(tmp_path):
 
 
 @pytest.mark.parametrize("mode,header,key", [("--loop", "time loop-avg", "loop"), ("--added", "time added", "added")])
-def test_collective_bench_timing_modes(tmp_path, mode, header, key):
+def test_collective_bench_timing_modes(tmp_path, mode, header, key, bench_cli):
     """--loop (one barrier, back-to-back calls) and --added (what a call adds to a barrier):
     same columns, results still checked."""
     out = tmp_path / "m.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce,broadcast,sendrecv",
-                        "-b", "4K", "-e", "4K", "-n", "5", "-w", "1", mode, "--vs", "gloo", "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = bench_cli(["-g", "2", "--ops", "allreduce,broadcast,sendrecv", "-b", "4K", "-e", "4K", "-n", "5", "-w", "1",
+                   mode, "--vs", "gloo", "--json", str(out)], timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert header in p.stdout and "Out of bounds values : 0 OK" in p.stdout
     data = json.load(open(out))
@@ -691,13 +813,13 @@ def test_bench_broadcast_takes_its_root(root):
     assert [case.wrong() for case in cases] == [0, 0, 0]
 
 
-def test_bench_refuses_reductions_and_roots_it_cannot_check():
+def test_bench_refuses_reductions_and_roots_it_cannot_check(monkeypatch, capsys):
+    # in this process, as the command line runs them (test_loop_and_added_are_exclusive runs one)
     for argv, message in ((["-r", "2"], "-r/--root 2: a rank of the 2-rank job"),
                           (["-o", "avg", "-d", "int32"], "an integer average is not exact"),
                           (["-o", "avg", "--vs", "gloo"], "Gloo has no AVG")):
-        p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", *argv], capture_output=True, text=True,
-                           timeout=60)
-        assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
+        err = _usage_error(monkeypatch, capsys, argv, NOT_LAUNCHED)
+        assert message in err and "Traceback" not in err, (argv, err)
 
 
 def test_bench_case_memory_is_its_buffers(tmp_path):
@@ -720,14 +842,12 @@ def test_bench_case_memory_is_its_buffers(tmp_path):
     assert float(p.stdout) <= 96 + 48, p.stdout
 
 
-def test_training_bench_runs(tmp_path):
+def test_training_bench_runs(tmp_path, train_cli):
     """Both wrappers over both backends and the no-communication floor: the real backends must
     leave every rank with the same parameters, the floor (ranks alone on different data) must not."""
     out = tmp_path / "t.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
-                        "--steps", "2", "--warmup", "1", "--cpu-bind", "core", "--backends", "neuron,gloo,none",
-                        "--json", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = train_cli(["--layers", "2", "--width", "64", "--steps", "2", "--warmup", "1", "--cpu-bind", "core",
+                   "--backends", "neuron,gloo,none", "--json", str(out)], timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.load(open(out))
     rows = result["rows"]
@@ -828,20 +948,19 @@ def test_training_bench_with_torch_huge_pages(tmp_path, monkeypatch):
         bench_train.main(["--thp", "on", "--backends", "neuron"])
 
 
-def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_path):
+def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_path, monkeypatch, capsys,
+                                                                           bench_cli_model):
     """`neuronrun --cores-per-rank 4` on trn2 puts a rank on each of 4 chips, where the backend
     runs the ring for a 1 MiB all-reduce; bench modelled one rank per core (4 ranks on one chip:
     `direct`) and had no flag to say otherwise. --cores-per-rank now places the ranks it spawns
     (NEURON_RT_NUM_CORES) and the model column alike, and is checked as neuronrun checks it."""
-    import os
     assert bench.model_busbw("allreduce", 1 << 20, 4, "trn2.48xlarge")[0] == "direct"
     assert bench.model_busbw("allreduce", 1 << 20, 4, "trn2.48xlarge", 1, 4)[0] == "ring"
-    env = {k: v for k, v in os.environ.items() if k not in ("NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO")}
     out = tmp_path / "c.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", "--ops", "allreduce", "-b", "1M",
-                        "-e", "1M", "-n", "1", "-w", "0", "--instance", "trn2.48xlarge", "--cores-per-rank", "4",
-                        "--json", str(out)], env=dict(env, NEURON_DIST_TUNING="model"),
-                       capture_output=True, text=True, timeout=300)
+    # (in the session whose ranks run with NEURON_DIST_TUNING=model, without NEURON_RT_NUM_CORES and
+    # NEURON_DIST_ALGO)
+    p = bench_cli_model(["-g", "4", "--ops", "allreduce", "-b", "1M", "-e", "1M", "-n", "1", "-w", "0", "--instance",
+                         "trn2.48xlarge", "--cores-per-rank", "4", "--json", str(out)])
     assert p.returncode == 0, p.stdout + p.stderr
     assert "1 node(s) of 4 ranks, 4 cores per rank" in p.stdout, p.stdout
     (row,) = json.load(open(out))["rows"]
@@ -849,18 +968,19 @@ def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_
     for args, msg in ((["--cores-per-rank", "3"], "--cores-per-rank: 3 cores per rank do not fit 4 logical cores per chip"),
                       (["--cores-per-rank", "3", "--instance", ""], "--cores-per-rank: 3 cores per rank do not fit"),
                       (["--cores-per-rank", "0"], "--cores-per-rank: cores per rank must be at least 1")):
-        bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "4", *args],
-                             env=env, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 2 and msg in bad.stderr, (args, bad.stderr)
+        # (in this process, as the command line runs it: the refusals come before any rank starts)
+        err = _usage_error(monkeypatch, capsys, ["-g", "4", *args],
+                           dict(NOT_LAUNCHED, NEURON_RT_NUM_CORES=None, NEURON_DIST_ALGO=None))
+        assert msg in err, (args, err)
     # under a launcher the ranks are placed already: a flag that says otherwise is refused
-    launched = dict(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT="1")
-    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--cores-per-rank", "4"],
-                         env=launched, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "the launcher placed these ranks on 1 cores each" in bad.stderr, bad.stderr
+    launched = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="1", NEURON_RT_NUM_CORES=None, NEURON_DIST_ALGO=None)
+    err = _usage_error(monkeypatch, capsys, ["--cores-per-rank", "4"], launched)
+    assert "the launcher placed these ranks on 1 cores each" in err, err
 
 
-def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_path):
+def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_path, monkeypatch, capsys, bench_cli,
+                                                                         bench_cli_model):
     """`--instance` priced the model column while the ranks bench spawns modelled
     $NEURON_DIST_INSTANCE (trn2.48xlarge), so under the model policy `ran` (trn2's direct) and
     `algo` (trn1.2xlarge's ring) differed for a 4 MiB all-reduce; the ranks now model it too. The
@@ -870,19 +990,17 @@ def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_pat
     import os
     assert bench.model_busbw("allreduce", 4 << 20, 2, "trn1.2xlarge")[0] != \
         bench.model_busbw("allreduce", 4 << 20, 2, "trn2.48xlarge")[0]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE")}
+    # (both runs in sessions whose ranks run without NEURON_RT_NUM_CORES, NEURON_DIST_ALGO and
+    # NEURON_DIST_INSTANCE; this one's with NEURON_DIST_TUNING=model)
     out = tmp_path / "i.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce", "-b", "4M",
-                        "-e", "4M", "-n", "1", "-w", "0", "--instance", "trn1.2xlarge", "--json", str(out)],
-                       env=dict(env, NEURON_DIST_TUNING="model"), capture_output=True, text=True, timeout=300)
+    p = bench_cli_model(["-g", "2", "--ops", "allreduce", "-b", "4M", "-e", "4M", "-n", "1", "-w", "0", "--instance",
+                         "trn1.2xlarge", "--json", str(out)])
     assert p.returncode == 0, p.stdout + p.stderr
     (row,) = json.load(open(out))["rows"]
     assert row["neuron"]["algorithm"] == row["model"]["algorithm"], row
     out = tmp_path / "c.json"
-    p = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "--ops", "allreduce", "-b", "4K",
-                        "-e", "4K", "-n", "1", "-w", "0", "--instance", "", "--cores-per-rank", "4",
-                        "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    p = bench_cli(["-g", "2", "--ops", "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", "",
+                   "--cores-per-rank", "4", "--json", str(out)])
     assert p.returncode == 0, p.stdout + p.stderr
     config = json.load(open(out))["config"]
     assert config["cores_per_rank"] == 4 and config["env"]["NEURON_RT_NUM_CORES"] == "4", config
@@ -893,11 +1011,11 @@ def test_instance_reaches_the_ranks_and_the_json_records_their_placement(tmp_pat
     bench.check(p, p.parse_args(["-g", "2", "--instance", "trn1.2xlarge"]))
     bench.check(p, p.parse_args(["-g", "2", "--instance", "", "--cores-per-rank", "2"]))
     assert [os.environ.get(k) for k in ("NEURON_DIST_INSTANCE", "NEURON_RT_NUM_CORES")] == before
-    launched = dict(env, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT="1", NEURON_DIST_INSTANCE="trn2.48xlarge")
-    bad = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--instance", "trn1.2xlarge"],
-                         env=launched, capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "the launcher's ranks model trn2.48xlarge" in bad.stderr, bad.stderr
+    launched = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="1", NEURON_DIST_INSTANCE="trn2.48xlarge", NEURON_RT_NUM_CORES=None,
+                    NEURON_DIST_ALGO=None)
+    err = _usage_error(monkeypatch, capsys, ["--instance", "trn1.2xlarge"], launched)
+    assert "the launcher's ranks model trn2.48xlarge" in err, err
 
 
 def test_the_collector_is_paused_while_a_row_is_timed():
@@ -918,7 +1036,7 @@ def test_the_collector_is_paused_while_a_row_is_timed():
     assert gc.isenabled()
 
 
-def test_thp_on_runs_every_rank_with_torchs_huge_pages():
+def test_thp_on_runs_every_rank_with_torchs_huge_pages(monkeypatch, capsys):
     """`--thp on` restarts the command with THP_MEM_ALLOC_ENABLE=1, so its ranks (a fork server
     that imported torch) and Gloo's rows run as neuronrun runs jobs; ranks a launcher started
     without it are refused, not run as if it were set."""
@@ -929,13 +1047,11 @@ def test_thp_on_runs_every_rank_with_torchs_huge_pages():
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert " thp on " in p.stdout.splitlines()[0], p.stdout
-    off = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "-g", "2", "-b", "4K", "-e", "4K", "-n", "1",
-                          "-w", "0", "--no-progress"], env=env, capture_output=True, text=True, timeout=300)
-    assert off.returncode == 0 and " thp off " in off.stdout.splitlines()[0], off.stdout + off.stderr
-    launched = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--thp", "on"],
-                              env=dict(env, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1"),
-                              capture_output=True, text=True, timeout=120)
-    assert launched.returncode == 2 and "without THP_MEM_ALLOC_ENABLE=1" in launched.stderr, launched.stderr
-    off = subprocess.run([sys.executable, "-m", "neuron_dist.bench", "--thp", "on"], env=dict(env, THP_MEM_ALLOC_ENABLE="0"),
-                         capture_output=True, text=True, timeout=120)
-    assert off.returncode == 2 and "THP_MEM_ALLOC_ENABLE='0' is set" in off.stderr, off.stderr
+    # without --thp (and without the variable) the header reads " thp off ": checked on the run of
+    # test_bench_records_the_port_and_rejects_a_bad_one (a bench run of its own cost seconds of CPU)
+    # the refusals, in this process as the command line runs them (before any rank starts or a restart)
+    err = _usage_error(monkeypatch, capsys, ["--thp", "on"], dict(
+        RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1", THP_MEM_ALLOC_ENABLE=None))
+    assert "without THP_MEM_ALLOC_ENABLE=1" in err, err
+    err = _usage_error(monkeypatch, capsys, ["--thp", "on"], dict(NOT_LAUNCHED, THP_MEM_ALLOC_ENABLE="0"))
+    assert "THP_MEM_ALLOC_ENABLE='0' is set" in err, err

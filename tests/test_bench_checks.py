@@ -141,15 +141,31 @@ def test_json_config_under_a_launcher_and_no_repeated_rows(tmp_path):
 
 
 @pytest.mark.parametrize("module", ["neuron_dist.bench", "neuron_dist.bench_train"])
-def test_an_unwritable_json_path_is_a_usage_error(module, tmp_path):
+def test_an_unwritable_json_path_is_a_usage_error(module, tmp_path, monkeypatch, capsys):
     """--json in a directory that exists but refuses new files (/proc; permission bits do not
     stop root) was found only when the results were written, after the whole run: a traceback,
     the results lost. A path that can be written is left as it was (no empty file)."""
     args = ["-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--instance", ""] if module.endswith("bench") else \
         ["--layers", "1", "--width", "8", "--steps", "1", "--warmup", "0", "--wrap", "ddp", "--backends", "gloo"]
-    p = subprocess.run([sys.executable, "-m", module, *args, "--json", "/proc/nope.json"],
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and "cannot be written" in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+    if module.endswith("bench"):
+        # bench's command line in this process (main; test_bench.py's test_loop_and_added_are_exclusive
+        # runs its usage errors through a real `python -m`): refused before any rank starts
+        def started(*args, **kw):
+            raise AssertionError("bench started ranks instead of refusing --json /proc/nope.json")
+        monkeypatch.setattr(bench, "launch", started)
+        monkeypatch.setattr(bench, "worker", started)
+        for k in ("RANK", "WORLD_SIZE", "MASTER_PORT"):
+            monkeypatch.delenv(k, raising=False)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            bench.main([*args, "--json", "/proc/nope.json"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "cannot be written" in err and "Traceback" not in err, err
+    else:
+        p = subprocess.run([sys.executable, "-m", module, *args, "--json", "/proc/nope.json"],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 2 and "cannot be written" in p.stderr and "Traceback" not in p.stderr, \
+            p.stdout + p.stderr
     import argparse
     ok = tmp_path / "ok.json"
     bench.check_json_path(argparse.ArgumentParser(), str(ok))
@@ -418,8 +434,13 @@ def test_single_copy_takes_sizes_as_bench_does():
     assert "Traceback" not in p.stderr, p.stderr
     # (a host that forbids process_vm_readv says so instead of timing)
     assert (p.returncode == 0 and "\n        4096 " in p.stdout) or "process_vm_readv" in p.stderr, p.stdout + p.stderr
-    p = subprocess.run([sys.executable, script, "4X"], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "bad size" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    # the bad size in this process, as `python single_copy.py 4X` runs it (a SystemExit whose
+    # message Python prints, exit status 1; any other exception would be a traceback)
+    import runpy
+    from unittest import mock
+    with mock.patch.object(sys, "argv", [script, "4X"]), pytest.raises(SystemExit) as e:
+        runpy.run_path(script, run_name="__main__")
+    assert isinstance(e.value.code, str) and "bad size" in e.value.code, e.value.code
 
 
 def test_only_rank_0_checks_the_json_path_under_a_launcher(tmp_path, monkeypatch):

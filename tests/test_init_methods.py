@@ -6,20 +6,23 @@ import subprocess
 import sys
 
 import pytest
-from pool import free_port, run_scripts
+import forkserver
+from pool import free_port
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "init_method.py")
 
 
+def run_scripts(script, argvs, env=None, timeout=120):
+    """pool.run_scripts, each rank forked from the fork server."""
+    return forkserver.run_forked(script, argvs, env, timeout)
+
 
 def _run_ranks(url, world=2):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI"))}
-    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(world), url], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    return outs
+    res = run_scripts("init_method.py", [[r, world, url] for r in range(world)], env)
+    for code, out in res:
+        assert code == 0, out[-3000:]
+    return [out for _, out in res]
 
 
 @pytest.mark.parametrize("scheme", ["tcp", "tcp6", "file"])
@@ -86,9 +89,9 @@ def test_a_process_in_a_slurm_batch_shell_is_no_rank_of_the_allocation():
            if not k.startswith(("OMPI_", "PMI", "SLURM_")) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_NODEID="0",
                SLURM_JOB_NODELIST="localhost", MASTER_ADDR="127.0.0.1", MASTER_PORT="29678")
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "RANK None WORLD_SIZE None" in p.stdout, (p.stdout + p.stderr)[-3000:]
-    assert "environment variable RANK expected" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    [(_, stdout, stderr)] = forkserver.run_forked(None, [[]], env, timeout=120, code=code, split=True)
+    assert "RANK None WORLD_SIZE None" in stdout, (stdout + stderr)[-3000:]
+    assert "environment variable RANK expected" in stdout, (stdout + stderr)[-3000:]
 
 
 def test_report_at_shutdown(tmp_path):
@@ -187,9 +190,8 @@ def test_a_store_without_add_still_makes_groups():
     """A caller's store with set/get/check/wait but no add (Gloo needs no more) failed group
     creation with 'Tried to call pure virtual function ::c10d::Store::add' once group generations
     were counted in the store (a review of this change): such a store counts them in the process."""
-    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "store_without_add.py")],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "ok [1.0, 1.0, 1.0]" in p.stdout, (p.stdout + p.stderr)[-3000:]
+    [(returncode, stdout, stderr)] = forkserver.run_forked("store_without_add.py", [[]], timeout=120, split=True)
+    assert returncode == 0 and "ok [1.0, 1.0, 1.0]" in stdout, (stdout + stderr)[-3000:]
 
 
 @pytest.mark.parametrize("rank", [2, -1])

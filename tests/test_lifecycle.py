@@ -3,15 +3,19 @@ shared memory, and subgroups go down with their parent (tests/scripts/lifecycle.
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import types
 
 import pytest
-from pool import free_port, rank_line, run_scripts
+import forkserver
+from pool import free_port, rank_line
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "lifecycle.py")
+
+
+def run_scripts(script, argvs, env=None, timeout=120):
+    """pool.run_scripts, each rank forked from the fork server."""
+    return forkserver.run_forked(script, argvs, env, timeout)
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
@@ -61,20 +65,22 @@ def test_ctrl_c_in_a_collective_is_a_keyboard_interrupt():
     import signal
     import time
     from pool import free_port
-    script = os.path.join(os.path.dirname(SCRIPT), "interrupt.py")
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    job, outs = forkserver.start_forked("interrupt.py", [[0, port], [1, port]]), None
     try:
-        first = procs[0].stdout.readline()
-        assert "rank 0: looping" in first, first + procs[0].communicate(timeout=60)[0][-2000:]
+        deadline = time.monotonic() + 180
+        while "\n" not in job.out(0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = job.out(0).split("\n")[0]
+        assert "rank 0: looping" in first, job.out(0)[-2000:]
         time.sleep(0.2)
-        procs[0].send_signal(signal.SIGINT)
-        outs = [p.communicate(timeout=120)[0] for p in procs]
+        os.kill(job.pids[0], signal.SIGINT)
+        outs = [out for _, out in job.wait(120)]
     finally:
-        for p in procs:  # a failed check must not leave the ranks all-reducing on
-            p.kill()
-            p.wait()
+        if not job.reaped:  # a failed check must not leave the ranks all-reducing on
+            for pid in job.pids:
+                os.kill(pid, signal.SIGKILL)
+            job.wait(60)
     assert "rank 0: KeyboardInterrupt" in outs[0], outs[0][-2000:]
     assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1], outs[1][-2000:]
     assert "failed: \n" not in outs[1] and not outs[1].rstrip().endswith("failed:"), outs[1][-2000:]
@@ -86,16 +92,8 @@ def test_a_signal_handlers_exception_in_a_call_reaches_its_caller():
     call raises the handler's exception. Now the caller gets its own exception; the call (stopped
     at an arbitrary point) is failed, and the peer fails naming the cause."""
     from pool import free_port
-    script = os.path.join(os.path.dirname(SCRIPT), "alarm_in_call.py")
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, script, str(r), port], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    outs = [out for _, out in run_scripts("alarm_in_call.py", [[0, port], [1, port]])]
     assert "rank 0: Alarm: time limit" in outs[0], outs[0][-2000:]
     assert "rank 1: GroupError: [rank 1] allreduce" in outs[1] and "rank 0" in outs[1] and \
         "signal handler's Alarm (time limit)" in outs[1], outs[1][-2000:]
@@ -300,8 +298,8 @@ def test_a_forked_child_forgets_its_parents_world():
             "print('child', os.waitstatus_to_exitcode(status))\n"
             "dist.destroy_process_group()\n"
             "print('after destroy', meeting.WORLD['id'])\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "child 0" in p.stdout and "after destroy None" in p.stdout, p.stdout + p.stderr[-2000:]
+    [(returncode, stdout, stderr)] = forkserver.run_forked(None, [[]], timeout=120, code=code, split=True)
+    assert returncode == 0 and "child 0" in stdout and "after destroy None" in stdout, stdout + stderr[-2000:]
 
 
 def test_a_callback_waiting_on_another_finds_a_thread_for_it():

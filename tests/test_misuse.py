@@ -3,7 +3,6 @@ time-out), never wrong data or a hang; the fingerprint check (TORCH_DISTRIBUTED_
 NEURON_DIST_CHECK=1) catches every mismatch before the call runs and leaves the group usable;
 invalid arguments are rejected before a byte moves, with torch's error types."""
 import json
-import os
 
 import pytest
 from pool import free_port, rank_line, run_scripts
@@ -159,23 +158,40 @@ def test_invalid_arguments_rejected_before_any_byte_moves(pools):
 
 
 
-def _membership_job(mode: str) -> list[dict]:
+MEMBERSHIP_MODES = ["subset", "collide", "collide-late", "absent"]
+
+
+@pytest.fixture(scope="module")
+def membership_jobs():
+    """Each membership mode (each once a 3-rank job of its own), run in turn by one 3-rank job on one world group
+    (scripts/membership_modes.py): {mode: each rank's JSON line}, every rank's checked as each job
+    of its own was (it ended well, its world group still worked, the mode started no thread
+    that outlived it and left no shared memory), and nothing left once the world is destroyed."""
     port = free_port()
-    res = []
-    for code, out in run_scripts("membership_mismatch.py", [[r, 3, port, mode] for r in range(3)]):
+    res = {mode: [] for mode in MEMBERSHIP_MODES}
+    for code, out in run_scripts("membership_modes.py", [[r, 3, port, *MEMBERSHIP_MODES] for r in range(3)]):
         assert code == 0, out[-3000:]
-        x = json.loads(out.strip().splitlines()[-1])
-        assert x["world_ok"], x
-        assert x["threads_after"] == x["threads_before"], x
-        assert x["shm_left"] == [], x
-        res.append(x)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert [x["mode"] for x in lines] == MEMBERSHIP_MODES + ["end"], out[-3000:]
+        assert lines[-1]["shm_left"] == [], lines[-1]
+        for x in lines[:-1]:
+            res[x["mode"]].append(x)
     return res
 
 
-def test_group_membership_mismatch_fails_on_every_rank():
+def _membership_job(jobs: dict, mode: str) -> list[dict]:
+    res = jobs[mode]
+    for x in res:
+        assert x["world_ok"], x
+        assert x["threads_after"] == x["threads_before"], x
+        assert x["shm_left"] == [], x
+    return res
+
+
+def test_group_membership_mismatch_fails_on_every_rank(membership_jobs):
     """Ranks that call new_group with different member lists get a clear error naming who thinks
     what, within seconds; the world group keeps working and the failed group leaves nothing."""
-    for r, x in enumerate(_membership_job("subset")):
+    for r, x in enumerate(_membership_job(membership_jobs, "subset")):
         assert x["kind"] == "GroupError", x
         assert f"[rank {r}]" in x["msg"] and "disagree on the group's members" in x["msg"], x["msg"]
         mine = "[0, 1]" if r == 0 else "[0, 1, 2]"
@@ -185,14 +201,14 @@ def test_group_membership_mismatch_fails_on_every_rank():
 
 
 @pytest.mark.parametrize("mode", ["collide", "collide-late"])
-def test_group_membership_collision_never_mixes_data(mode):
+def test_group_membership_collision_never_mixes_data(membership_jobs, mode):
     """Rank 0 calls new_group([0, 2]) while ranks 1 and 2 call new_group([1, 2]): ranks 0 and 1
     both claim group rank 0 of a group with the same name. Rank 0 fails at once, naming the
     disagreement (rank 2 disagrees with it); ranks 1 and 2 agree with each other and form their
     group without ever reading rank 0's keys: their all-reduce is right. Also where rank 0 comes
     once the others have formed their group (their member lists then still there to read: a
     version that deleted them had rank 0 wait out the time-out, review AA)."""
-    res = _membership_job(mode)
+    res = _membership_job(membership_jobs, mode)
     x = res[0]
     assert x["kind"] == "GroupError" and "disagree on the group's members" in x["msg"], x
     assert "global rank 0, this process: [0, 2]; global rank 2: [1, 2]" in x["msg"], x["msg"]
@@ -201,11 +217,11 @@ def test_group_membership_collision_never_mixes_data(mode):
         assert x["kind"] == "ok" and x["msg"] == [5.0] * 4, x   # (1 + 1) + (2 + 1)
 
 
-def test_group_member_that_never_joins_is_named_at_the_time_out():
+def test_group_member_that_never_joins_is_named_at_the_time_out(membership_jobs):
     """Rank 0 calls new_group([0, 1]); ranks 1 and 2 call new_group([0, 2]), so rank 1 never joins
     rank 0's group: rank 0 fails at the group's 3 s time-out naming global rank 1, rank 2 fails
     at once (rank 0 disagrees with it), rank 1 is no member; the world group still works."""
-    res = _membership_job("absent")
+    res = _membership_job(membership_jobs, "absent")
     x = res[0]
     assert x["kind"] == "GroupError" and "global ranks [1] did not join within 3s" in x["msg"], x
     assert x["msg"].endswith("every process must call new_group with the same ranks"), x
@@ -215,12 +231,66 @@ def test_group_member_that_never_joins_is_named_at_the_time_out():
     assert x["kind"] == "GroupError" and "global rank 2, this process: [0, 2]; global rank 0: [0, 1]" in x["msg"], x
 
 
-@pytest.mark.parametrize("bad, setting", [(0, "NEURON_RT_VISIBLE_CORES=abc"), (2, "NEURON_RT_VISIBLE_CORES=abc"),
-                                          (1, "NEURON_DIST_BIND_ADDR=0.0.0.0"), (2, "NEURON_DIST_FRAME_BYTES=abc"),
-                                          (1, "NEURON_DIST_SHM_SLOTS=x"), (2, "NEURON_DIST_TRANSPORT=tcp"),
-                                          (1, "NEURON_DIST_CHECK=maybe"), (2, "NEURON_DIST_ALGO=allreduce:bogus"),
-                                          (1, "NEURON_DIST_TUNING=fast")])
-def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
+PLACEMENT = [(0, "NEURON_RT_VISIBLE_CORES=abc"), (2, "NEURON_RT_VISIBLE_CORES=abc"),
+             (1, "NEURON_DIST_BIND_ADDR=0.0.0.0"), (2, "NEURON_DIST_FRAME_BYTES=abc"),
+             (1, "NEURON_DIST_SHM_SLOTS=x"), (2, "NEURON_DIST_TRANSPORT=tcp"),
+             (1, "NEURON_DIST_CHECK=maybe"), (2, "NEURON_DIST_ALGO=allreduce:bogus"),
+             (1, "NEURON_DIST_TUNING=fast")]
+ALGO_SETTINGS = ["NEURON_DIST_ALGO=allreduce:ring", "NEURON_DIST_TUNING=host"]
+
+
+@pytest.fixture(scope="module")
+def set_up_cases(tmp_path_factory):
+    """The group set-ups that fail by design, each once, all in one job of four processes that
+    take them in turn (scripts/set_up_cases.py: starting three fresh ranks per case cost most
+    of this file's time, in torch's import). Each case has its own rendezvous port, its ranks
+    start it together and its rank 0's store is gone once it is over, as with processes of its
+    own. Returns {case id: [rank 0's output of the case, rank 1's, ...]}."""
+    from neuron_dist.topology import get_instance
+    where = tmp_path_factory.mktemp("set_up_cases")
+    a = dict(get_instance("trn1.32xlarge").to_dict(), name="custom-t6d")
+    b = dict(a, graph="ring", torus_dims=[16], torus_wrap=[True])
+    (where / "a.json").write_text(json.dumps(a))
+    (where / "b.json").write_text(json.dumps(b))
+    three = {"0": 0, "1": 1, "2": 2}
+    cases = [dict(id=f"placement {bad} {setting}", kind="placement", bad=bad, setting=setting)
+             for bad, setting in PLACEMENT + [(1, "NEURON_DIST_TRANSPORT=zmq")] + [(1, s) for s in ALGO_SETTINGS]]
+    cases.append(dict(id="instance", kind="placement", bad=1, setting=f"NEURON_DIST_INSTANCE={where / 'b.json'}",
+                      env={"NEURON_DIST_INSTANCE": str(where / "a.json")}))
+    for c in cases:
+        c.update(ranks=three, world=3, timeout=60)
+    cases += [dict(id="unroutable", kind="unroutable", ranks={"0": 0, "1": 1}, world=2, timeout=60),
+              dict(id="two_hosts", kind="two_hosts", ranks={"0": 0, "1": 1, "2": 2, "3": 3}, world=4, timeout=20),
+              # last: its rank 1 exits in it
+              dict(id="dies", kind="dies", ranks=three, world=3, timeout=4)]
+    ports = set()
+    for c in cases:
+        while (port := free_port()) in ports:
+            pass
+        ports.add(port)
+        c["port"] = port
+    (where / "spec.json").write_text(json.dumps(cases))
+    outs = run_scripts("set_up_cases.py", [[p, where / "spec.json"] for p in range(4)], timeout=240)
+    said = {}
+    for c in cases:
+        said[c["id"]] = by_rank = [None] * c["world"]
+        for p, r in c["ranks"].items():
+            out = outs[int(p)][1]
+            start = out.find(f"@@case {c['id']}\n")
+            assert start >= 0, f"process {p} did not reach case {c['id']}:\n{out[-3000:]}"
+            section = out[start:].split("\n@@case ", 1)[0]
+            by_rank[r] = section
+    return said
+
+
+def _store_gone(out: str) -> None:
+    """Rank 0's process hosts the store: once its case is over, nothing may listen on the case's
+    port (the store ended with the rank's process when each case had processes of its own)."""
+    assert "@@store closed" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("bad, setting", PLACEMENT)
+def test_a_placement_error_on_one_rank_fails_every_rank_at_once(set_up_cases, bad, setting):
     """One rank's placement setting is wrong (NEURON_RT_VISIBLE_CORES=abc). That rank's clear
     error reaches every rank within seconds: with the bad rank 0 (the store's host), the others
     used to get 'Connection reset by peer' from the store; with a bad rank 2, ranks 0 and 1
@@ -229,8 +299,9 @@ def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
     shared-memory setting, forced transport or NEURON_DIST_CHECK: only placement was published;
     a bad algorithm or tuning setting was read only at a collective, where it raised on its own
     rank, its peers waiting for it until the time-out)."""
-    port = free_port()
-    for r, (_, out) in enumerate(run_scripts("placement_error.py", [[r, 3, port, bad, setting] for r in range(3)])):
+    outs = set_up_cases[f"placement {bad} {setting}"]
+    _store_gone(outs[0])
+    for r, out in enumerate(outs):
         line = rank_line(out, r)
         var, value = setting.split("=")
         assert f"{var}={value!r}" in line, line
@@ -239,84 +310,77 @@ def test_a_placement_error_on_one_rank_fails_every_rank_at_once(bad, setting):
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
 
 
-def test_ranks_that_force_different_transports_fail_at_group_creation():
+def test_ranks_that_force_different_transports_fail_at_group_creation(set_up_cases):
     """Rank 1 alone forces zmq: it waited for its peers' zmq records and they for its shared-memory
     segment, each until the group's time-out, and neither error named the setting."""
-    port = free_port()
-    for r, (_, out) in enumerate(run_scripts("placement_error.py", [[r, 3, port, 1, "NEURON_DIST_TRANSPORT=zmq"]
-                                                                    for r in range(3)])):
+    outs = set_up_cases["placement 1 NEURON_DIST_TRANSPORT=zmq"]
+    _store_gone(outs[0])
+    for r, out in enumerate(outs):
         line = rank_line(out, r)
         assert "disagree on NEURON_DIST_TRANSPORT (rank 0: unset, rank 1: zmq, rank 2: unset)" in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
 
 
-def test_a_rank_that_cannot_choose_its_address_fails_its_peers_at_once():
+def test_a_rank_that_cannot_choose_its_address_fails_its_peers_at_once(set_up_cases):
     """In a group that spans hosts, rank 1 cannot resolve MASTER_ADDR, so it cannot choose the
     interface to listen on and fails at once. Rank 0 used to wait the whole group time-out for
     rank 1's transport keys, and then reported a time-out; it now fails within seconds with
     rank 1's cause."""
-    port = free_port()
-    lines = [rank_line(out, r) for r, (_, out) in enumerate(run_scripts("unroutable_rank.py", [[0, port], [1, port]]))]
+    outs = set_up_cases["unroutable"]
+    _store_gone(outs[0])
+    lines = [rank_line(out, r) for r, out in enumerate(outs)]
     for line in lines:
         assert "'no-such-host.invalid'" in line and "MASTER_ADDR" in line, lines
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, lines
     assert "no connection with rank 1" in lines[0], lines
 
 
-def test_ranks_that_describe_one_instance_name_differently_fail_at_group_creation(tmp_path):
+def test_ranks_that_describe_one_instance_name_differently_fail_at_group_creation(set_up_cases):
     """Rank 1 loads an instance description under the name the others load theirs (a file
     edited on one node): the group compared only the name, each side built its own ring order,
     and the first collective waited out the time-out naming no cause (a review's probe). The
     descriptions' digests now go with the placement, and differing ones fail the group at once."""
-    from neuron_dist.topology import get_instance
-    a = dict(get_instance("trn1.32xlarge").to_dict(), name="custom-t6d")
-    b = dict(a, graph="ring", torus_dims=[16], torus_wrap=[True])
-    (tmp_path / "a.json").write_text(json.dumps(a))
-    (tmp_path / "b.json").write_text(json.dumps(b))
-    env = dict(os.environ, NEURON_DIST_INSTANCE=str(tmp_path / "a.json"))
-    port = free_port()
-    outs = run_scripts("placement_error.py", [[r, 3, port, 1, f"NEURON_DIST_INSTANCE={tmp_path / 'b.json'}"]
-                                              for r in range(3)], env=env)
-    for r, (_, out) in enumerate(outs):
+    outs = set_up_cases["instance"]
+    _store_gone(outs[0])
+    for r, out in enumerate(outs):
         line = rank_line(out, r)
         assert "disagree on the instance description" in line and "rank 1: custom-t6d " in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
 
 
-@pytest.mark.parametrize("setting", ["NEURON_DIST_ALGO=allreduce:ring", "NEURON_DIST_TUNING=host"])
-def test_ranks_that_choose_algorithms_differently_fail_at_group_creation(setting):
+@pytest.mark.parametrize("setting", ALGO_SETTINGS)
+def test_ranks_that_choose_algorithms_differently_fail_at_group_creation(set_up_cases, setting):
     """One host's environment forces a ring, another's a hierarchical grid (a review's probe on
     two namespaced hosts): the two send to disjoint peers, so no frame's checksum met the other
     and every rank waited out the time-out naming no cause. The settings that decide each call's
     algorithm are now compared when the group is made."""
-    port = free_port()
     var, value = setting.split("=")
-    outs = run_scripts("placement_error.py", [[r, 3, port, 1, setting] for r in range(3)])
-    for r, (_, out) in enumerate(outs):
+    outs = set_up_cases[f"placement 1 {setting}"]
+    _store_gone(outs[0])
+    for r, out in enumerate(outs):
         line = rank_line(out, r)
         assert f"the ranks disagree on {var} (" in line and f"rank 1: {value}" in line, line
         assert float(line.split(" after ")[1].split("s:")[0]) < 20, line
 
 
-def test_a_member_that_dies_in_set_up_is_a_clear_error():
+def test_a_member_that_dies_in_set_up_is_a_clear_error(set_up_cases):
     """A member that died after the members met and before it published its set-up (a host
     killed while the others made a group): its peers failed with the store's bare "wait timeout
     after 4000ms, keys: /.../peer/1" (a review's probe on namespaced hosts)."""
-    port = free_port()
-    outs = run_scripts("dies_in_setup.py", [[r, 3, port] for r in range(3)])
+    outs = set_up_cases["dies"]
     for r in (0, 2):
-        line = rank_line(outs[r][1], r)
+        line = rank_line(outs[r], r)
         assert "GroupError" in line and "not every one published its set-up within 4s" in line, line
 
 
-def test_ranks_on_two_hosts_given_one_node_number_are_told_so():
+def test_ranks_on_two_hosts_given_one_node_number_are_told_so(set_up_cases):
     """A launcher that gives ranks on two hosts one node number (GROUP_RANK=0 everywhere): the
     group failed on every rank with "ranks 0 and 2 both use core 0 on node 0; more ranks than
     cores or overlapping NEURON_RT_VISIBLE_CORES", naming neither the hosts nor the variable
     (a review's probe on namespaced hosts)."""
-    port = free_port()
-    outs = run_scripts("two_hosts_one_node.py", [[r, 4, port] for r in range(4)])
-    for r, (_, out) in enumerate(outs):
+    outs = set_up_cases["two_hosts"]
+    _store_gone(outs[0])
+    for r, out in enumerate(outs):
         line = rank_line(out, r)
         assert "ranks 0 and 2 run on different hosts" in line and "both on node 0 by the launcher's node number" \
             in line and "GROUP_RANK" in line, line

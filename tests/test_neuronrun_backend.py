@@ -1,11 +1,11 @@
 """neuronrun with the neuron backend end to end: the README's main job, and two neuronrun
 "nodes" x 2 ranks on loopback whose backend topology matches the launcher's placement."""
 import os
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher"))
-from launcher_helpers import REPO, clean_env, free_port, neuronrun  # noqa: E402
+import forked_neuronrun as forked  # noqa: E402
+from launcher_helpers import REPO, free_port, neuronrun  # noqa: E402
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "neuronrun_job.py")
 
@@ -18,11 +18,10 @@ def test_main_job_ddp_example():
 
 def test_two_nodes_on_loopback_neuron_backend():
     port = free_port()
-    cmd = [sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nd",
-           "--local-addr", "127.0.0.1", "--instance", "trn1.32xlarge", JOB]
-    nodes = [subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    args = ["--nnodes", "2", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "nd",
+            "--local-addr", "127.0.0.1", "--instance", "trn1.32xlarge", JOB]
+    nodes = [forked.popen(args) for _ in range(2)]  # two neuronrun processes forked from one that imported torch
     outs = [p.communicate(timeout=120) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [o[1][-3000:] for o in outs]
     lines = [l for o in outs for l in o[0].splitlines() if "sum=6 world=4" in l]
@@ -49,7 +48,7 @@ def test_cpu_bind_core_places_each_rank_on_its_own_cpus(tmp_path):
     cores are not oversubscribed: they spin before sleeping, instead of yielding)."""
     script = tmp_path / "bound.py"
     script.write_text(BOUND_JOB)
-    r = neuronrun(["--cpu-bind", "core", "--nproc-per-node", "2", str(script)], timeout=120)
+    r = forked.run(["--cpu-bind", "core", "--nproc-per-node", "2", str(script)], timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     from neuronrun_launcher.plan import rank_cpus
     cpus = tuple(sorted(os.sched_getaffinity(0)))
@@ -84,8 +83,8 @@ def test_a_restarted_attempt_builds_a_fresh_group(tmp_path):
     with FileNotFoundError, or over TCP send to attempt 0's dead endpoints and time out)."""
     script = tmp_path / "restart.py"
     script.write_text(RESTART_JOB)
-    r = neuronrun(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
-                  timeout=180)
+    r = forked.run(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
+                   timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = sorted(l.split("]: ", 1)[-1] for l in r.stdout.splitlines() if "attempt 1 rank" in l)
     assert lines == ["attempt 1 rank 0 sum 16.0", "attempt 1 rank 1 sum 16.0"], r.stdout[-2000:]
@@ -124,12 +123,10 @@ def test_a_rank_failing_on_one_node_costs_one_restart_round_not_two():
         script = os.path.join(d, "job.py")
         with open(script, "w") as f:
             f.write(NODE_RESTART_JOB)
-        cmd = [sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "1",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart",
+        cmd = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "restart",
                "--local-addr", "127.0.0.1", "--max-restarts", "1", "--monitor-interval", "0.1", script,
                os.path.join(d, "failed-once")]
-        nodes = [subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+        nodes = [forked.popen(cmd) for _ in range(2)]
         outs = [p.communicate(timeout=150) for p in nodes]
     err = "".join(o[1] for o in outs)
     assert [p.returncode for p in nodes] == [0, 0], err[-4000:]

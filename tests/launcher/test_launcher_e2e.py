@@ -18,6 +18,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import forked_neuronrun as forked
 import pytest
 from launcher_helpers import clean_env, free_port, neuronrun
 
@@ -28,7 +29,7 @@ RANK_SCRIPT = textwrap.dedent('''
     piddir, mode = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    child = subprocess.Popen(["sleep", "120"])
     pidfile = os.path.join(piddir, f"{rank}.{restart}.pid")
     with open(pidfile + ".tmp", "w") as f:
         f.write(f"{os.getpid()} {child.pid}")
@@ -133,9 +134,7 @@ def test_two_nodes_on_loopback_c10d(job):
     args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
             f"127.0.0.1:{port}", "--rdzv-id", "loopback", "--local-addr", "127.0.0.1",
             str(script), str(piddir), "allreduce"]
-    cmd = [sys.executable, "-m", "neuronrun_launcher.run", *args]
-    nodes = [subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    nodes = [forked.popen(args) for _ in range(2)]
     outs = [p.communicate(timeout=90) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [o[1][-3000:] for o in outs]
     stdout = "".join(o[0] for o in outs)
@@ -151,7 +150,8 @@ def test_two_nodes_on_loopback_c10d(job):
 def test_failing_rank_brings_the_job_down(job, mode, code, how):
     script, piddir = job
     t0 = time.monotonic()
-    r = neuronrun(["--nproc-per-node", "2", "--shutdown-timeout", "5", str(script), str(piddir), mode])
+    run = neuronrun if mode == "fail" else forked.run  # a fresh neuronrun for one case, a forked one for the other
+    r = run(["--nproc-per-node", "2", "--shutdown-timeout", "5", str(script), str(piddir), mode])
     assert r.returncode == code, r.stderr
     assert time.monotonic() - t0 < 30
     assert "neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr
@@ -170,7 +170,7 @@ def test_the_rank_that_failed_first_is_the_root_cause(job, mode, code, how, othe
     stopped rank's own exit code (graceful) nor rank 1's dying of SIGTERM itself (term) may hand
     the blame to rank 0."""
     script, piddir = job
-    r = neuronrun(["--nproc-per-node", "3", "--shutdown-timeout", "5", str(script), str(piddir), mode])
+    r = forked.run(["--nproc-per-node", "3", "--shutdown-timeout", "5", str(script), str(piddir), mode])
     assert r.returncode == code, r.stderr
     assert "neuronrun: rank 1 (local rank 1, node 0, host " in r.stderr and how in r.stderr, r.stderr
     assert "then stopped: " + others in r.stderr, r.stderr
@@ -182,9 +182,9 @@ def test_a_rendezvous_that_times_out_says_too_few_nodes_came(job):
     (RendezvousTimeoutError: ); the node that holds its store may be gone", where the store was
     fine and the second node simply never came."""
     script, piddir = job
-    r = neuronrun(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                   f"127.0.0.1:{free_port()}", "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=2",
-                   str(script), str(piddir), "allreduce"], timeout=60)
+    r = forked.run(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    f"127.0.0.1:{free_port()}", "--rdzv-id", "alone", "--rdzv-conf", "join_timeout=2",
+                    str(script), str(piddir), "allreduce"], timeout=60)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "neuronrun: the rendezvous timed out (RendezvousTimeoutError): fewer than 2 nodes (--nnodes) joined " \
            "it within its join time-out (--rdzv-conf join_timeout=SECONDS" in r.stderr, r.stderr[-3000:]
@@ -205,7 +205,7 @@ def test_a_node_whose_rendezvous_store_stopped_answering_ends_once_its_ranks_hav
     leaving no process and its directories as any failure does."""
     script, piddir = job
     port = free_port()
-    cmd = [sys.executable, "-m", "neuronrun_launcher.run", "--nnodes", "2", "--nproc-per-node", "1",
+    cmd = ["--nnodes", "2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "stopped",
            "--local-addr", "127.0.0.1", "--rdzv-conf", "read_timeout=3", str(script), str(piddir), "hang"]
     tmps = [tmp_path / "tmp0", tmp_path / "tmp1"]  # each node's neuronrun directories
@@ -213,8 +213,7 @@ def test_a_node_whose_rendezvous_store_stopped_answering_ends_once_its_ranks_hav
     try:
         for tmp in tmps:  # node 0 first: it holds the store
             tmp.mkdir()
-            procs.append(subprocess.Popen(cmd, env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+            procs.append(forked.popen(cmd, env=clean_env(TMPDIR=str(tmp))))
             deadline = time.monotonic() + 60
             while True:
                 with socket.socket() as s:
@@ -285,10 +284,12 @@ def test_signals_to_neuronrun_leave_no_orphans(job, sig, tmp_path):
     script, piddir = job
     tmp = tmp_path / "tmp"  # neuronrun's own directories (rank logs, process groups) go here
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2",
-                             "--shutdown-timeout", "5", str(script), str(piddir), "hang"],
-                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    args = ["--nproc-per-node", "2", "--shutdown-timeout", "5", str(script), str(piddir), "hang"]
+    if sig == signal.SIGINT:  # a fresh neuronrun
+        proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", *args], env=clean_env(TMPDIR=str(tmp)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    else:
+        proc = forked.popen(args, env=clean_env(TMPDIR=str(tmp)))
     wait_for_files(piddir, 2, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
@@ -319,10 +320,8 @@ def test_output_that_went_only_to_files_is_kept(job, tmp_path, flags, ends):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     mode = "hang" if ends == "signal" else "ok"
-    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2", *flags,
-                             "--shutdown-timeout", "5", str(script), str(piddir), mode],
-                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = forked.popen(["--nproc-per-node", "2", *flags, "--shutdown-timeout", "5", str(script), str(piddir), mode],
+                        env=clean_env(TMPDIR=str(tmp)))
     if ends == "signal":
         wait_for_files(piddir, 2, proc)
         proc.send_signal(signal.SIGTERM)
@@ -335,8 +334,8 @@ def test_output_that_went_only_to_files_is_kept(job, tmp_path, flags, ends):
 
 def test_max_restarts_restarts_the_group(job):
     script, piddir = job
-    r = neuronrun(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
-                   str(script), str(piddir), "flaky"])
+    r = forked.run(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1",
+                    str(script), str(piddir), "flaky"])
     assert r.returncode == 0, r.stderr
     assert "[rank0]: done restart=1" in r.stdout and "[rank1]: done restart=1" in r.stdout
     assert {f.name for f in piddir.glob("*.pid")} == {"0.0.pid", "1.0.pid", "0.1.pid", "1.1.pid"}
@@ -352,9 +351,8 @@ def test_failure_report_names_the_node_when_nodes_differ_in_size(job):
               "--shutdown-timeout", "5"]
     procs = []
     for node, nproc in ((0, 2), (1, 1)):
-        cmd = [sys.executable, "-m", "neuronrun_launcher.run", *common, "--node-rank", str(node),
-               "--nproc-per-node", str(nproc), str(script), str(piddir), "fail_last"]
-        procs.append(subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(forked.popen([*common, "--node-rank", str(node), "--nproc-per-node", str(nproc), str(script),
+                                   str(piddir), "fail_last"]))
     out, err = procs[1].communicate(timeout=120)
     procs[0].terminate()  # its ranks sleep; nothing tells node 0 that node 1 has ended
     procs[0].communicate(timeout=60)
@@ -374,10 +372,8 @@ def test_output_that_also_reached_the_terminal_is_not_said_to_be_only_in_files(j
     script, piddir = job
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--nproc-per-node", "2", *flags,
-                             "--shutdown-timeout", "5", str(script), str(piddir),
-                             "hang" if ends == "signal" else "ok"],
-                            env=clean_env(TMPDIR=str(tmp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = forked.popen(["--nproc-per-node", "2", *flags, "--shutdown-timeout", "5", str(script), str(piddir),
+                         "hang" if ends == "signal" else "ok"], env=clean_env(TMPDIR=str(tmp)))
     if ends == "signal":
         wait_for_files(piddir, 2, proc)
         proc.send_signal(signal.SIGTERM)
@@ -403,8 +399,8 @@ def test_the_failed_ranks_error_reaches_neuronruns_own_error_file(tmp_path):
         main()
     '''))
     parent = tmp_path / "parent.json"
-    r = neuronrun(["--nproc-per-node", "1", str(script)], env=clean_env(TORCHELASTIC_ERROR_FILE=str(parent)),
-                  timeout=120)
+    r = forked.run(["--nproc-per-node", "1", str(script)], env=clean_env(TORCHELASTIC_ERROR_FILE=str(parent)),
+                   timeout=120)
     assert r.returncode == 1, r.stderr[-3000:]
     assert parent.is_file(), r.stderr[-3000:]
     message = json.loads(parent.read_text())["message"]
@@ -420,7 +416,7 @@ def test_a_python_exec_wrappers_interpreter_options_reach_the_rank(tmp_path):
     wrapper.chmod(0o755)
     script = tmp_path / "flags.py"
     script.write_text("import faulthandler, sys\nprint('faulthandler', faulthandler.is_enabled(), sys.warnoptions)\n")
-    r = neuronrun(["--nproc-per-node", "1", str(script)], env=clean_env(PYTHON_EXEC=str(wrapper)), timeout=120)
+    r = forked.run(["--nproc-per-node", "1", str(script)], env=clean_env(PYTHON_EXEC=str(wrapper)), timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "[rank0]: faulthandler True ['error::DeprecationWarning']" in r.stdout, r.stdout
 
@@ -434,8 +430,8 @@ def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = neuronrun(["--nproc-per-node", "1", "--master-port", str(port), "t.py"], env=clean_env(TMPDIR=str(tmp)),
-                      timeout=120)
+        r = forked.run(["--nproc-per-node", "1", "--master-port", str(port), "t.py"], env=clean_env(TMPDIR=str(tmp)),
+                       timeout=120)
     assert r.returncode != 0, r.stderr[-3000:]
     assert list(tmp.iterdir()) == [], r.stderr[-3000:]
     assert f"port {port} is taken on this node" in r.stderr and "may be gone" not in r.stderr, r.stderr[-3000:]
@@ -484,8 +480,8 @@ def test_the_users_own_mpi_settings_reach_the_rank(tmp_path):
             print("mpirun rc", r.returncode, (r.stdout + r.stderr).strip().splitlines()[:2], flush=True)
     '''))
     mpirun = _mpirun()
-    r = neuronrun(["--nproc-per-node", "1", str(script), *([mpirun] if mpirun else [])], env=clean_env(**mine),
-                  timeout=120)
+    r = forked.run(["--nproc-per-node", "1", str(script), *([mpirun] if mpirun else [])], env=clean_env(**mine),
+                   timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"[rank0]: mpi vars {sorted(mine.items())}" in r.stdout, r.stdout[-3000:]
     if mpirun:

@@ -5,8 +5,8 @@ import io
 import threading
 import time
 
+import forked_neuronrun as forked
 import pytest
-from launcher_helpers import neuronrun
 
 from neuronrun_launcher import tail
 
@@ -61,7 +61,7 @@ def test_neuronrun_prints_each_rank_line_whole(tmp_path):
     script.write_text("import sys, time\n"
                       "sys.stdout.write('part one'); sys.stdout.flush(); time.sleep(0.15)\n"
                       "sys.stdout.write(' and two\\n'); sys.stdout.flush()\n")
-    r = neuronrun(["--nproc-per-node", "1", str(script)], timeout=120)
+    r = forked.run(["--nproc-per-node", "1", str(script)], timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[rank0]: part one and two\n" in r.stdout, r.stdout
 

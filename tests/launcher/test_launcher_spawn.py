@@ -68,6 +68,17 @@ class FakeContext:
         pass
 
 
+@pytest.fixture(autouse=True)
+def _torchs_tail_restored(monkeypatch):
+    """launch() replaces torch's tail_log.tail_logfile (the agent's output copier) with
+    tail.tail_whole_lines for good; an in-process launch left it replaced in this test process,
+    and test_launcher_output's check of torch's own tail, run later in the same process, then
+    tested neuronrun's instead (and failed)."""
+    from torch.distributed.elastic.multiprocessing import tail_log
+
+    monkeypatch.setattr(tail_log, "tail_logfile", tail_log.tail_logfile)
+
+
 @pytest.fixture
 def recorder(monkeypatch, scrubbed_environ):
     rec = Recorder()

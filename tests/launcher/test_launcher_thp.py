@@ -10,6 +10,7 @@ import pytest
 from launcher_helpers import clean_env, neuronrun
 
 from neuronrun_launcher.plan import NeuronPlan, neuron_env
+from neuronrun_launcher.run import main as run_main
 from neuronrun_launcher.thp import THP_VAR, host_mode, rank_vars
 
 
@@ -44,12 +45,20 @@ def test_the_plan_carries_it_to_every_rank():
     ([], {"NEURONRUN_THP": "off"}, False),           # the flag's environment fallback
     ([], {THP_VAR: "0"}, False),                     # exported by the user: theirs reaches the rank
 ])
-def test_dry_run_shows_it_for_every_rank(flags, env, shown):
-    r = neuronrun(["--dry-run", "--nproc-per-node", "2", *flags, "train.py"], env=clean_env(**env))
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.count(f"\n  {THP_VAR}=1\n") == (2 if shown else 0), r.stdout
+def test_dry_run_shows_it_for_every_rank(flags, env, shown, scrubbed_environ, monkeypatch, capsys):
+    argv = ["--dry-run", "--nproc-per-node", "2", *flags, "train.py"]
+    if not flags and not env:  # the command line, end to end, in a process of its own
+        r = neuronrun(argv, env=clean_env(**env))
+        code, out, err = r.returncode, r.stdout, r.stderr
+    else:  # the same main(), in this process (--dry-run imports no torch and starts nothing)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        code = run_main(argv)
+        out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out.count(f"\n  {THP_VAR}=1\n") == (2 if shown else 0), out
     # the header says whether this node's kernel honours it
-    assert (f"this node's transparent huge pages: {host_mode() or 'unknown'}" in r.stdout) == shown, r.stdout
+    assert (f"this node's transparent huge pages: {host_mode() or 'unknown'}" in out) == shown, out
 
 
 def test_a_bad_value_is_a_usage_error():

@@ -1,4 +1,4 @@
-"""How the rank scripts of test_misuse.py end (placement_error.py and its kin): the rank runs
+"""How the rank scripts of test_misuse.py end (set_up_cases.py): the rank runs
 init_process_group and prints one line, `rank R: ok` or `rank R: <error type> after <s>s:
 <message>`, which the tests read with pool.rank_line."""
 import time
