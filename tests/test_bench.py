@@ -11,6 +11,8 @@ import pytest
 from neuron_dist import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the variables a launcher sets for its ranks (a shell outside one has none of them)
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def _usage_error(monkeypatch, capsys, argv, env, tool="bench") -> str:
@@ -47,8 +49,7 @@ class _BenchSession:
     each importing torch, cost seconds of CPU. Its ranks run with the environment of a shell
     outside a launcher (this process's, without the variables below), and `ranks_env` over it."""
     SCRIPT = os.path.join(ROOT, "tests", "scripts", "bench_session.py")
-    UNSET = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "THP_MEM_ALLOC_ENABLE", "NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE")
+    UNSET = LAUNCHER_VARS + ("THP_MEM_ALLOC_ENABLE", "NEURON_RT_NUM_CORES", "NEURON_DIST_ALGO", "NEURON_DIST_INSTANCE")
 
     def __init__(self, tmp_path_factory, tool: str = "bench", ranks_env: dict | None = None):
         self.tmp, self.tool, self.ranks_env, self.p = tmp_path_factory, tool, ranks_env or {}, None
@@ -119,7 +120,7 @@ def train_cli(tmp_path_factory):
 
 
 # what a shell's environment holds for a command line not under a launcher
-NOT_LAUNCHED = dict.fromkeys(("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+NOT_LAUNCHED = dict.fromkeys(LAUNCHER_VARS)
 
 
 def test_parse_size():
