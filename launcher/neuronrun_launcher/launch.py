@@ -12,6 +12,7 @@ instead of a traceback of the launcher. torch is imported here only, so --help a
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -246,8 +247,14 @@ def launch(cfg: RunConfig) -> int:
 
     own_log_dir = groups_dir = None
     try:
-        own_log_dir = None if cfg.log_dir else tempfile.mkdtemp(prefix="neuronrun_")
-        groups_dir = tempfile.mkdtemp(prefix="neuronrun_groups_")
+        # each name bound before its directory is made (not tempfile.mkdtemp, which binds it
+        # after): a Ctrl-C landing inside mkdtemp, past its mkdir, left a directory that the
+        # cleanup below did not know of
+        if not cfg.log_dir:
+            own_log_dir = _fresh_dir_name("neuronrun_")
+            os.mkdir(own_log_dir, 0o700)
+        groups_dir = _fresh_dir_name("neuronrun_groups_")
+        os.mkdir(groups_dir, 0o700)
         os.environ[GROUPS_VAR] = groups_dir
         os.environ[AGENT_VAR] = str(os.getpid())  # the ranks' parent (the trampoline's check)
         if cfg.rdzv_backend != "static" and cfg.max_nodes > 1:
@@ -263,6 +270,13 @@ def launch(cfg: RunConfig) -> int:
         return _run(cfg, config, own_log_dir)
     finally:
         _clean_up(groups_dir, own_log_dir)
+
+
+def _fresh_dir_name(prefix: str) -> str:
+    """An unused, unguessable name in the temporary directory, as tempfile.mkdtemp picks one
+    (a name taken meanwhile makes os.mkdir raise FileExistsError: 64 random bits make that a
+    bug or an attack, not a race to retry)."""
+    return os.path.join(tempfile.gettempdir(), prefix + secrets.token_hex(8))
 
 
 def _clean_up(groups_dir: str | None, own_log_dir: str | None) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -194,6 +195,28 @@ def _launch_failing_with(monkeypatch, exc, argv=("--nproc-per-node", "2", "train
         monkeypatch.setenv(var, "")
         monkeypatch.delenv(var)
     return launch.launch(config_from_argv(list(argv), dict(os.environ)))
+
+
+@pytest.mark.parametrize("nth", [1, 2])
+def test_a_ctrl_c_as_a_directory_is_made_leaves_nothing(monkeypatch, scrubbed_environ, tmp_path, nth):
+    """A Ctrl-C landing inside tempfile.mkdtemp, after its mkdir and before the name reached
+    launch(), left the directory in $TMPDIR (test_ctrl_c_before_the_ranks_start_leaves_no_directories
+    caught it under load, 1 run in 4). The signal is stood in for by a KeyboardInterrupt raised
+    as the nth of neuronrun's directories (its log directory, then the groups directory) is made."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    real_mkdir, made = os.mkdir, []
+
+    def mkdir_then_ctrl_c(path, *args, **kwargs):
+        real_mkdir(path, *args, **kwargs)
+        if os.path.basename(path).startswith("neuronrun"):
+            made.append(path)
+            if len(made) == nth:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "mkdir", mkdir_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        _launch_failing_with(monkeypatch, AssertionError("the job must not start"))
+    assert len(made) == nth and list(tmp_path.iterdir()) == []
 
 
 def test_a_lost_rendezvous_is_a_report_not_a_traceback(monkeypatch, scrubbed_environ, capsys):
