@@ -30,28 +30,33 @@ _FIELDS = struct.Struct("<qqqqq")   # kind, dtype code, nbytes (-1: not compared
 _TEXT = 240
 FP_BYTES = _FIELDS.size + _TEXT
 _state = threading.local()
-_ENABLED: bool | None = None  # the environment's answer, read once per process
 _FORCED: bool | None = None   # set_enabled's
 
 
-def enabled(detail: bool = False) -> bool:
-    """Whether a group's calls are checked: forced by set_enabled, else TORCH_DISTRIBUTED_DEBUG=
-    DETAIL or NEURON_DIST_CHECK in the environment, or `detail`, the group's own reading of
-    torch's debug level when it was made (torch_detail)."""
-    global _ENABLED
-    if _FORCED is not None:
-        return _FORCED
-    if _ENABLED is None:
-        _ENABLED = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or env_flag("NEURON_DIST_CHECK")
-    return _ENABLED or detail
+def wanted() -> bool:
+    """Whether a group made now is to be checked: TORCH_DISTRIBUTED_DEBUG=DETAIL or
+    NEURON_DIST_CHECK in the environment (a bad value raises ValueError), or torch's debug level
+    (torch_detail). Read as each group is made and kept by it, as torch decides per group whether
+    to wrap a Gloo group in its ProcessGroupWrapper: a process-wide reading kept the first
+    group's answer for every later one, a world re-made under another setting included."""
+    return env_wanted() or torch_detail()
+
+
+def env_wanted() -> bool:
+    """The environment's part of wanted()."""
+    return (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or env_flag("NEURON_DIST_CHECK")
+
+
+def enabled(group_wanted: bool) -> bool:
+    """Whether a group's calls are checked: forced by set_enabled, else what the group read as
+    it was made (`group_wanted`, wanted())."""
+    return group_wanted if _FORCED is None else _FORCED
 
 
 def torch_detail() -> bool:
     """Whether torch's debug level is DETAIL: TORCH_DISTRIBUTED_DEBUG as torch read it, or set
     since by `dist.set_debug_level(dist.DebugLevel.DETAIL)`, which the environment alone missed
-    (Gloo's groups made after it are checked). Read as each group is made, when torch decides
-    whether to wrap a Gloo group in its ProcessGroupWrapper, and kept by the group: one call of
-    torch's per group, none per collective."""
+    (Gloo's groups made after it are checked)."""
     import torch.distributed as dist
     try:
         return dist.get_debug_level() == dist.DebugLevel.DETAIL
@@ -134,7 +139,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None,
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
     `call`: the user's call form and tensors (see _called). True: the fingerprints agreed."""
-    if not enabled(pg.torch_detail) or kind == Kind.P2P or peer is not None or checking():
+    if not pg._checked() or kind == Kind.P2P or peer is not None or checking():
         return False
     from .group import GroupError
     g = pg.group

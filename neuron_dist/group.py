@@ -231,7 +231,7 @@ class Group(GroupMeeting, HangDiagnosis):
         choice = {}  # NEURON_DIST_ALGO and _TUNING, normalized (a bad value: this rank's error, published)
         try:
             install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
-            debug.enabled()        # so does a bad NEURON_DIST_CHECK (read once, here, not in a collective)
+            debug.env_wanted()     # so does a bad NEURON_DIST_CHECK (read as the group is made)
             self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
             self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
             forced = transport_select.settings()  # NEURON_DIST_TRANSPORT and the transports' own

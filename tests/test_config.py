@@ -1,9 +1,11 @@
 """The diagnostic switches read one way: 0/false/off/no is off for every one of them (it was a
 file named "0" for NEURON_DIST_DUMP, an error for NEURON_DIST_DEBUG and "on" for
 NEURON_DIST_CHECK=false), and a bad value is an error naming the variable."""
+import ast
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -116,11 +118,35 @@ def test_check_switch_reads_false_as_off(monkeypatch):
     from neuron_dist import debug
     monkeypatch.delenv("TORCH_DISTRIBUTED_DEBUG", raising=False)
     monkeypatch.setenv("NEURON_DIST_CHECK", "false")
-    debug.set_enabled(None)
-    try:
-        assert debug.enabled() is False
-    finally:
-        debug.set_enabled(None)
+    assert debug.env_wanted() is False
+
+
+def test_each_group_reads_the_check_setting_as_it_is_made():
+    """NEURON_DIST_CHECK was read once per process: a world re-made under another value kept
+    the first group's reading, and a bad value after a good one passed unseen. Each group reads
+    it as it is made (as torch decides per group whether to wrap a Gloo group in its checker)."""
+    code = textwrap.dedent("""
+        import os, torch, torch.distributed as dist, neuron_dist
+        def world(value):
+            os.environ.pop("NEURON_DIST_CHECK", None)
+            if value is not None:
+                os.environ["NEURON_DIST_CHECK"] = value
+            try:
+                dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+            except ValueError as e:
+                return "refused: " + str(e)
+            try:
+                return dist.group.WORLD._get_backend(torch.device("cpu"))._checked()
+            finally:
+                dist.destroy_process_group()
+        print([world("1"), world("0"), world(None), world("1"), world("maybe")])
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("NEURON_DIST_CHECK", "TORCH_DISTRIBUTED_DEBUG")}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = ast.literal_eval(p.stdout.strip().splitlines()[-1])
+    assert got[:4] == [True, False, False, True], got
+    assert got[4].startswith("refused: ") and "NEURON_DIST_CHECK" in got[4], got
 
 
 @pytest.mark.parametrize("value", ["0", "off"])

@@ -26,7 +26,7 @@ with open(spec) as f:
 import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
-from neuron_dist import debug, hosts  # noqa: E402
+from neuron_dist import hosts  # noqa: E402
 from report_init import init_and_report  # noqa: E402
 
 BASE_ENV = dict(os.environ)
@@ -77,8 +77,6 @@ for i, case in enumerate(cases):
     if rank is None:
         continue
     meet(i, case)
-    assert hasattr(debug, "_ENABLED"), "neuron_dist.debug no longer keeps NEURON_DIST_CHECK's reading there"
-    debug._ENABLED = None  # (read once per process: each case reads it afresh, as a process of its own did)
     # torch names each group by its count of groups made in the process, which a failed set-up
     # raised: a fresh process's world is group '0', as destroy_process_group leaves the count
     assert not dist.is_initialized() and not dist.distributed_c10d._world.pg_names, "a case left a group"
