@@ -80,7 +80,12 @@ dist.destroy_process_group()
 def test_a_restarted_attempt_builds_a_fresh_group(tmp_path):
     """--max-restarts: torch's agent keeps its store across attempts, so attempt 1's group must
     not read attempt 0's keys (it used to map attempt 0's dead shared-memory segment and fail
-    with FileNotFoundError, or over TCP send to attempt 0's dead endpoints and time out)."""
+    with FileNotFoundError, or over TCP send to attempt 0's dead endpoints and time out). The
+    attempt number in the keys no longer keeps that apart alone: attempt 0's group formed, so
+    every member counted it in the store (`_generation`), and attempt 1's group is the next
+    generation even under attempt 0's number (this job passed with the number fixed at 0). A
+    group's setup records are written only once all its members have counted it, so no later
+    group reads them; the number still matters where attempt 0's group never formed (next test)."""
     script = tmp_path / "restart.py"
     script.write_text(RESTART_JOB)
     r = forked.run(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script)],
@@ -88,6 +93,52 @@ def test_a_restarted_attempt_builds_a_fresh_group(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = sorted(l.split("]: ", 1)[-1] for l in r.stdout.splitlines() if "attempt 1 rank" in l)
     assert lines == ["attempt 1 rank 0 sum 16.0", "attempt 1 rank 1 sum 16.0"], r.stdout[-2000:]
+
+
+HALF_FORMED_JOB = """
+import os, sys, threading, time, torch, torch.distributed as dist, neuron_dist
+from datetime import timedelta
+flag = sys.argv[1]
+attempt, rank = int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["RANK"])
+if attempt == 0 and rank == 1:  # fails before its init, once rank 0 has counted the group in the store
+    while not os.path.exists(flag):
+        time.sleep(0.01)
+    sys.exit(3)
+if attempt == 0:  # the flag: rank 0 is past the count, waiting for rank 1 (its agent kills it there)
+    main = threading.main_thread().ident
+    def watch():
+        while True:
+            frame = sys._current_frames().get(main)
+            while frame is not None and frame.f_code.co_name != "_agree_on_members":
+                frame = frame.f_back
+            if frame is not None:
+                open(flag, "w").close()
+                return
+            time.sleep(0.01)
+    threading.Thread(target=watch, daemon=True).start()
+dist.init_process_group("neuron", timeout=timedelta(seconds=20))
+t = torch.ones(4)
+dist.all_reduce(t)
+print("attempt", attempt, "rank", rank, "sum", t.sum().item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_restart_after_a_group_that_never_formed_forms_its_own(tmp_path):
+    """Attempt 0's rank 1 fails before its init_process_group while rank 0 waits for it inside
+    the group's meeting, where its agent kills it: the store's count of that group (`_generation`)
+    is left short of its members, and nobody retires it. Attempt 1's ranks must meet afresh: the
+    attempt number keeps their count apart. With the number fixed at 0 they continued the short
+    count: one rank met in attempt 0's half-formed generation (where attempt 0's rank 0 had posted
+    its member list), the other in the next, and the group failed at its time-out ("global ranks
+    [1] did not join within 20s"), the restart spent."""
+    script = tmp_path / "half_formed.py"
+    script.write_text(HALF_FORMED_JOB)
+    r = forked.run(["--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.1", str(script),
+                    str(tmp_path / "rank0-counted")], timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = sorted(l.split("]: ", 1)[-1] for l in r.stdout.splitlines() if "attempt 1 rank" in l)
+    assert lines == ["attempt 1 rank 0 sum 8.0", "attempt 1 rank 1 sum 8.0"], r.stdout[-2000:]
 
 
 NODE_RESTART_JOB = """

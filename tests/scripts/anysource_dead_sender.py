@@ -1,6 +1,8 @@
-"""One rank of a job in which rank 1 waits in a receive from any source.
-  dead:    2 ranks; rank 0 exits without sending (os._exit, as a crash would).
-  orderly: 3 ranks; rank 2 leaves in order (destroy_process_group), and rank 0 sends 2 s later.
+"""One rank of a 3-rank job in which rank 1 waits in a receive from any source, ranks 0 and 2
+its possible senders.
+  dead:    rank 0 exits without sending (os._exit, as a crash would); rank 2 lives on and sends
+           nothing, until rank 1's process has ended.
+  orderly: rank 2 leaves in order (destroy_process_group), and rank 0 sends 2 s later.
 Started by tests/test_faults.py; rank 1 prints how its receive ended and after how long (the
 group time-out is 30 s)."""
 import os
@@ -9,8 +11,7 @@ import time
 from datetime import timedelta
 
 rank, port, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-world = 2 if mode == "dead" else 3
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE=str(world))
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=str(rank), WORLD_SIZE="3")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
@@ -24,7 +25,17 @@ if rank == 0:
         os._exit(0)
     dist.send(torch.full((4,), 5.0), 1)
 elif rank == 2:
-    dist.destroy_process_group()
+    if mode == "dead":  # alive and silent (no destroy, no failure) while rank 1 waits
+        receiver = dist.distributed_c10d._get_default_group().group.peers_info[1]["pid"]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(receiver, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.01)
+    else:
+        dist.destroy_process_group()
     os._exit(0)
 else:
     t0 = time.monotonic()
