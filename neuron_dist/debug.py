@@ -43,8 +43,10 @@ def wanted() -> bool:
 
 
 def env_wanted() -> bool:
-    """The environment's part of wanted()."""
-    return (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL" or env_flag("NEURON_DIST_CHECK")
+    """The environment's part of wanted(). Both variables read, so that a bad NEURON_DIST_CHECK
+    is an error under TORCH_DISTRIBUTED_DEBUG=DETAIL too (an `or` skipped it)."""
+    detail = (env("TORCH_DISTRIBUTED_DEBUG") or "").upper() == "DETAIL"
+    return env_flag("NEURON_DIST_CHECK") or detail
 
 
 def enabled(group_wanted: bool) -> bool:

@@ -123,12 +123,14 @@ def test_check_switch_reads_false_as_off(monkeypatch):
 
 def test_each_group_reads_the_check_setting_as_it_is_made():
     """NEURON_DIST_CHECK was read once per process: a world re-made under another value kept
-    the first group's reading, and a bad value after a good one passed unseen. Each group reads
-    it as it is made (as torch decides per group whether to wrap a Gloo group in its checker)."""
+    the first group's reading, and a bad value after a good one passed unseen (as it did under
+    TORCH_DISTRIBUTED_DEBUG=DETAIL). Each group reads it as it is made (as torch decides per group
+    whether to wrap a Gloo group in its checker)."""
     code = textwrap.dedent("""
         import os, torch, torch.distributed as dist, neuron_dist
-        def world(value):
+        def world(value, debug=""):
             os.environ.pop("NEURON_DIST_CHECK", None)
+            os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
             if value is not None:
                 os.environ["NEURON_DIST_CHECK"] = value
             try:
@@ -139,14 +141,15 @@ def test_each_group_reads_the_check_setting_as_it_is_made():
                 return dist.group.WORLD._get_backend(torch.device("cpu"))._checked()
             finally:
                 dist.destroy_process_group()
-        print([world("1"), world("0"), world(None), world("1"), world("maybe")])
+        print([world("1"), world("0"), world(None), world("1"), world("maybe"), world("maybe", "DETAIL")])
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("NEURON_DIST_CHECK", "TORCH_DISTRIBUTED_DEBUG")}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     got = ast.literal_eval(p.stdout.strip().splitlines()[-1])
     assert got[:4] == [True, False, False, True], got
-    assert got[4].startswith("refused: ") and "NEURON_DIST_CHECK" in got[4], got
+    for refused in got[4:]:  # (the second under TORCH_DISTRIBUTED_DEBUG=DETAIL, which an `or` let skip it)
+        assert refused.startswith("refused: ") and "NEURON_DIST_CHECK='maybe'" in refused, got
 
 
 @pytest.mark.parametrize("value", ["0", "off"])

@@ -290,12 +290,12 @@ def _bandwidth_from(topo):
     *((n, 1, 32 * KB, 96 * KB) for n in ("trn1.32xlarge", "trn1n.32xlarge", "inf2.24xlarge",
                                          "inf2.48xlarge", "trn2.48xlarge", "trn2u.48xlarge")),
     ("trn3", 1, 128 * KB, 1 * MB), ("trn3-gen2", 1, 128 * KB, 1 * MB), ("trn1.2xlarge", 1, 1 * MB, 2 * MB),
-    ("trn1.32xlarge", 32, 256 * KB, 2 * MB), ("trn3-gen2", 32, 256 * KB, 2 * MB)])  # (2048 ranks and more: 5-12 s each)
+    ("trn1.32xlarge", 32, 110 * KB, 950 * KB), ("trn3-gen2", 32, 110 * KB, 950 * KB)])  # (2048 ranks and more: 5-12 s each)
 def test_crossover_is_where_the_readme_says(name, nodes, low, high):
     """README (Cost model): over whole nodes the model moves to ring/torus at 36-82 KiB on one
-    trn1/trn1n/inf2/trn2(u) node, 190-630 KiB on one trn3 node, 1.3 MiB on trn1.2xlarge, up to
-    1.4 MiB at 32 nodes; it said "64-512 KiB on the built-in models", which inf2.48xlarge and
-    trn1.32xlarge (36 and 39 KiB), trn1.2xlarge and 32 nodes of trn3 (0.7-1.4 MiB) contradict."""
+    trn1/trn1n/inf2/trn2(u) node, 190-630 KiB on one trn3 node, 1.3 MiB on trn1.2xlarge, 120-900
+    KiB at 32 nodes; it said "64-512 KiB on the built-in models", which inf2.48xlarge and
+    trn1.32xlarge (36 and 39 KiB), trn1.2xlarge and 32 nodes of trn3 contradicted."""
     inst = get_instance(name)
     for lnc in inst.supported_lnc:
         at = _bandwidth_from(place(inst, nodes, inst.cores(lnc), lnc))
