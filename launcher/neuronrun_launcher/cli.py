@@ -70,7 +70,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(_spellings("--master-port"), "port of node 0's store, static rendezvous only (default 29500)", None, int),
     Flag(_spellings("--rdzv-backend"), "rendezvous backend: static, c10d, etcd, etcd-v2", "static"),
     Flag(_spellings("--rdzv-endpoint"), "rendezvous endpoint host[:port]", ""),
-    Flag(_spellings("--rdzv-id"), "job id shared by all nodes (default: $SLURM_JOB_ID under Slurm)", "none"),
+    Flag(_spellings("--rdzv-id"), "job id shared by all nodes ($SLURM_JOB_ID under Slurm)", "none"),
     Flag(_spellings("--rdzv-conf"), "extra rendezvous settings key1=v1,key2=v2 (e.g. timeout=60)", ""),
     Flag(_spellings("--standalone"), "single node: c10d rendezvous on a free local port (several nodes, by "
          "--nnodes or Slurm/MPI, are an error)", False, switch=True),

@@ -108,8 +108,8 @@ def render(cfg: RunConfig) -> str:
                      f"{mode or 'unknown'}" + (" (so it changes nothing here; --thp off to drop it)"
                                                if mode == "never" else ""))
     if cfg.rdzv_backend != "static":
-        lines.append("ranks of nodes other than this one are ordered at rendezvous; "
-                     "MASTER_ADDR/MASTER_PORT come from node 0's agent")
+        lines.append(("ranks of nodes other than this one are ordered at rendezvous; " if cfg.max_nodes > 1 else "")
+                     + "MASTER_ADDR/MASTER_PORT come from node 0's agent")
     for fields, env in rank_table(cfg):
         lines.append("")
         lines.append(", ".join(f"{k} {v}" for k, v in fields.items()))

@@ -117,7 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.dry_run:
         from .dryrun import render
 
-        print(render(cfg))
+        try:
+            print(render(cfg), flush=True)
+        except BrokenPipeError:  # `neuronrun --dry-run ... | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no second error at exit)
         return 0
     from .launch import launch
 

@@ -13,7 +13,7 @@ from launcher_helpers import clean_env, neuronrun
 
 from neuronrun_launcher.cli import FLAGS
 from neuronrun_launcher.config import ConfigError
-from neuronrun_launcher.dryrun import rank_table
+from neuronrun_launcher.dryrun import rank_table, render
 from neuronrun_launcher.plan import format_cpus, rank_cpus
 from neuronrun_launcher.run import config_from_argv
 
@@ -372,6 +372,23 @@ def test_dry_run_cli_output():
                  "NEURON_RT_NUM_CORES=8", "NEURON_LOGICAL_NC_CONFIG=1", "NEURON_RT_ROOT_COMM_ID=10.0.0.9:6001",
                  "NEURON_DIST_INSTANCE=trn2.48xlarge"):
         assert f"\n  {line}\n" in block + "\n"
+
+
+def test_a_dry_run_read_in_part_ends_quietly_and_one_node_is_not_told_of_others():
+    """`neuronrun --dry-run ... | head` ended in a BrokenPipeError traceback; a one-node dry run
+    under a c10d rendezvous said "ranks of nodes other than this one are ordered at rendezvous"."""
+    import subprocess
+    p = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--dry-run", "--lnc", "1", "--nproc-per-node",
+                          "128", "train.py"],  # (82 KB: more than a pipe holds, so the write meets the closed end)
+                         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.readline()
+    p.stdout.close()  # as `head -1` does once it has its line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+    one = render(cfg("--standalone", "--nproc-per-node", "2", "t.py"))
+    assert "\nMASTER_ADDR/MASTER_PORT come from node 0's agent\n" in one and "other than this one" not in one, one
+    two = render(cfg("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "t.py"))
+    assert "ranks of nodes other than this one are ordered at rendezvous; MASTER_ADDR" in two, two
 
 
 def test_cpu_bind_dry_run_and_bad_value():
