@@ -69,6 +69,13 @@ LOOK_INTERVAL_S = 0.01  # a waiting op looks at the peers it waits on this often
 # woke 36 times (0.6% of a core, and a fixed 5 ms wait ~2% over zmq); now ~16
 STALL_WAIT_MIN_S, STALL_WAIT_MAX_S = 0.005, 0.25
 DUE_SLACK_S = 0.001  # a wait for something due ends just past it (time-outs are "more than")
+# how much longer than the group's time-out a destroy waits for work still running (`close`): an
+# op the engine started as the destroy began (an isend just before destroy_process_group) is
+# due at the same moment as the destroy's own wait, and whichever came first decided its error:
+# its time-out, naming the peer it waited on, or "the process group was aborted" (which the
+# caller never asked for, sent to the peers as the cause), run by run (review BI). This margin
+# lets the op's own time-out come first
+DESTROY_GRACE_S = 0.5
 # how an exiting rank's ABORT names its cause (`_close_at_exit`), and how long a same-host peer
 # that fails on it waits for that rank's process to end before telling its caller
 # (`_let_the_exiting_go_first`), once per exiting process: a process that has imported torch ends
@@ -899,7 +906,8 @@ class Group(GroupMeeting, HangDiagnosis):
     def close(self, abort: bool = False, reason: str | None = None, exiting: bool = False) -> None:
         """Destroy (abort=False): work already issued still runs, queued or started, as Gloo's
         destructor drains its queue (an isend or async all-reduce just before
-        destroy_process_group completes), bounded by the group's time-out. Abort: every op not
+        destroy_process_group completes), bounded by the group's time-out (and DESTROY_GRACE_S, for
+        an op started as the destroy began to fail on its own time-out). Abort: every op not
         finished, started or not, fails at once (the engine's next pass), the engine thread gets
         half a second to leave, and the peers are told `reason` (by default that this rank
         aborted the group). `exiting`: an orderly close made as the process exits (its
@@ -929,7 +937,7 @@ class Group(GroupMeeting, HangDiagnosis):
         for op in pending:
             op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the process group was {ended}"))
         if not engine:
-            self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds())
+            self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds() + DESTROY_GRACE_S)
             if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
                 self._abort = True
                 with self._cv:

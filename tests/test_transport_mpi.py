@@ -481,12 +481,15 @@ def test_a_send_its_sender_gave_up_on_is_refused_naming_the_sender(mode, count):
     the frames out before it looked at the ABORT queued behind them: rank 1 silently got
     [7.0], the caller's later data. Rank 1 must fail naming rank 0. A 256 KiB send is one frame:
     its ABORT counts that one frame open, and it alone is refused (an off-by-one in the count or
-    the comparison handed out the reused tensor whole, where 32 frames still failed on the next)."""
+    the comparison handed out the reused tensor whole, where 32 frames still failed on the next).
+    Either way the send fails on its own time-out, naming rank 1: a destroy's wait ended at the
+    same moment, and its "the process group was aborted" (a call nobody made) won in most runs."""
     _, out = _mpirun_script(os.path.join(HERE, "scripts", "mpi_given_up_send.py"), timeout=100,
                             env=(f"MODE={mode}", f"COUNT={count}"))
     lines = {x[:6]: x for x in out.splitlines() if x.startswith(("rank 0: ", "rank 1: "))}
     assert set(lines) == {"rank 0", "rank 1"}, out[-4000:]
     assert lines["rank 0"].startswith(f"rank 0: GroupError: [rank 0] send({count * 4} bytes, to rank 1"), lines
+    assert "timed out after 3.0s waiting for rank 1" in lines["rank 0"], lines["rank 0"]
     assert re.match(rf"rank 1: GroupError: \[rank 1\] recv\({count * 4} bytes, from rank 0.*\) failed: rank 0 aborted the "
                     r"group: \[rank 0\] .* \[its p2p message .* was refused here: that send had not completed",
                     lines["rank 1"]), lines["rank 1"]

@@ -36,6 +36,16 @@ per frame, and the memory of every open send: 16 MiB for a 16 MiB isend), copyin
 time (MPI reads the address it was given), MPI_Cancel (Open MPI cannot cancel a send; MPI-4.1
 deprecates it).
 
+Known limit, not mended (review BI): "sent" is not "reached" under Open MPI's shared-memory BTL.
+Once 16 messages have gone to a peer (btl_sm_fbox_threshold), every later one goes through a
+4 KiB ring per peer (btl_sm_fbox_size: ~60 of our messages, 30 frames of a large send); while
+the peer has not polled MPI since the ring filled, the rest wait in this process's MPI and leave
+only from its own later MPI calls. An ABORT queued so, behind a large given-up send, is lost once
+this rank stops calling MPI (its group closed): the peer times out "waiting for" this rank
+instead of naming the cause, and a payload whose rendezvous message was already in the ring is
+read (single-copy) from the caller's reused tensor with no ABORT to refuse it. Mending it needs
+MPI progress after the close (a thread) or the failure told beside MPI (the store).
+
 The engine thread drives MPI while the caller's threads may call it too, so MPI must run at
 MPI_THREAD_MULTIPLE (mpi4py's default); a lower level is refused at set-up.
 """
