@@ -1,7 +1,7 @@
 """Every NEURON_DIST_* environment variable the backend reads, and `env`/`env_int`, which read
 and log them. A few are read where they are used instead: NEURON_DIST_ALGO and _TUNING on the
 fast path (collectives/select.py: a dict lookup per call), NEURON_DIST_DEBUG by setup_logging
-below, NEURON_DIST_BIND_ADDR by the group, NEURON_DIST_INSTANCE from the mapping placement reads.
+below, NEURON_DIST_BIND_ADDR by hosts.py, NEURON_DIST_INSTANCE from the mapping placement reads.
 
 NEURON_DIST_ALGO       force algorithms per collective: "allreduce:ring;allgather:direct"
 NEURON_DIST_TUNING     model (default): every group runs the topology cost model's choice; host:

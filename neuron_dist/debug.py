@@ -141,7 +141,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None,
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
     `call`: the user's call form and tensors (see _called). True: the fingerprints agreed."""
-    if not pg._checked() or kind == Kind.P2P or peer is not None or checking():
+    if not enabled(pg.check_wanted) or kind == Kind.P2P or peer is not None or checking():
         return False
     from .group import GroupError
     g = pg.group

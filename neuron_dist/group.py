@@ -41,7 +41,7 @@ from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
-from .errors import GroupError, exit_cause  # (GroupError re-exported: c10d and debug import it from here)
+from .errors import GroupError, exit_cause  # (GroupError re-exported: debug imports it from here)
 from . import meeting
 from .meeting import GroupMeeting
 from .mpi_env import finalizes_at_exit

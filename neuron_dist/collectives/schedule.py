@@ -122,8 +122,9 @@ class Schedule:
     tmp_count: int = 0
     # whether some Send/Recv is marked lend=True (executors then plan lending for those steps)
     lends: bool = False
-    # executors' precomputed frame plans, per (itemsize, frame size): a schedule reused for many
-    # calls (cached per argument set) is cut into frames once
+    # executors' precomputed frame plans, per (itemsize, frame size, lending) (executor.frame_plan)
+    # and per (kind, dtype, group) (Group.execution): a schedule reused for many calls (cached per
+    # argument set) is cut into frames once
     plans: dict = field(default_factory=dict, compare=False, repr=False)
 
     def add(self, *steps: Step) -> "Schedule":

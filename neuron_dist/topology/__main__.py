@@ -3,7 +3,7 @@
   show INSTANCE [--lnc N] [--svg FILE]
       the instance's chips, cores and links, every figure with its source, and the node's
       Hamiltonian ring(s) drawn over the chip graph to an SVG file (default INSTANCE-rings.svg)
-  predict COLLECTIVE --instance NAME [--nodes N] [--ppn K] [--lnc N] [--cores-per-rank M]
+  predict COLLECTIVE [--instance NAME] [--nodes N] [--ppn K] [--lnc N] [--cores-per-rank M]
           [--sizes 8K,1M,64M] [--algo NAME]
       an nccl-tests-like table of modelled time, algbw and busbw, with the algorithm the backend
       would choose at each size (or the one given with --algo); NEURON_DIST_ALGO is honoured.

@@ -101,7 +101,7 @@ class InstanceModel:
     multi_node: bool = False
     domain_nodes: int = 1              # nodes joined into one NeuronLink torus (UltraServer)
     domain_link_bandwidth: float = 0.0 # bytes/s per direction, one link between nodes of a domain
-    intra_chip_bandwidth: float = 0.0  # bytes/s between cores of one chip (0: use hbm_bandwidth)
+    intra_chip_bandwidth: float = 0.0  # bytes/s between cores of one chip (0: hbm_bandwidth / 2, read + write)
     notes: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 

@@ -6,7 +6,8 @@ Neuron conventions followed here:
     comma-separated list of both ("0,2-3": the Neuron runtime takes these from 2.16 on, per
     aws-neuron-sdk#1024, and Ray sets them, though the runtime's pages show only the first two
     forms); without it a process gets core `local_rank` (what the Neuron torch integration sets
-    under torchrun);
+    under torchrun), or, with `NEURON_RT_NUM_CORES=M`, the M consecutive cores from
+    `local_rank` x M (as neuronrun lays them out);
   * `NEURON_LOGICAL_NC_CONFIG` is the LNC (default: the instance's, 2 on trn2/trn3, 1 elsewhere);
   * the node of a rank is `GROUP_RANK` (torchrun) or `NODE_ID`/`NODE_RANK`, the first one set
     (an integer >= 0; another value is an error naming the variable), else

@@ -173,8 +173,9 @@ class Transport(abc.ABC):
         """Take in the frames that have arrived, so that what `check_peer` and `peer_finished`
         say from them is current (a peer's ABORT or BYE queued behind frames nothing reads yet:
         the executor reads only the peer it waits on). For transports that queue frames
-        in-process (zmq); a bad frame raises FrameError. Called once per stall sweep, not per
-        peer: a drain costs microseconds even when nothing came."""
+        in-process (zmq) or take in frame headers ahead of the executor (mpi); a bad frame raises
+        FrameError. Called once per stall sweep and as an operation starts (`DeathWatch`), not
+        per peer: a drain costs microseconds even when nothing came."""
 
     def peer_finished(self, peer: int) -> bool:
         """True if `peer` closed its side in an orderly way (destroy_process_group/shutdown)

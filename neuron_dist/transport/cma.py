@@ -2,10 +2,12 @@
 
 Why: a frame through a shared-memory slot is copied twice, into the slot by the sender and out
 of it by the receiver. For the collectives that only move data (all-gather, broadcast,
-all-to-all, gather, scatter), the all-reduce steps that only copy (marked `lend` by their
-schedule builders) and point-to-point messages larger than the ring, the shm transport
+all-to-all, gather, scatter), the steps of other collectives that their schedule builders mark
+`lend` (those that only copy; from the larger `lend_reduce_from`, those the receiver reduces)
+and point-to-point messages larger than the ring, the shm transport
 can instead *lend* a frame: the slot carries the address of the sender's own bytes, the receiver
-copies them straight into its output with one kernel copy, and the sender's op waits until the
+copies them straight into its output with one kernel copy (a reducing receive reads them part
+by part, `Lent.read_part`), and the sender's op waits until the
 receiver has released the slot (the transport's `released`). Open MPI's smsc/cma component moves
 large messages the same way.
 

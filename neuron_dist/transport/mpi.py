@@ -93,9 +93,14 @@ class MpiTransport(Transport):
     name = "mpi"
 
     def __init__(self, ctx: TransportContext, peers: list[int] | None = None, key: str = "mpi"):
-        MPI = self.MPI = _mpi()
-        self.comm = MPI.COMM_WORLD
         self.rank, self.token = ctx.rank, ctx.token
+        try:
+            MPI = self.MPI = _mpi()
+        except TransportError as e:  # published too: peers on hosts that have mpi4py would wait
+            why = f"rank {self.rank}: {e}"  # for this rank's record until the store's time-out
+            self.publish_error(ctx.store, key, self.rank, why)
+            raise TransportError(why) from None
+        self.comm = MPI.COMM_WORLD
         why = None
         if not MPI.Is_initialized() or MPI.Is_finalized():  # any other MPI call would abort the job
             why = (f"rank {self.rank}: MPI is {'already finalized' if MPI.Is_finalized() else 'not initialized'}; "
