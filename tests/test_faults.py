@@ -13,63 +13,9 @@ import os
 import pytest
 
 import cases_faults as cf
+from forkserver import run_forked
 
 TIMEOUT, MARGIN = 10.0, 5.0
-_ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "forked_ranks.py")
-
-
-class _Forked:
-    """The ranks of this file's script jobs, forked from one server that imported torch and
-    neuron_dist once (scripts/forked_ranks.py): each rank is still a fresh process that runs its
-    script as `python script.py` would, exit path included, without ~1.5 s of CPU to import torch
-    again. `run` answers as pool.run_scripts does: each rank's (exit status, stdout with stderr),
-    or with split=True (exit status, stdout, stderr)."""
-
-    def __init__(self):
-        self.proc = None
-
-    def run(self, argvs, script=None, code=None, env=None, cwd=None, timeout=120, first_only=False, split=False,
-            fresh=()):
-        import json
-        import select
-        import subprocess
-        import sys
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, _ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
-        job = {"argvs": [[str(a) for a in argv] for argv in argvs], "code": code, "timeout": timeout,
-               "path": os.path.join(os.path.dirname(_ZYGOTE), script) if script else None, "split": split,
-               "env": dict(os.environ if env is None else env), "cwd": str(cwd) if cwd else None,
-               "first_only": first_only, "fresh": list(fresh)}
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        if not select.select([self.proc.stdout], [], [], timeout + 60)[0]:
-            self.close()
-            raise AssertionError(f"the fork server gave no answer within {timeout + 60}s")
-        line = self.proc.stdout.readline()
-        if not line:
-            self.close()
-            raise AssertionError("the fork server died")
-        got = json.loads(line)
-        assert "error" not in got, got.get("error")
-        return [tuple(o) for o in got["outs"]]
-
-    def close(self):
-        if self.proc is not None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
-                self.proc.kill()
-                self.proc.wait()
-            self.proc = None
-
-
-@pytest.fixture(scope="module")
-def forked():
-    f = _Forked()
-    yield f
-    f.close()
 
 
 def _check(world, coll, phase, env=None):
@@ -264,7 +210,7 @@ def test_a_failure_reaches_a_rank_that_waits_on_another_peer(pools):
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
-def test_a_shorter_message_whose_sender_then_exits_is_delivered(forked, transport):
+def test_a_shorter_message_whose_sender_then_exits_is_delivered(transport):
     """Rank 0 sends 3 elements to a two-frame irecv and exits while rank 1 is frozen; rank 1
     resumes with the whole message in hand. The receive of the message's own size, built once
     its first frame was there, used to check the sender's liveness again and failed with 'rank 0
@@ -275,11 +221,11 @@ def test_a_shorter_message_whose_sender_then_exits_is_delivered(forked, transpor
     from pool import free_port
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    out = forked.run([[0, port], [1, port]], script="short_then_exit.py", env=env)[1][1]
+    out = run_forked("short_then_exit.py", [[0, port], [1, port]], env)[1][1]
     assert "rank 1: got [0.0, 1.0, 2.0, -1.0, -1.0, -1.0, -1.0, -1.0], the rest untouched" in out, out[-2000:]
 
 
-def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout(forked):
+def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout():
     """zmq: rank 1 is frozen for 8 s; rank 0's 256 KiB sends (one frame each, SingleFrameSend)
     fill the socket until zmq still reads one. That send reported progress on every pass while
     it waited, so the engine never ran its stall check: it spun a core and returned once rank 1
@@ -290,8 +236,7 @@ def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout(forke
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT="zmq")
     # (first_only: rank 1, still frozen once rank 0 has ended, is killed then, not waited for)
-    line = rank_line(forked.run([[0, port], [1, port]], script="send_to_stopped_peer.py", env=env,
-                                first_only=True)[0][1], 0)
+    line = rank_line(run_forked("send_to_stopped_peer.py", [[0, port], [1, port]], env, first_only=True)[0][1], 0)
     assert " failed after " in line and "send(262144 bytes, to rank 1, tag 0) timed out after 2.0s waiting for rank 1" \
         in line, line
     assert float(line.split(" after ")[1].split("s")[0]) < 6, line
@@ -302,7 +247,7 @@ def test_a_one_frame_send_to_a_stopped_peer_times_out_at_the_group_timeout(forke
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("mode", ["dead", "orderly"])
-def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(forked, transport, mode):
+def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(transport, mode):
     """dead: rank 1 waits in a receive from any source; rank 0, one of its two possible senders,
     exits (rank 2 lives on, silent). The receive waited the whole group time-out (30 s here) and
     reported a time-out; it now fails within seconds, naming rank 0, as a receive from a named
@@ -314,7 +259,7 @@ def test_a_receive_from_any_source_fails_when_a_possible_sender_dies(forked, tra
     from pool import free_port, rank_line
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    outs = forked.run([[r, port, mode] for r in range(3)], script="anysource_dead_sender.py", env=env)
+    outs = run_forked("anysource_dead_sender.py", [[r, port, mode] for r in range(3)], env)
     line = rank_line(outs[1][1], 1)
     if mode == "orderly":
         assert line == "rank 1: received [5.0, 5.0, 5.0, 5.0] from rank 0", line
@@ -603,7 +548,7 @@ def test_a_stalled_engine_wakes_for_what_falls_due_and_seldom_otherwise():
 
 
 @pytest.mark.parametrize("transport,world", [("shm", 2), ("shm", 3), ("zmq", 2)])
-def test_a_peer_killed_while_waited_on_is_seen_at_once(forked, transport, world):
+def test_a_peer_killed_while_waited_on_is_seen_at_once(transport, world):
     """The last rank is SIGKILLed while the others have waited 1.5 s on it in an all-reduce, their
     engines asleep in the transport's longest waits (0.25 s). The process's end wakes them (a
     thread asleep on the peers' pidfds, deathwatch._ExitWaker), and on shared memory, where
@@ -614,7 +559,7 @@ def test_a_peer_killed_while_waited_on_is_seen_at_once(forked, transport, world)
     from pool import free_port, rank_line
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    outs = forked.run([[r, world, port, 1.5] for r in range(world)], script="killed_while_waited_on.py", env=env)
+    outs = run_forked("killed_while_waited_on.py", [[r, world, port, 1.5] for r in range(world)], env)
     killed = float(rank_line(outs[-1][1], world - 1).split("killed at ")[1])
     for r in range(world - 1):
         line = rank_line(outs[r][1], r)
@@ -836,17 +781,16 @@ def test_the_wait_for_an_exiting_peer_is_for_the_peers_its_abort_names_exactly()
     assert waited == [], waited
 
 
-def _rank0s_failing_call(forked, code: str, cwd, env=None, fresh=()) -> tuple[str, str, str]:
-    """Run `code` as ranks 0 and 1 (argv[1], as `python -c code r` would, forked by `forked`;
-    `fresh`: ranks started as new interpreters); rank 0 prints "SECONDS ERROR" for its failing
-    call. Returns (seconds, error, rank 0's stderr); both processes are ended after rank 0's."""
-    _, out, err = forked.run([[0], [1]], code=code, env=env, cwd=cwd, timeout=60, first_only=True, split=True,
-                             fresh=fresh)[0]
+def _rank0s_failing_call(code: str, cwd, env=None) -> tuple[str, str, str]:
+    """Run `code` as ranks 0 and 1 (argv[1], as `python -c code r` would, forked from the fork
+    server); rank 0 prints "SECONDS ERROR" for its failing call. Returns (seconds, error, rank
+    0's stderr); both processes are ended after rank 0's."""
+    _, out, err = run_forked(None, [[0], [1]], env, timeout=60, code=code, split=True, cwd=cwd, first_only=True)[0]
     took, _, why = out.partition(" ")
     return took, why, err
 
 
-def test_the_wait_for_an_exiting_peer_is_capped(forked, tmp_path):
+def test_the_wait_for_an_exiting_peer_is_capped(tmp_path):
     """A same-host peer exiting on an uncaught exception whose process lingers (an exit handler
     that runs after neuron_dist's, here a 10 s sleep) delays this rank's error by EXIT_FIRST_S
     at most, not until it ends."""
@@ -861,9 +805,9 @@ def test_the_wait_for_an_exiting_peer_is_capped(forked, tmp_path):
             "t0 = time.monotonic()\n"
             "try: dist.all_reduce(t)\n"
             "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
-    # rank 1 as a new interpreter: its exit handler must be registered before neuron_dist's (a
-    # rank forked from the server, which imported neuron_dist first, would run it before them)
-    took, why, err = _rank0s_failing_call(forked, code, tmp_path, fresh=[1])
+    # (rank 1's exit handler is registered before neuron_dist's, as in a fresh process: the fork
+    # server imported torch only, never neuron_dist)
+    took, why, err = _rank0s_failing_call(code, tmp_path)
     out = f"{took} {why}"
     assert "exiting on an uncaught ValueError: the root cause" in why, (out, err[-2000:])
     assert float(took) < 3.0 + 2, out  # EXIT_FIRST_S (3 s) and some slack for a loaded host
@@ -990,7 +934,7 @@ def test_mpi_finalize_at_exit_is_foreseen(monkeypatch):
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("mode", ["during", "after"])
-def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(forked, transport, mode):
+def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(transport, mode):
     """during: rank 1 ends on an uncaught ValueError while rank 0 waits on it in an all-reduce.
     Its group, left open, was closed in order at exit, so rank 0 failed on "rank 1 closed its
     shared-memory transport" (and with more ranks, a same-host peer could fail and exit before
@@ -1002,7 +946,7 @@ def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(forked, 
     from pool import free_port, rank_line
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    outs = forked.run([[0, port, mode], [1, port, mode]], script="raises_uncaught.py", env=env)
+    outs = run_forked("raises_uncaught.py", [[0, port, mode], [1, port, mode]], env)
     line = rank_line(outs[0][1], 0)
     assert "ValueError: the root cause on rank 1" in outs[1][1] and outs[1][0] == 1, outs[1]
     if mode == "after":
@@ -1016,7 +960,7 @@ def test_a_rank_that_exits_on_an_uncaught_exception_tells_its_peers_why(forked, 
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
-def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(forked, transport):
+def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(transport):
     """Rank 1 ends with sys.exit(3) while rank 0 waits on it in an all-reduce, its group left
     open and idle, so closed in order at exit. Rank 0 failed on "rank 1 closed its
     shared-memory transport" ~0.5 s before rank 1's process ended (its interpreter's
@@ -1027,7 +971,7 @@ def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(
     from pool import free_port, rank_line
     port = free_port()
     env = dict(os.environ, NEURON_DIST_TRANSPORT=transport)
-    outs = forked.run([[0, port, "exit"], [1, port, "exit"]], script="raises_uncaught.py", env=env)
+    outs = run_forked("raises_uncaught.py", [[0, port, "exit"], [1, port, "exit"]], env)
     line = rank_line(outs[0][1], 0)
     assert outs[1][0] == 3, outs[1]
     name = {"shm": "shared-memory", "zmq": "zmq"}[transport]
@@ -1036,7 +980,7 @@ def test_a_rank_that_exits_with_its_group_open_ends_before_its_peers_hear_of_it(
 
 
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
-def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(forked, tmp_path, transport):
+def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(tmp_path, transport):
     """Rank 1 destroys its group (an orderly close, not its process's exit) while rank 0 waits on
     it in an all-reduce, then its process runs on: rank 0 fails at once on the close, without
     waiting EXIT_FIRST_S for a process that is not exiting (only a goodbye that says it is an
@@ -1053,7 +997,7 @@ def test_a_peer_that_destroys_its_group_in_order_is_not_waited_for_as_exiting(fo
             "t0 = time.monotonic()\n"
             "try: dist.all_reduce(t)\n"
             "except Exception as e: print(f'{time.monotonic() - t0:.2f} {e}', flush=True)\n")
-    took, why, err = _rank0s_failing_call(forked, code, tmp_path, dict(os.environ, NEURON_DIST_TRANSPORT=transport))
+    took, why, err = _rank0s_failing_call(code, tmp_path, dict(os.environ, NEURON_DIST_TRANSPORT=transport))
     out = f"{took} {why}"
     assert "rank 1 is gone" in why and "as its process exits" not in why, (out, err[-2000:])
     # not 0.5 + EXIT_FIRST_S (3 s); over zmq the disconnect's grace (0.5 s) and a loaded host's
