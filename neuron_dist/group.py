@@ -254,21 +254,24 @@ class Group(GroupMeeting, HangDiagnosis):
         # which lives on across attempts: the attempt number keeps them apart
         attempt = meeting.elastic_attempt()
         members = f"{zlib.crc32(','.join(map(str, self.global_ranks)).encode()):08x}"  # the member list's key
-        key, generation = self._generation(store, attempt, members)
-        try:
-            self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement, placement_error,
-                       forced, choice)
-            self._start_engine(t0)
-            if not dist.is_initialized():  # this world's default group, now formed (`_meet`)
-                meeting.WORLD["id"] = self.job_id
-        except BaseException as e:
-            meeting.retire_generation(store, key, generation, size)
-            # the transports say so themselves; elsewhere the call that hit the limit named none
-            # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
-            if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
-                raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up, out of descriptors: "
-                                 f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
-            raise
+        with meeting.forming(name, self.global_ranks[rank], self.who(rank)) as beside_others:
+            if beside_others:  # (threads making groups at once)
+                store = meeting.own_connection(store)
+            key, generation = self._generation(store, attempt, members)
+            try:
+                self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement,
+                           placement_error, forced, choice)
+                self._start_engine(t0)
+                if not dist.is_initialized():  # this world's default group, now formed (`_meet`)
+                    meeting.WORLD["id"] = self.job_id
+            except BaseException as e:
+                meeting.retire_generation(store, key, generation, size)
+                # the transports say so themselves; elsewhere the call that hit the limit named none
+                # (an OSError naming a module file, zmq's "Authenticator thread failed to start")
+                if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
+                    raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up, out of descriptors: "
+                                     f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
+                raise
 
     def _start_engine(self, t0: float) -> None:
         """Once the members have met and the transport is up: the mailbox, the watch on same-host

@@ -8,12 +8,14 @@ fail alike on a disagreement; the transports connect; the last member up deletes
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import secrets
 import socket
+import threading
 import zlib
 from datetime import timedelta
 
@@ -90,6 +92,54 @@ def retire_generation(store, key: str, generation: int, size: int) -> None:
     except (RuntimeError, NotImplementedError, ValueError):  # the store is gone, or cannot compare
         if key in LOCAL_COUNTS:  # (a store without add: this process's own count)
             LOCAL_COUNTS[key] = max(LOCAL_COUNTS[key], end)
+
+
+# (group name, global rank) of each group this process is forming now (`forming`)
+_FORMING: set[tuple[str, int]] = set()
+_FORMING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def forming(name: str, global_rank: int, who: str):
+    """Mark group `name` as forming in this process while the block runs; a second group of that
+    name begun meanwhile is refused at once, before it touches the store. torch names a group
+    that `new_group(..., use_local_synchronization=True)` makes by its ranks and its count of
+    groups, so threads of one rank calling it at the same time get one name and one store
+    prefix: they shared the name's generation count, two threads met as the same member, and
+    every call failed at 1-3 times the time-out, or hung. torch keeps one group of a name (under
+    Gloo the others formed, then failed to register; with three threads one hung in new_group);
+    here the first thread of each rank forms it alone and meets the peers' first threads. Yields
+    whether another group of this process is forming meanwhile (see `own_connection`).
+    `who`: this member as errors name it."""
+    key = (name, global_rank)
+    with _FORMING_LOCK:
+        if key in _FORMING:
+            raise GroupError(f"[{who}] group {name!r}: another thread of this process is forming a group of this "
+                             f"name (torch names groups that new_group(..., use_local_synchronization=True) makes "
+                             f"at the same time with the same ranks alike), and only one group of a name can "
+                             f"exist; call new_group for them one after another")
+        beside_others = bool(_FORMING)
+        _FORMING.add(key)
+    try:
+        yield beside_others
+    finally:
+        with _FORMING_LOCK:
+            _FORMING.discard(key)
+
+
+def own_connection(store):
+    """A connection to `store` of the group's own, for a group formed while another group of this
+    process forms: a TCPStore client answers one call at a time, so one group's store wait (up to
+    its time-out) held up every call of the other, and groups of different names that threads
+    formed side by side (new_group without use_local_synchronization) waited for one another's
+    time-outs and failed at several times theirs, where each could form. Only then, as a clone
+    costs: one more descriptor for the group's life, and a connect to a store whose host is gone
+    waits out the store's time-out where the shared connection fails at once. A store that
+    cannot be cloned (one written in Python) is shared."""
+    try:
+        return store.clone()
+    except Exception:  # noqa: BLE001 - RuntimeError: a Python Store has no clone
+        return store
 
 
 # a group's set-up records per rank, as "{family}/{rank}{tail}" (`_forget_setup`): written by

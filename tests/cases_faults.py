@@ -1599,6 +1599,58 @@ def a_new_group_retried_after_a_lone_time_out_forms(rank, world):
     return dict(out=out, lone=lone)
 
 
+def threads_making_one_subgroup(rank, world, local, threads=3, timeout_s=10.0):
+    """Threads of each rank call `new_group` over the whole world at once. With
+    `use_local_synchronization=True` torch gives their groups one name and one store prefix: the
+    threads met as one another's peers and failed at 1-3 times the time-out, or hung. Now the
+    first thread of each rank forms the group and the others are refused at once.
+    Every rank but the last calls from `threads` threads; the last, once their extra calls have
+    failed, from one: the group cannot form before it comes, so those threads all overlapped.
+    Without it torch names the groups apart and every rank calls from `threads` threads: each
+    group forms (the threads' store waits held up one another's). Returns per call: how it ended,
+    its message, its time, and the formed group's all-reduce of ones."""
+    import torch
+    import torch.distributed as dist
+
+    import rankctx
+    calls = 1 if local and rank == world - 1 else threads
+    outcomes, done = [], threading.Condition()
+    start, groups = threading.Barrier(calls), []
+
+    def make():
+        start.wait()
+        t0 = time.monotonic()
+        try:
+            g = dist.new_group(list(range(world)), timeout=timedelta(seconds=timeout_s),
+                               use_local_synchronization=local)
+            x = torch.ones(2)
+            dist.all_reduce(x, group=g)
+            groups.append(g)
+            out = dict(kind="ok", sum=x.tolist())
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out = dict(kind=type(e).__name__, msg=str(e))
+        out["elapsed"] = time.monotonic() - t0
+        with done:
+            outcomes.append(out)
+            done.notify_all()
+
+    workers = [threading.Thread(target=make) for _ in range(calls)]
+    if local and calls == 1:
+        dist.barrier(group=rankctx.GLOO)  # the others' extra calls have failed
+    for t in workers:
+        t.start()
+    if local and calls > 1:
+        with done:
+            done.wait_for(lambda: len(outcomes) >= calls - 1, timeout=2 * timeout_s)
+        dist.barrier(group=rankctx.GLOO)
+    for t in workers:
+        t.join(3 * timeout_s)
+    hung = sum(t.is_alive() for t in workers)
+    for g in groups:
+        dist.destroy_process_group(g)
+    return outcomes + [dict(kind="hung")] * hung
+
+
 def failed_waits_keep_no_callers_frames(rank, world):
     """Every wait() on a failed op raised the op's one exception object, which chained each
     waiting caller's frames (and their locals) onto its traceback; the failed op and the broken

@@ -231,6 +231,36 @@ def test_group_member_that_never_joins_is_named_at_the_time_out(membership_jobs)
     assert x["kind"] == "GroupError" and "global rank 2, this process: [0, 2]; global rank 0: [0, 1]" in x["msg"], x
 
 
+def test_threads_of_a_rank_making_one_subgroup_leave_one_group_and_clear_errors(pools):
+    """Three threads of ranks 0 and 1 call new_group(use_local_synchronization=True) with the
+    same ranks at once, which torch names alike (under Gloo one group forms per rank, torch
+    refuses another and the third often hangs in new_group): every call hung or failed at 1-3
+    times the time-out. One group forms per rank, with the last rank's one call; the other calls
+    fail at once, naming the rank, the group and why."""
+    res = pools(3).run("cases_faults:threads_making_one_subgroup", local=True, timeout_s=TIMEOUT, timeout=120)
+    for r, calls in enumerate(res):
+        formed = [x for x in calls if x["kind"] == "ok"]
+        assert len(formed) == 1 and formed[0]["sum"] == [3.0, 3.0], (r, calls)
+        assert formed[0]["elapsed"] < TIMEOUT, (r, calls)
+        refused = [x for x in calls if x["kind"] != "ok"]
+        assert len(refused) == (2 if r < 2 else 0), (r, calls)
+        for x in refused:
+            assert x["kind"] == "GroupError" and x["msg"].startswith(f"[rank {r}] group '"), (r, x)
+            assert "another thread of this process is forming a group of this name" in x["msg"], x["msg"]
+            assert x["elapsed"] < TIMEOUT / 2, (r, x)
+
+
+def test_threads_of_a_rank_making_subgroups_of_other_names_each_form_one(pools):
+    """Three threads of every rank call new_group with the same ranks at once, without
+    use_local_synchronization: torch names the three groups apart, and each forms. Their store
+    waits shared one connection, each held up the others', and they failed at 2-4 times the
+    time-out."""
+    res = pools(3).run("cases_faults:threads_making_one_subgroup", local=False, timeout_s=TIMEOUT, timeout=120)
+    for r, calls in enumerate(res):
+        assert [x["kind"] for x in calls] == ["ok"] * 3, (r, calls)
+        assert all(x["sum"] == [3.0, 3.0] and x["elapsed"] < TIMEOUT for x in calls), (r, calls)
+
+
 PLACEMENT = [(0, "NEURON_RT_VISIBLE_CORES=abc"), (2, "NEURON_RT_VISIBLE_CORES=abc"),
              (1, "NEURON_DIST_BIND_ADDR=0.0.0.0"), (2, "NEURON_DIST_FRAME_BYTES=abc"),
              (1, "NEURON_DIST_SHM_SLOTS=x"), (2, "NEURON_DIST_TRANSPORT=tcp"),
