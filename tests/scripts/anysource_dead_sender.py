@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import neuron_dist  # noqa: E402,F401
+import rank_wait  # noqa: E402
 
 dist.init_process_group("neuron", timeout=timedelta(seconds=30))
 dist.barrier()
@@ -26,14 +27,7 @@ if rank == 0:
     dist.send(torch.full((4,), 5.0), 1)
 elif rank == 2:
     if mode == "dead":  # alive and silent (no destroy, no failure) while rank 1 waits
-        receiver = dist.distributed_c10d._get_default_group().group.peers_info[1]["pid"]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                os.kill(receiver, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.01)
+        rank_wait.until_gone(dist.distributed_c10d._get_default_group().group.peers_info[1]["pid"], 60)
     else:
         dist.destroy_process_group()
     os._exit(0)

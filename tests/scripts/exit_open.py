@@ -8,15 +8,14 @@ never-joined all-reduce alone leaves its engine asleep in the transport's wait n
 time, outside torch: forked, it exited clean with or without the hook; started afresh, about
 half its runs aborted without it.) Rank 1 waits for rank 0's process to end, then exits too.
 Both must end with status 0, not SIGABRT."""
-import os
 import sys
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 import neuron_dist  # noqa: F401
+import rank_wait
 
 QUEUED = 64  # all-gathers queued on rank 0's own group: far more than its exit takes to begin
 
@@ -29,12 +28,5 @@ if rank == 0:
     block, out = torch.ones(4 << 20), torch.empty(4 << 20)  # 16 MiB: past INLINE_BYTES, so the engine runs them
     gathers = [dist.all_gather([out], block, group=alone, async_op=True) for _ in range(QUEUED)]
 else:
-    pid = dist.distributed_c10d._get_default_group().group.peers_info[0]["pid"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.01)
+    rank_wait.until_gone(dist.distributed_c10d._get_default_group().group.peers_info[0]["pid"], 30)
 print(f"rank {rank}: leaving", flush=True)
