@@ -227,6 +227,7 @@ class Group(GroupMeeting, HangDiagnosis):
         self.broken: BaseException | None = None
         self.closed = False
         self._abort = False
+        self._abort_why = "the process group was aborted"  # what the engine fails its ops with then
         self._seq = 0    # collectives numbered, for their frames
         self._calls = 0  # the user's collectives numbered (a debug check's exchange shares its call's)
         t0 = time.perf_counter()
@@ -496,7 +497,7 @@ class Group(GroupMeeting, HangDiagnosis):
             # deleted by the caller) until this group's next op
             op = None
             if self._abort:
-                err = GroupError(f"[{self.who(self.rank)}] the process group was aborted")
+                err = GroupError(f"[{self.who(self.rank)}] {self._abort_why}")
                 with self._drive:
                     ops = active + list(waiting)
                     if ops:  # the peers hear of it before the callers, as in `_fail`: an op failed
@@ -940,8 +941,12 @@ class Group(GroupMeeting, HangDiagnosis):
         for op in pending:
             op.complete(GroupError(f"[{self.who(self.rank)}] {op.desc}: the process group was {ended}"))
         if not engine:
-            self._thread.join(timeout=0.5 if abort else self.timeout.total_seconds() + DESTROY_GRACE_S)
+            waited = 0.5 if abort else self.timeout.total_seconds() + DESTROY_GRACE_S
+            self._thread.join(timeout=waited)
             if self._thread.is_alive():  # an op still runs: fail it before the transport goes away
+                if not abort:  # (said as such: "aborted" named a call nobody made)
+                    self._abort_why = (f"the process group was destroyed while this op ran "
+                                       f"(destroy_process_group waited {waited:.1f}s for it)")
                 self._abort = True
                 with self._cv:
                     self._cv.notify_all()

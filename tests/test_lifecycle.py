@@ -41,6 +41,20 @@ def test_exit_with_the_group_open_and_work_in_flight():
             assert "terminate called" not in out, out[-2000:]
 
 
+def test_an_op_a_destroy_outwaited_says_the_group_was_destroyed():
+    """An all-reduce whose own time-out (30 s) outlasts the group's (2 s) is still running when
+    destroy_process_group gives up on it: it failed with "the process group was aborted", a call
+    the program never made. It says the group was destroyed while it ran, and how long the
+    destroy waited."""
+    port = free_port()
+    (_, out0), (code1, out1) = run_scripts("destroy_outwaited.py", [[0, port], [1, port]], timeout=60)
+    line = rank_line(out0, 0)
+    assert line.startswith("rank 0: GroupError: [rank 0] allreduce") and line.endswith(
+        "[rank 0] the process group was destroyed while this op ran (destroy_process_group waited 2.5s for it)"), \
+        out0[-2000:]
+    assert code1 == 0 and "rank 1: leaving" in out1, out1[-2000:]
+
+
 @pytest.mark.parametrize("transport", ["shm", "zmq"])
 @pytest.mark.parametrize("op", ["isend", "allreduce"])
 def test_an_op_a_destroy_gave_up_on_fails_on_the_peer_too_naming_the_rank(transport, op):
