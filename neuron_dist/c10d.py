@@ -414,7 +414,6 @@ class NeuronProcessGroup(dist.ProcessGroup):
                            global_ranks=global_ranks, outside_autograd=_BelowAutograd)
         self._plans = Plans(self.group)  # collectives' plans, per argument set
         self._p2p = PeerPlans(self.group)  # sends' and receives' plans, per argument form
-        self.check_wanted = debug.wanted()  # the environment and torch's debug level as this group is made
 
     # -- identity (c10d asks for these; without a name DeviceMesh/FSDP2 fail) ------------------
     def getBackendName(self) -> str:
@@ -483,7 +482,7 @@ class NeuronProcessGroup(dist.ProcessGroup):
     def _checked(self) -> bool:
         """Whether this group's collectives go through the debug check (debug.enabled: the
         environment, or torch's debug level as this group was made)."""
-        return debug.enabled(self.check_wanted)
+        return debug.enabled(self.group.check_wanted)
 
     def _submit(self, kind: Kind, desc: str, make_exe, finish=None, outputs=(), nbytes=0,
                 dtype=torch.uint8, algorithm="", peer=None, direction="", opts=None, tag=0, call=None) -> NeuronWork:

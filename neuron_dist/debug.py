@@ -36,7 +36,7 @@ _FORCED: bool | None = None   # set_enabled's
 def wanted() -> bool:
     """Whether a group made now is to be checked: TORCH_DISTRIBUTED_DEBUG=DETAIL or
     NEURON_DIST_CHECK in the environment (a bad value raises ValueError), or torch's debug level
-    (torch_detail). Read as each group is made and kept by it, as torch decides per group whether
+    (torch_detail). Read as each group is made and kept by it (Group.check_wanted), as torch decides per group whether
     to wrap a Gloo group in its ProcessGroupWrapper: a process-wide reading kept the first
     group's answer for every later one, a world re-made under another setting included."""
     return env_wanted() or torch_detail()
@@ -141,7 +141,7 @@ def check(pg, kind: Kind, desc: str, nbytes: int, dtype: torch.dtype, peer=None,
     """The c10d adapter's hook (NeuronProcessGroup._submit): with the check on, all-gather this
     collective's fingerprint across the group and raise on every rank if any rank differs.
     `call`: the user's call form and tensors (see _called). True: the fingerprints agreed."""
-    if not enabled(pg.check_wanted) or kind == Kind.P2P or peer is not None or checking():
+    if not enabled(pg.group.check_wanted) or kind == Kind.P2P or peer is not None or checking():
         return False
     from .group import GroupError
     g = pg.group

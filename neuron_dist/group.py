@@ -236,10 +236,11 @@ class Group(GroupMeeting, HangDiagnosis):
         # would otherwise wait for this rank's records until the group's time-out)
         from . import debug
         self.frame_bytes = forced = None
+        self.check_wanted = False  # whether its collectives are checked (debug.wanted, read below)
         choice = {}  # NEURON_DIST_ALGO and _TUNING, normalized (a bad value: this rank's error, published)
         try:
             install_dump_signal()  # a bad NEURON_DIST_DUMP_SIGNAL fails here, holding nothing yet
-            debug.env_wanted()     # so does a bad NEURON_DIST_CHECK (read as the group is made)
+            self.check_wanted = debug.wanted()  # so does a bad NEURON_DIST_CHECK
             self.frame_bytes = frame_bytes_setting()  # the shared-memory slots are sized from the same setting
             self.scratch = Scratch(scratch_bytes_setting())  # the collectives' TMP, kept between calls
             forced = transport_select.settings()  # NEURON_DIST_TRANSPORT and the transports' own

@@ -78,10 +78,6 @@ def _exec_child(spec: dict) -> None:
     raise SystemExit(0)  # the script's end: the interpreter finalizes (atexit hooks, threads) as after a script
 
 
-def _status(st: int) -> int:
-    return -os.WTERMSIG(st) if os.WIFSIGNALED(st) else os.WEXITSTATUS(st)
-
-
 def _reply(obj) -> None:
     data = (json.dumps(obj) + "\n").encode()
     while data:
@@ -104,13 +100,13 @@ def _wait_in_order(pids: list[int], timeout: float, first_only: bool) -> dict:
             os.close(ended)
         if timed_out:
             break
-        codes[i] = _status(os.waitpid(pid, 0)[1])
+        codes[i] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     for pid, code in zip(pids, codes):
         if code is None:
             os.kill(pid, 9)
     for i, pid in enumerate(pids):
         if codes[i] is None:
-            codes[i] = _status(os.waitpid(pid, 0)[1])
+            codes[i] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     return {"codes": codes, "timed_out": timed_out}
 
 
