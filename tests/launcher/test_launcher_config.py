@@ -377,7 +377,6 @@ def test_dry_run_cli_output():
 def test_a_dry_run_read_in_part_ends_quietly_and_one_node_is_not_told_of_others():
     """`neuronrun --dry-run ... | head` ended in a BrokenPipeError traceback; a one-node dry run
     under a c10d rendezvous said "ranks of nodes other than this one are ordered at rendezvous"."""
-    import subprocess
     p = subprocess.Popen([sys.executable, "-m", "neuronrun_launcher.run", "--dry-run", "--lnc", "1", "--nproc-per-node",
                           "128", "train.py"],  # (82 KB: more than a pipe holds, so the write meets the closed end)
                          env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
