@@ -224,7 +224,7 @@ def test_a_peer_segment_that_is_gone_is_named_with_its_cause():
     for cause, want in (("error: rank 1: it broke", "rank 0: no shared memory with rank 1: rank 1: it broke"),
                         (None, "rank 0: no shared memory with rank 1: rank 1's segment is gone")):
         store = dist.HashStore()
-        store.set("shm/1", os.path.join(shm.SHM_DIR, "nd-t6g-1-0"))  # never made
+        store.set("shm/1", shm._segment_prefix("t6g", 1) + "0")  # never made
         if cause:
             store.set("shm/1/mapped", cause)
         with pytest.raises(TransportError, match=re.escape(want)):
@@ -241,16 +241,17 @@ def test_a_segment_path_from_the_store_must_be_one_this_job_makes(tmp_path):
     nbytes = shm.segment_bytes(1, shm.settings(False)[0], frame.frame_bytes_setting())
     victim = tmp_path / "victim.bin"
     victim.write_bytes(b"A" * nbytes)
-    lax = os.path.join(shm.SHM_DIR, "nd-t6v-1-4242")
-    link = os.path.join(shm.SHM_DIR, "nd-t6v-1-4343")
+    lax = shm._segment_prefix("t6v", 1) + str(os.getpid())  # a live pid's: no sweep takes it
+    link = shm._segment_prefix("t6v", 1) + str(os.getppid())
     try:
         with open(lax, "wb") as f:
             f.write(b"A" * nbytes)
         os.chmod(lax, 0o644)
         os.symlink(victim, link)
         for where, why in ((str(victim), "not a name this job gives one"),
-                           (os.path.join(shm.SHM_DIR, "nd-t6v-0-1"), "not a name this job gives one"),  # rank 0's
-                           (os.path.join(shm.SHM_DIR, "nd-t6v-1-1/../nd-t6v-1-2"), "not a name this job gives one"),
+                           (shm._segment_prefix("t6v", 0) + "1", "not a name this job gives one"),  # rank 0's
+                           (shm._segment_prefix("t6v", 1) + "1/../x-2", "not a name this job gives one"),
+                           (os.path.join(shm.SHM_DIR, "nd-t6v-1-1"), "not a name this job gives one"),  # no PID namespace
                            (lax, "not a segment this job made"),
                            (link, "Too many levels of symbolic links")):
             store = dist.HashStore()
@@ -305,6 +306,80 @@ def test_no_segment_survives_a_killed_process(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_the_next_set_up_unlinks_what_a_job_killed_in_its_set_up_left(tmp_path):
+    """Every process of a set-up SIGKILLed (a scheduler's hard kill of a job stuck waiting for a
+    rank that never came): no atexit hook, signal handler or peer is left to unlink the segment,
+    and it stayed in /dev/shm for good. The next set-up on the host unlinks it: its name says its
+    creator is gone."""
+    lone = CHILD.replace('job_id="crash"', 'job_id="killedall"')
+    p = subprocess.Popen([sys.executable, "-c", lone, "0", str(tmp_path / "store")])
+    try:
+        deadline = time.monotonic() + 60
+        while not leftovers("killedall"):  # rank 0's segment exists; rank 1 never comes
+            assert p.poll() is None and time.monotonic() < deadline, "the segment never appeared"
+            time.sleep(0.02)
+        p.kill()
+        p.wait(10)
+        left = leftovers("killedall")  # what the kill leaves (unless another test's set-up swept it)
+        assert left in ([f"nd-killedall-0-{shm._pid_namespace()}-{p.pid}"], []), left
+        a, b = pair("afterkill")
+        a.close(), b.close()
+        assert leftovers("killedall") == [] and leftovers("afterkill") == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("killedall"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
+def test_the_sweep_unlinks_only_this_users_segments_of_gone_creators(tmp_path):
+    """What `sweep_orphans` may take: a regular file named as a segment of this PID namespace
+    whose pid has no live process. Not a live process's segment, not one of another PID namespace
+    (its pid means another process, or none, here), not a link or a directory of that name, not
+    a name this package does not give; and a link's target stays untouched."""
+    dead, ns = _dead_pid(), shm._pid_namespace()
+    victim = tmp_path / "victim.bin"
+    victim.write_bytes(b"V")
+    made = {
+        "orphan": (f"nd-swp-0-{ns}-{dead}", True),
+        "orphan of a dashed job": (f"nd-swp-x-1-3-{ns}-{dead}", True),
+        "live": (f"nd-swp-1-{ns}-{os.getppid()}", False),
+        "other namespace": (f"nd-swp-2-{int(ns) + 1}-{dead}", False),
+        "no namespace": (f"nd-swp-3-{dead}", False),
+        "link": (f"nd-swp-4-{ns}-{dead}", False),
+        "directory": (f"nd-swp-5-{ns}-{dead}", False),
+        "other name": (f"ndx-swp-6-{ns}-{dead}", False),
+    }
+    try:
+        for what, (name, _) in made.items():
+            path = os.path.join(shm.SHM_DIR, name)
+            if what == "link":
+                os.symlink(victim, path)
+            elif what == "directory":
+                os.mkdir(path)
+            else:
+                with open(path, "wb") as f:
+                    f.write(b"x")
+        swept = shm.sweep_orphans()
+        for what, (name, goes) in made.items():
+            assert os.path.lexists(os.path.join(shm.SHM_DIR, name)) != goes, what
+        assert set(swept) <= {n for n, goes in made.values() if goes}  # (another test's set-up may sweep too)
+        assert victim.read_bytes() == b"V"
+    finally:
+        for name, _ in made.values():
+            path = os.path.join(shm.SHM_DIR, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
 
 
 def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):

@@ -37,11 +37,13 @@ release rings the sender). A lent frame may be larger than a slot (up to `lend_b
 Lending is on only when every pair of the transport's ranks passed a read probe at set-up and
 none set NEURON_DIST_SHM_LEND=0, so every rank cuts those messages into the same frames.
 
-Hygiene. Segments are named per job (`nd-<job>-<rank>-<pid>`), and each rank unlinks its own as
-soon as every local peer reports (through the store) that it has mapped it, so /dev/shm holds
-nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
+Hygiene. Segments are named per job (`nd-<job>-<rank>-<pidns>-<pid>`), and each rank unlinks its
+own as soon as every local peer reports (through the store) that it has mapped it, so /dev/shm
+holds nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
 segment whose peers never came, a SIGTERM from its creation on unlinks it too, and a rank that
-sees a peer die during the set-up fails at once naming it and unlinks the peer's segment.
+sees a peer die during the set-up fails at once naming it and unlinks the peer's segment. What
+none of these can reach, a segment whose creator and every peer were SIGKILLed during the set-up,
+the next set-up on the host unlinks (`sweep_orphans`: its name says its creator is gone).
 """
 from __future__ import annotations
 
@@ -210,11 +212,60 @@ def _wait_for(store, key: str, timeout: float, gone=None) -> None:
         pause = min(pause * 2, 0.01)
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (its inode number), which a segment's name carries beside its
+    creator's pid: a pid names a process only within its namespace, and containers with PID
+    namespaces of their own may share one /dev/shm. "0" where /proc does not say (then
+    `sweep_orphans` judges no segment)."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
 def _segment_prefix(job_id: str, rank: int) -> str:
-    """`rank`'s segment in job `job_id` is this prefix and its pid (SHM_DIR/nd-<job>-<rank>-<pid>):
-    the name a rank makes its own, and the only kind of path it maps for a peer, so a value
-    planted in the store cannot have a rank map and write into another file."""
-    return os.path.join(SHM_DIR, f"nd-{job_id}-{rank}-")
+    """`rank`'s segment in job `job_id` is this prefix and its pid
+    (SHM_DIR/nd-<job>-<rank>-<pidns>-<pid>): the name a rank makes its own, and the only kind
+    of path it maps for a peer, so a value planted in the store cannot have a rank map and write
+    into another file. Local peers share the PID namespace (`hosts.machine_key`)."""
+    return os.path.join(SHM_DIR, f"nd-{job_id}-{rank}-{_pid_namespace()}-")
+
+
+def sweep_orphans() -> list[str]:
+    """Unlink the segments in SHM_DIR whose creator, named by their name, is gone, and return
+    their names. A creator unlinks its own segment once its peers have mapped it, or as it
+    fails, exits or gets SIGTERM, and a peer unlinks one whose creator died during the set-up;
+    only a set-up whose every process was SIGKILLed (a launcher's or scheduler's hard kill of a
+    job stuck waiting for a rank that never came) leaves one, and only a later set-up on the
+    host can find it. Judged here: this user's regular files named as this package names
+    segments, with this PID namespace and a pid that no live process of it holds (a reused pid
+    keeps its file until that process ends too); a segment whose creator is gone can never be
+    mapped again (its peers fail naming the creator)."""
+    ns = _pid_namespace()
+    if ns == "0":
+        return []
+    name = re.compile(rf"nd-[^/]+-[0-9]+-{ns}-([0-9]+)", re.ASCII)
+    try:
+        entries = os.listdir(SHM_DIR)
+    except OSError:
+        return []
+    swept = []
+    for entry in entries:
+        m = name.fullmatch(entry)
+        if m is None or int(m[1]) == os.getpid() or not process_dead(int(m[1])):
+            continue
+        path = os.path.join(SHM_DIR, entry)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                os.unlink(path)
+                swept.append(entry)
+        except OSError:  # gone meanwhile (another rank swept it), or not ours to remove
+            pass
+    if swept:
+        log.debug("unlinked %d shared-memory segment(s) left by processes killed during a set-up: %s",
+                  len(swept), ", ".join(swept))
+    return swept
 
 
 class _Segment:
@@ -372,6 +423,7 @@ class ShmTransport(Transport):
         self.index = {r: i for i, r in enumerate(members)}
         npeers = len(self.peers)  # one inbound ring per peer (see ring_index)
         nbytes = segment_bytes(npeers, self.nslots, self.slot_bytes)
+        sweep_orphans()
         path = _segment_prefix(ctx.job_id, self.rank) + str(os.getpid())
         wait = ctx.timeout.total_seconds() if ctx.timeout else 1800.0
         self.theirs: dict[int, _Segment] = {}
