@@ -58,6 +58,13 @@ def hdr(src, dst, chunk, n, token=TOKEN):
     return frame.Header(int(frame.Kind.ALLREDUCE), frame.DTYPE_CODE[torch.uint8], token, 7, 0, src, dst, chunk, 0, n)
 
 
+def _dead_pid() -> int:
+    """A pid no process holds now (a child's, reaped)."""
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
 def leftovers(job):
     return [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"nd-{job}-")]
 
@@ -220,16 +227,20 @@ def test_ranks_that_disagree_on_the_ring_both_fail_at_once_saying_why(monkeypatc
 
 def test_a_peer_segment_that_is_gone_is_named_with_its_cause():
     """A peer whose set-up failed unlinks its segment after publishing why; a rank that then
-    finds the segment gone reports the peer and that cause (or says none was given)."""
-    for cause, want in (("error: rank 1: it broke", "rank 0: no shared memory with rank 1: rank 1: it broke"),
-                        (None, "rank 0: no shared memory with rank 1: rank 1's segment is gone")):
+    finds the segment gone reports the peer and that cause, or, with none given, that its
+    process exited (a killed peer's segment another set-up swept), or that none was given."""
+    dead = _dead_pid()
+    for cause, pid, want in (
+            ("error: rank 1: it broke", dead, "rank 0: no shared memory with rank 1: rank 1: it broke"),
+            (None, dead, f"rank 0: rank 1 (pid {dead}) exited during the shared-memory set-up"),
+            (None, os.getpid(), "rank 0: no shared memory with rank 1: rank 1's segment is gone")):
         store = dist.HashStore()
-        store.set("shm/1", shm._segment_prefix("t6g", 1) + "0")  # never made
+        store.set("shm/1", shm._segment_prefix("t6g", 1) + str(pid))  # never made
         if cause:
             store.set("shm/1/mapped", cause)
-        with pytest.raises(TransportError, match=re.escape(want)):
+        with pytest.raises(TransportError, match=re.escape(want)) as failed:
             shm.ShmTransport(ctx(0, 2, store, "t6g"))
-        assert store.get("shm/0/mapped").decode().startswith("error: rank 0: no shared memory with rank 1")
+        assert store.get("shm/0/mapped").decode() == "error: " + str(failed.value)  # for the peers to read
     assert not leftovers("t6g")
 
 
@@ -306,12 +317,6 @@ def test_no_segment_survives_a_killed_process(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-
-
-def _dead_pid() -> int:
-    p = subprocess.Popen(["true"])
-    p.wait()
-    return p.pid
 
 
 def test_the_next_set_up_unlinks_what_a_job_killed_in_its_set_up_left(tmp_path):

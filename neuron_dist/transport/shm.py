@@ -499,7 +499,7 @@ class ShmTransport(Transport):
                 try:
                     self.theirs[p] = _Segment(where, nbytes, False, npeers, self.nslots, self.slot_bytes)
                 except (OSError, TransportError) as e:
-                    why = self._unmappable(ctx.store, key, p, e)
+                    why = self._unmappable(ctx.store, key, p, e, int(where[len(theirs):]))
                     ctx.store.set(f"{key}/{self.rank}/mapped", "error: " + why)  # peers fail at once
                     raise TransportError(why) from None
             # "lend <step bytes>" once this rank can read every peer's memory (cma.probe),
@@ -529,8 +529,10 @@ class ShmTransport(Transport):
             os.unlink(seg.path)
         except FileNotFoundError:
             pass
-        return (f"rank {self.rank}: rank {p} (pid {pid}) exited during the shared-memory set-up, "
-                f"before it had mapped every local peer's segment")
+        return self._exited_in_setup(p, pid) + ", before it had mapped every local peer's segment"
+
+    def _exited_in_setup(self, p: int, pid: int) -> str:
+        return f"rank {self.rank}: rank {p} (pid {pid}) exited during the shared-memory set-up"
 
     def _probe_lending(self) -> str:
         """"lend <bytes>" if lending is allowed here and this rank can read each peer's memory
@@ -554,15 +556,19 @@ class ShmTransport(Transport):
         step = LEND_STEP_OVERSUBSCRIBED if self.oversubscribed else self.slot_bytes // 2
         return f"lend {step}"
 
-    def _unmappable(self, store, key: str, p: int, e: BaseException) -> str:
-        """Why this rank cannot map peer p's segment, for every rank to read. A segment that is
-        gone was unlinked by its owner on the way out of a failed set-up, after publishing why
-        (in its "mapped" record), unless a signal ended it."""
+    def _unmappable(self, store, key: str, p: int, e: BaseException, pid: int) -> str:
+        """Why this rank cannot map peer p's segment (made by process `pid`), for every rank to
+        read. A segment that is gone was unlinked by its owner on the way out of a failed
+        set-up, after publishing why (in its "mapped" record), or, once its owner was killed,
+        by a peer or another set-up's sweep (`sweep_orphans`): then the owner's death is the
+        cause, as `_died_in_setup` words it."""
         if isinstance(e, FileNotFoundError):
             record = store.get(f"{key}/{p}/mapped").decode() if store.check([f"{key}/{p}/mapped"]) else ""
-            cause = self.setup_error(record) or (f"rank {p}'s segment is gone: its process ended or failed "
-                                                 f"its set-up without saying why")
-            return self._no_shm(p, cause)
+            cause = self.setup_error(record)
+            if not cause and process_dead(pid):
+                return self._exited_in_setup(p, pid)
+            return self._no_shm(p, cause or f"rank {p}'s segment is gone: its process ended or failed its "
+                                            f"set-up without saying why")
         return f"rank {self.rank}: cannot map rank {p}'s shared-memory segment: {e}"
 
     def _no_shm(self, p: int, cause: str) -> str:
