@@ -685,13 +685,15 @@ def rank_context(preload: tuple[str, ...] = ()):
     """The multiprocessing context that starts the ranks of this benchmark and bench_train: a
     fork server that imported torch, the backend and `preload` once, so that a rank starts in a
     fraction of a second instead of importing them again (seconds per process on a small host,
-    and bench_train starts a pair per row). Spawn where the platform has no fork server."""
+    and bench_train starts a pair per row). Spawn where the platform has no fork server. The fork
+    server imports neuron_dist.forkserver_exit last: it ends without finalizing all that, so that
+    the ranks, which die with it (die_with_launcher), end within a second of their tool."""
     import multiprocessing as mp
     try:
         ctx = mp.get_context("forkserver")
     except ValueError:
         return mp.get_context("spawn")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "neuron_dist", *preload])
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "neuron_dist", *preload, "neuron_dist.forkserver_exit"])
     return ctx
 
 

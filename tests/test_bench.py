@@ -295,6 +295,40 @@ def test_a_sigkilled_tool_leaves_no_rank_running(tool):
         _kill_session(p)
 
 
+def test_the_fork_server_ends_with_its_tool_at_once(tmp_path, monkeypatch):
+    """The ranks die with their fork server, which ended only after the interpreter's
+    finalization of what it had preloaded: bench_train's torch and torch._dynamo took it 2-5 s
+    on a loaded 2-core host, its ranks training on meanwhile, and in CI's loaded runs some were
+    still running 10 s after their tool's SIGKILL. Here a preloaded module's exit handler takes a minute: the fork
+    server must end without it (bench.rank_context), and its ranks with it."""
+    import signal
+    (tmp_path / "slow_exit_preload.py").write_text("import atexit, time\natexit.register(time.sleep, 60)\n")
+    (tmp_path / "ranks_tool.py").write_text(textwrap.dedent("""
+        import os, time
+        from neuron_dist import bench
+
+        def rank(launcher):
+            bench.die_with_launcher(launcher)
+            time.sleep(120)
+
+        if __name__ == "__main__":
+            ctx = bench.rank_context(("slow_exit_preload",))
+            ps = [ctx.Process(target=rank, args=(os.getpid(),)) for _ in range(2)]
+            for p in ps:
+                p.start()
+            for p in ps:
+                p.join()
+    """))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    p = _start_with_ranks(["ranks_tool"])
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait()
+        _assert_session_ends(p)
+    finally:
+        _kill_session(p)
+
+
 def test_a_rank_whose_tool_died_before_it_asked_exits():
     """The race: a tool that died before its rank's prctl took effect sends no parent-death
     signal; the rank finds another process where its tool should be (its parent, or its
