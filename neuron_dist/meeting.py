@@ -254,7 +254,8 @@ class GroupMeeting:
         ctx = TransportContext(rank=rank, size=size, store=store, token=self.token, timeout=timeout,
                                hostname=host, hosts=self.hosts, bind_addr=bind_addr,
                                mpi_ranks=[bool(p.get("mpi")) for p in self.peers_info],
-                               job_id=self.job_id, local_cpus=len(local_cpus))
+                               job_id=self.job_id, local_cpus=len(local_cpus),
+                               pids=[int(p.get("pid") or 0) for p in self.peers_info])
         self.transport = transport_select.create(ctx)
         self._forget_setup(store)
 

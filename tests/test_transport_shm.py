@@ -470,6 +470,108 @@ t = shm.ShmTransport(ctx)""")
             os.unlink(os.path.join(shm.SHM_DIR, f))
 
 
+def test_a_peer_killed_before_it_publishes_its_segment_is_named_at_once_and_its_segment_goes(tmp_path):
+    """Rank 1 is SIGKILLed after making its segment but before publishing its name (inside its
+    posix_fallocate, slowed here; a leak hunt's random SIGKILLs landed there). Rank 0, waiting
+    for the name, waited out its whole time-out and failed naming only a store key ("a local
+    peer never set up its shared memory"), and rank 1's segment stayed in /dev/shm until the
+    host's next set-up. Rank 0 knows rank 1's pid from the meeting: it now fails at once naming
+    rank 1, and unlinks that segment."""
+    import time
+    stuck = CHILD.replace('job_id="crash"', 'job_id="unpublished"').replace("t = shm.ShmTransport(ctx)", """
+def stuck(fd, off, n):
+    print("in fallocate", flush=True)
+    time.sleep(60)
+shm.os.posix_fallocate = stuck
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", stuck, "1", str(tmp_path / "store")], stdout=subprocess.PIPE,
+                         text=True)
+    killer = threading.Timer(1.0, p.kill)  # once rank 0 waits for rank 1's name
+    try:
+        assert p.stdout.readline().strip() == "in fallocate"
+        assert leftovers("unpublished")  # made, not yet published
+        c = ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "unpublished")
+        c.pids = [os.getpid(), p.pid]  # as the meeting fills them in
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
+                                                 rf"set-up, before it published its segment"):
+            shm.ShmTransport(c)
+        assert time.monotonic() - t0 < 15  # not the 30 s time-out
+        assert p.wait(10) == -signal.SIGKILL
+        assert leftovers("unpublished") == []
+    finally:
+        killer.cancel()
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("unpublished"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
+def test_a_peer_killed_after_every_rank_mapped_it_leaves_no_segment(tmp_path):
+    """Rank 1 is SIGKILLed after every rank has mapped every segment and reported so, but before
+    it unlinked its own (it sleeps up to 10 ms between looks at the store; a leak hunt's random
+    SIGKILLs landed there). Rank 0's set-up returned, and rank 1's segment stayed in /dev/shm
+    although rank 0 lived on; rank 0 now unlinks its peers' segments as it finishes the set-up."""
+    gone = CHILD.replace('job_id="crash"', 'job_id="lateunlink"').replace("t = shm.ShmTransport(ctx)", """
+shm.ShmTransport._unlink = lambda self: os.kill(os.getpid(), 9)
+t = shm.ShmTransport(ctx)""")
+    p = subprocess.Popen([sys.executable, "-c", gone, "1", str(tmp_path / "store")])
+    try:
+        t = shm.ShmTransport(ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "lateunlink"))
+        assert p.wait(30) == -signal.SIGKILL
+        assert leftovers("lateunlink") == []
+        t.close()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for f in leftovers("lateunlink"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
+class _LostStore:
+    """A store whose host died after this rank published its segment (rank 0's process under
+    env://, SIGKILLed in the set-up): every later call fails as torch's TCPStore client does.
+    `made` is a segment the dead rank made first (written as this rank publishes: after the
+    set-up's sweep)."""
+
+    def __init__(self, made):
+        self.store, self.made = dist.HashStore(), made
+
+    def set(self, key, value):
+        with open(self.made, "wb") as f:
+            f.write(b"x")
+        self.store.set(key, value)
+
+    def __getattr__(self, name):
+        def lost(*args, **kwargs):
+            raise dist.DistNetworkError("Connection reset by peer")
+        return lost
+
+
+def test_a_store_lost_in_the_set_up_is_named_with_the_rank_that_took_it(monkeypatch):
+    """Rank 0 hosts the store under env:// (torch's TCPStore in its process); SIGKILLed during a
+    group's shared-memory set-up, it took the store along, and its peers failed at once but with
+    torch's bare "DistNetworkError: Connection reset by peer", naming no rank and no step. The
+    error now says which step, and which local peer exited; no segment is left, the dead rank's
+    included (it was left to the host's next set-up)."""
+    for k in select.MPI_ENV:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.delenv("NEURON_DIST_TRANSPORT", raising=False)
+    dead = _dead_pid()
+    c = ctx(1, 2, _LostStore(shm._segment_prefix("storelost", 0) + str(dead)), "storelost")
+    c.pids = [dead, os.getpid()]  # as the meeting fills them in
+    try:
+        with pytest.raises(TransportError, match=rf"^rank 1: a store call failed during the transport set-up \(rank "
+                                                 rf"0 \(pid {dead}\) exited\): DistNetworkError: Connection reset by "
+                                                 rf"peer$"):
+            select.create(c)
+        assert leftovers("storelost") == []
+    finally:
+        for f in leftovers("storelost"):
+            os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
 def test_plan_per_pair(monkeypatch):
     for k in select.MPI_ENV:
         monkeypatch.delenv(k, raising=False)

@@ -48,6 +48,7 @@ class TransportContext:
     mpi_ranks: list[bool] = field(default_factory=list)  # whether each rank is an MPI process (as hosts)
     job_id: str = ""          # names per-job resources (shared-memory segments, IPC paths)
     local_cpus: int = 0       # CPUs the group's ranks on this host may use, together (0: unknown)
+    pids: list[int] = field(default_factory=list)  # every rank's pid, as it met (as hosts; 0: unknown)
 
 
 class TransportError(RuntimeError):

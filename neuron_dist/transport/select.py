@@ -21,7 +21,7 @@ import torch
 
 from .. import mpi_env
 from ..config import env
-from .base import Transport, TransportContext, TransportError
+from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
 KNOWN = ("shm", "zmq", "mpi")
@@ -79,6 +79,24 @@ def plan(ctx: TransportContext, forced: str = "") -> dict[int, str]:
     return out
 
 
+def _store_failed(ctx: TransportContext, e: BaseException) -> str | None:
+    """What to say when a store call fails during the set-up (its host gone: rank 0's process
+    under env://, a launcher's agent), else None. torch's words alone ("DistNetworkError:
+    Connection reset by peer") named neither this rank, nor the step, nor the local peer whose
+    death took the store with it (`TransportContext.pids`), whose segment this rank unlinks."""
+    if not isinstance(e, torch.distributed.DistError):  # DistNetworkError, DistStoreError
+        return None
+    from .shm import unlink_gone_peer
+    gone = [(p, pid) for p, pid in enumerate(ctx.pids)
+            if p != ctx.rank and pid > 0 and ctx.hosts and ctx.hosts[p] == ctx.hostname and process_dead(pid)]
+    for p, pid in gone:  # (its shared-memory segment, if it made one: nobody else is left to unlink it)
+        unlink_gone_peer(ctx.job_id, p, pid)
+    text = str(e).splitlines()[0] if str(e) else ""
+    named = "; ".join(f"rank {p} (pid {pid}) exited" for p, pid in gone)
+    return (f"rank {ctx.rank}: a store call failed during the transport set-up"
+            f"{' (' + named + ')' if named else ''}: {type(e).__name__}: {text}")
+
+
 def publish_failure(store, rank: int, why: str, names=KNOWN) -> None:
     """Tell the peers that this rank, which failed before building its transports (`names`:
     those of them it never began), never will: each transport's set-up key gets the error form
@@ -130,15 +148,18 @@ def create(ctx: TransportContext) -> Transport:
         for n in names:
             parts[n] = _make(n, ctx, by_name.get(n, []))
     except BaseException as e:
-        why = str(e) or type(e).__name__
+        lost = _store_failed(ctx, e)
+        why = lost or str(e) or type(e).__name__
         why = why if why.startswith("rank ") else f"rank {ctx.rank}: {why}"
         for n, t in parts.items():
             _abandon(t, ctx, by_name.get(n, []), why)
         # the peers of the transports this rank never began would wait for its records until
         # the store's time-out (the group's: 30 minutes by default), never learning why
         unbuilt = names[len(parts) + 1:]
-        if unbuilt:
+        if unbuilt and lost is None:  # (a store that failed takes no records)
             publish_failure(ctx.store, ctx.rank, why, unbuilt)
+        if lost is not None:
+            raise TransportError(lost) from None
         raise
     for n in names:
         log.debug("rank %d: transport %s for ranks %s%s", ctx.rank, n, by_name.get(n, []),

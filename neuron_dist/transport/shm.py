@@ -39,7 +39,9 @@ none set NEURON_DIST_SHM_LEND=0, so every rank cuts those messages into the same
 
 Hygiene. Segments are named per job (`nd-<job>-<rank>-<pidns>-<pid>`), and each rank unlinks its
 own as soon as every local peer reports (through the store) that it has mapped it, so /dev/shm
-holds nothing once the group is up, even if a process is killed later; an atexit hook unlinks a
+holds nothing once the group is up, even if a process is killed later (a rank that has every
+peer's report unlinks the peers' segments too: an owner killed before its own unlink leaves
+nothing while a peer lives on); an atexit hook unlinks a
 segment whose peers never came, a SIGTERM from its creation on unlinks it too, and a rank that
 sees a peer die during the set-up fails at once naming it and unlinks the peer's segment. What
 none of these can reach, a segment whose creator and every peer were SIGKILLed during the set-up,
@@ -268,6 +270,13 @@ def sweep_orphans() -> list[str]:
     return swept
 
 
+def unlink_gone_peer(job_id: str, rank: int, pid: int) -> None:
+    """Unlink the segment that `rank` of job `job_id` made as process `pid`, which a peer saw die
+    during the set-up (a name this job gives, so nothing else): what it made before it died."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_segment_prefix(job_id, rank) + str(pid))
+
+
 class _Segment:
     """One mapped segment: control words and ring/slot addressing."""
 
@@ -487,7 +496,7 @@ class ShmTransport(Transport):
             self.mine.owner_base.value = self.mine.base
             ctx.store.set(f"{key}/{self.rank}", path)
             for p in self.peers:
-                _wait_for(ctx.store, f"{key}/{p}", wait)
+                _wait_for(ctx.store, f"{key}/{p}", wait, lambda p=p: self._died_unpublished(ctx, p))
                 where = ctx.store.get(f"{key}/{p}").decode()
                 failed = self.setup_error(where)
                 if failed:
@@ -513,9 +522,26 @@ class ShmTransport(Transport):
                 failed = self.setup_error(record)
                 if failed:
                     raise TransportError(self._no_shm(p, failed))
+            # every local rank has mapped every segment now: the peers' go too, not only at each
+            # owner's own unlink, which a peer killed before it got there (while this rank, with
+            # its record in hand, went on) never made, leaving its segment to the next set-up
+            for seg in self.theirs.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(seg.path)
         finally:
             self._unlink()
         return records
+
+    def _died_unpublished(self, ctx: TransportContext, p: int) -> str | None:
+        """Why peer `p`, whose segment this rank waits to read in the store, can never publish
+        it: its process (the pid it met with) is gone, else None. A segment it made before it
+        died (its name this job's for rank p with that pid) goes too: nobody else would unlink
+        it before the host's next set-up, and its peers waited out the time-out for the name."""
+        pid = ctx.pids[p] if p < len(ctx.pids) else 0
+        if pid <= 0 or not process_dead(pid):
+            return None
+        unlink_gone_peer(ctx.job_id, p, pid)
+        return self._exited_in_setup(p, pid) + ", before it published its segment"
 
     def _died_in_setup(self, p: int) -> str | None:
         """Why peer `p`, whose segment this rank mapped, can never finish the set-up: its process
