@@ -263,7 +263,10 @@ class Group(GroupMeeting, HangDiagnosis):
         with meeting.forming(name, self.global_ranks[rank], self.who(rank)) as beside_others:
             if beside_others:  # (threads making groups at once)
                 store = meeting.own_connection(store)
-            key, generation = self._generation(store, attempt, members)
+            try:
+                key, generation = self._generation(store, attempt, members)
+            except dist.DistNetworkError as e:
+                raise self._store_lost(e) from None
             try:
                 self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement,
                            placement_error, forced, choice)
@@ -277,7 +280,17 @@ class Group(GroupMeeting, HangDiagnosis):
                 if isinstance(e, Exception) and not isinstance(e, (GroupError, TransportError)) and _descriptors_full():
                     raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up, out of descriptors: "
                                      f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
+                if isinstance(e, dist.DistNetworkError):
+                    raise self._store_lost(e) from None
                 raise
+
+    def _store_lost(self, e: BaseException) -> GroupError:
+        """The members' store gone while they met (its host: rank 0's process under env://, a
+        launcher's agent): torch's words alone ("DistNetworkError: Connection reset by peer")
+        named no rank, group or step."""
+        return GroupError(f"[{self.who(self.rank)}] group {self.name!r}: the store was lost while the members met "
+                          f"(its host gone: rank 0's process under env://, a launcher's agent): "
+                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
     def _start_engine(self, t0: float) -> None:
         """Once the members have met and the transport is up: the mailbox, the watch on same-host

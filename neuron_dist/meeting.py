@@ -380,6 +380,8 @@ class GroupMeeting:
         key = f"gen-{attempt}/groups/{members}"
         try:
             k = store.add(key, 1)
+        except dist.DistNetworkError:  # the store is gone (its host), not one without add: the caller says so
+            raise
         except (RuntimeError, NotImplementedError):  # a store of the caller's without add (Gloo needs none):
             k = LOCAL_COUNTS[key] = LOCAL_COUNTS.get(key, 0) + self.size  # this process's own count, as before
             log.debug("rank %d: the store has no add; group %r counts its generations in this process",

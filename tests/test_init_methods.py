@@ -219,3 +219,51 @@ def test_ranks_missing_from_the_world_are_told_to_check_the_ranks_started():
     with pytest.raises(Exception, match=r"global ranks \[1\] did not join within 1s; every process must call "
                                         r"init_process_group: were all 2 ranks \(WORLD_SIZE\) started\?"):
         NeuronProcessGroup(dist.HashStore(), 0, 2, timedelta(seconds=1))
+
+
+@pytest.mark.parametrize("lost_at", ["add", "get"])
+def test_a_store_lost_while_the_members_meet_names_the_rank_and_the_group(lost_at):
+    """The store's host gone while the members met (rank 0's process under env://, killed
+    there: a leak hunt's random SIGKILLs landed on it) failed the others with torch's bare
+    "DistNetworkError: Connection reset by peer", naming no rank, group or step."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from neuron_dist.c10d import NeuronProcessGroup
+
+    class LostStore(dist.Store):
+        """A HashStore whose connection is lost at the group's first count (`add`) or when the
+        members' set-up records are read (`get`)."""
+
+        def __init__(self):
+            super().__init__()
+            self.s = dist.HashStore()
+
+        def get(self, key):
+            if lost_at == "get" and key.endswith("/peer/0"):
+                raise dist.DistNetworkError("Connection reset by peer")
+            return self.s.get(key)
+
+        def set(self, key, value):
+            self.s.set(key, value)
+
+        def add(self, key, n):
+            if lost_at == "add":
+                raise dist.DistNetworkError("Connection reset by peer")
+            return self.s.add(key, n)
+
+        def compare_set(self, key, expected, desired):
+            return self.s.compare_set(key, expected, desired)
+
+        def wait(self, keys, timeout=None):
+            return self.s.wait(keys) if timeout is None else self.s.wait(keys, timeout)
+
+        def check(self, keys):
+            return self.s.check(keys)
+
+        def delete_key(self, key):
+            return self.s.delete_key(key)
+
+    with pytest.raises(dist.DistBackendError, match=r"^\[rank 0\] group 'default': the store was lost while the members "
+                                                    r"met .*: DistNetworkError: Connection reset by peer$"):
+        NeuronProcessGroup(LostStore(), 0, 1, timedelta(seconds=5))
