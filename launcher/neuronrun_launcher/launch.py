@@ -281,14 +281,26 @@ def _fresh_dir_name(prefix: str) -> str:
 
 def _clean_up(groups_dir: str | None, own_log_dir: str | None) -> None:
     """What every end of the job leaves to do: kill what the ranks left running, remove the
-    process-group directory, and neuronrun's own log directory if it holds no file."""
+    process-group directory, and neuronrun's own log directory if it holds nothing to read."""
     if groups_dir:
         sweep_groups(groups_dir)
         shutil.rmtree(groups_dir, ignore_errors=True)
-    # a log directory without a file (Ctrl-C before the ranks started, the agent's own error
-    # such as a --master-port in use) holds nothing to read
-    if own_log_dir and not any(files for _, _, files in os.walk(own_log_dir)):
+    # a log directory whose files are all empty (Ctrl-C before the ranks started, the agent's
+    # own error such as a --master-port in use, ranks that failed without a word: the report
+    # says "it wrote nothing" and names no file) holds nothing to read
+    if own_log_dir and not _holds_output(own_log_dir):
         shutil.rmtree(own_log_dir, ignore_errors=True)
+
+
+def _holds_output(folder: str) -> bool:
+    for where, _, files in os.walk(folder):
+        for f in files:
+            try:
+                if os.path.getsize(os.path.join(where, f)):
+                    return True
+            except OSError:  # (gone meanwhile)
+                pass
+    return False
 
 
 def store_watch(cfg: RunConfig, groups_dir: str, own_log_dir: str | None):

@@ -437,6 +437,24 @@ def test_an_agent_error_leaves_no_empty_log_directory(tmp_path):
     assert f"port {port} is taken on this node" in r.stderr and "may be gone" not in r.stderr, r.stderr[-3000:]
 
 
+def test_ranks_that_failed_without_a_word_leave_no_log_directory(tmp_path):
+    """Every failed job kept its neuronrun_* log directory, one more in $TMPDIR per failure,
+    also when its files were all empty: the report says the rank "wrote nothing" and names no
+    file in it. A failure that wrote something keeps it (the report's paths point there)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    for words, kept in (("", False), ("print('the cause', flush=True); ", True)):
+        script = tmp_path / "silent.py"
+        script.write_text(f"import os, signal\n{words}os.kill(os.getpid(), signal.SIGKILL)\n")
+        r = forked.run(["--nproc-per-node", "1", str(script)], env=clean_env(TMPDIR=str(tmp)), timeout=120)
+        assert r.returncode == 128 + 9, r.stderr[-3000:]
+        assert ("(it wrote nothing to stdout or stderr)" in r.stderr) != kept, r.stderr[-3000:]
+        left = [p for p in tmp.iterdir() if p.name.startswith("neuronrun_")]
+        assert len(left) == kept, (left, r.stderr[-3000:])
+        if kept:
+            assert str(left[0]) in r.stderr, r.stderr[-3000:]  # where the report's lines come from
+
+
 def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
     """Ctrl-C as soon as neuronrun made its directories (it made them before importing torch,
     about a second, and outside its cleanup) left neuronrun_* and neuronrun_groups_* in $TMPDIR.
