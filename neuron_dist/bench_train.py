@@ -16,6 +16,10 @@ in this invocation, one after the other, on the same machine.
 neuronrun sets by default (THP_MEM_ALLOC_ENABLE=1, launcher/neuronrun_launcher/thp.py: fewer page
 faults per step; the process restarts itself with it set, as torch reads it when a process first
 allocates); `off` (the default) leaves it unset, so rows compare with earlier runs.
+`--bucket-view on` wraps DDP with `gradient_as_bucket_view=True`, a setting of the user's, not the
+backend's: DDP then keeps the gradients in its communication buckets instead of copying each into
+a bucket and the reduced bucket back (ddp_step.py, and so the issue's target, use DDP's default).
+
 `peak MiB` is the largest peak resident memory among the ranks.
 
 Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
@@ -94,7 +98,7 @@ def _worker(rank, a, backend, wrap, port, q, launcher) -> None:
         dist.init_process_group(backend, rank=rank, world_size=a.world)
     m = _model(a)
     if wrap == "ddp":
-        m = torch.nn.parallel.DistributedDataParallel(m)
+        m = torch.nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=a.bucket_view == "on")
         if backend == "none":
             m.register_comm_hook(None, _no_comm)
     else:
@@ -179,6 +183,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="core: bind each rank to its own share of the CPUs (neuronrun --cpu-bind core)")
     p.add_argument("--thp", choices=("off", "on"), default="off",
                    help="on: torch's huge pages (neuronrun --thp on) for every process of the run (see above)")
+    p.add_argument("--bucket-view", choices=("off", "on"), default="off",
+                   help="on: DDP(gradient_as_bucket_view=True), gradients kept in DDP's buckets (see above)")
     p.add_argument("--port", type=int, help="rendezvous port of every row's ranks (default $MASTER_PORT, "
                                             "else a free one per row)")
     p.add_argument("--json", metavar="FILE")
@@ -233,7 +239,8 @@ def _main(a) -> int:
 
     refs = [reference()]
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
-          f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, thp {a.thp}, {a.steps} steps after {a.warmup} "
+          f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, thp {a.thp}, bucket-view {a.bucket_view}, "
+          f"{a.steps} steps after {a.warmup} "
           f"warm-up, median; cpus {os.cpu_count()}")
     print("# compute-only: the same step in one process, measured before the first row and after each; "
           "a row's ratio is its step over the mean of the two beside it")
