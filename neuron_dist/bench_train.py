@@ -20,6 +20,10 @@ allocates); `off` (the default) leaves it unset, so rows compare with earlier ru
 backend's: DDP then keeps the gradients in its communication buckets instead of copying each into
 a bucket and the reduced bucket back (ddp_step.py, and so the issue's target, use DDP's default).
 
+`--reshard-after-forward off` shards FSDP2's layers with `reshard_after_forward=False`, also the
+user's setting: a layer's full parameters stay from its forward to its backward, so backward
+gathers none again (one all-gather per layer and step instead of two), for more memory.
+
 `peak MiB` is the largest peak resident memory among the ranks.
 
 Backend `none` is the host's floor for that ratio: as many ranks at once, each wrapped the same
@@ -103,10 +107,11 @@ def _worker(rank, a, backend, wrap, port, q, launcher) -> None:
             m.register_comm_hook(None, _no_comm)
     else:
         from torch.distributed.fsdp import fully_shard
+        reshard = a.reshard_after_forward == "on"
         for layer in m:
             if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        m = fully_shard(m)
+                fully_shard(layer, reshard_after_forward=reshard)
+        m = fully_shard(m, reshard_after_forward=reshard)
     t = _steps(m, a, rank)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # (KiB on Linux)
     with torch.no_grad():  # a fingerprint of the full parameters (FSDP2's are sharded DTensors):
@@ -185,6 +190,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="on: torch's huge pages (neuronrun --thp on) for every process of the run (see above)")
     p.add_argument("--bucket-view", choices=("off", "on"), default="off",
                    help="on: DDP(gradient_as_bucket_view=True), gradients kept in DDP's buckets (see above)")
+    p.add_argument("--reshard-after-forward", choices=("on", "off"), default="on",
+                   help="off: fully_shard(reshard_after_forward=False), no all-gathers in backward (see above)")
     p.add_argument("--port", type=int, help="rendezvous port of every row's ranks (default $MASTER_PORT, "
                                             "else a free one per row)")
     p.add_argument("--json", metavar="FILE")
@@ -240,6 +247,7 @@ def _main(a) -> int:
     refs = [reference()]
     print(f"# bench_train: MLP {a.layers}x{a.width} ({nparams / 1e6:.1f}M params), batch {a.batch}, world {a.world}, "
           f"threads/rank {a.threads}, cpu-bind {a.cpu_bind}, thp {a.thp}, bucket-view {a.bucket_view}, "
+          f"reshard-after-forward {a.reshard_after_forward}, "
           f"{a.steps} steps after {a.warmup} "
           f"warm-up, median; cpus {os.cpu_count()}")
     print("# compute-only: the same step in one process, measured before the first row and after each; "

@@ -983,17 +983,19 @@ def test_training_bench_with_torch_huge_pages(tmp_path, monkeypatch):
         bench_train.main(["--thp", "on", "--backends", "neuron"])
 
 
-def test_training_bench_with_gradients_in_ddps_buckets(tmp_path):
+@pytest.mark.parametrize("wrap, flag, value", [("ddp", "bucket-view", "on"), ("fsdp2", "reshard-after-forward", "off")])
+def test_training_bench_with_the_users_own_settings(tmp_path, wrap, flag, value):
     """--bucket-view on wraps DDP with gradient_as_bucket_view=True (a user's setting: 25-30 ms
-    off this host's two-rank step, RESULTS.md "Fifty-eighth pass"); the rows still agree with
-    Gloo's, and the run says which it timed."""
+    off this host's two-rank step, RESULTS.md "Fifty-eighth pass"), --reshard-after-forward off
+    shards FSDP2's layers with reshard_after_forward=False; the rows still agree with Gloo's, and
+    the run says which it timed."""
     out = tmp_path / "t.json"
     p = subprocess.run([sys.executable, "-m", "neuron_dist.bench_train", "--layers", "2", "--width", "64",
-                        "--steps", "2", "--warmup", "1", "--wrap", "ddp", "--backends", "neuron,gloo",
-                        "--bucket-view", "on", "--json", str(out)], capture_output=True, text=True, timeout=600)
+                        "--steps", "2", "--warmup", "1", "--wrap", wrap, "--backends", "neuron,gloo",
+                        f"--{flag}", value, "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.load(open(out))
-    assert "bucket-view on" in p.stdout and result["config"]["bucket_view"] == "on", p.stdout
+    assert f"{flag} {value}" in p.stdout and result["config"][flag.replace("-", "_")] == value, p.stdout
     assert [(r["backend"], r["agree"]) for r in result["rows"]] == [("neuron", True), ("gloo", True)], result["rows"]
 
 
