@@ -203,6 +203,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         ("warmup", 0), ("threads", 1)):
         if getattr(a, flag) < least:
             p.error(f"--{flag} must be at least {least}, not {getattr(a, flag)}")
+    for flag, value, wrap in (("bucket-view", "on", "ddp"), ("reshard-after-forward", "off", "fsdp2")):
+        if getattr(a, flag.replace("-", "_")) == value and a.wrap not in (wrap, "both"):
+            p.error(f"--{flag} {value} is a {wrap} setting, and --wrap {a.wrap} runs no {wrap} row")
     from .bench import check_json_path, check_neuron_job, check_port
     check_json_path(p, a.json)
     check_port(p, a.port)

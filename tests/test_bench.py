@@ -999,6 +999,20 @@ def test_training_bench_with_the_users_own_settings(tmp_path, wrap, flag, value)
     assert [(r["backend"], r["agree"]) for r in result["rows"]] == [("neuron", True), ("gloo", True)], result["rows"]
 
 
+def test_a_wrappers_setting_without_its_rows_is_refused(capsys):
+    """--bucket-view is DDP's setting and --reshard-after-forward FSDP2's: given with a --wrap that
+    runs no row of that wrapper, each was ignored without a word (review BO)."""
+    from neuron_dist import bench_train
+    for argv, said in ((["--wrap", "fsdp2", "--bucket-view", "on"], "--bucket-view on is a ddp setting"),
+                       (["--wrap", "ddp", "--reshard-after-forward", "off"],
+                        "--reshard-after-forward off is a fsdp2 setting")):
+        with pytest.raises(SystemExit) as e:
+            bench_train.parse_args(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    for argv in (["--bucket-view", "on", "--reshard-after-forward", "off"], ["--wrap", "ddp", "--bucket-view", "on"]):
+        bench_train.parse_args(argv)  # (--wrap both runs both)
+
+
 def test_cores_per_rank_places_the_spawned_ranks_and_the_model_column_alike(tmp_path, monkeypatch, capsys,
                                                                            bench_cli_model):
     """`neuronrun --cores-per-rank 4` on trn2 puts a rank on each of 4 chips, where the backend

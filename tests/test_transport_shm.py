@@ -387,6 +387,27 @@ def test_the_sweep_unlinks_only_this_users_segments_of_gone_creators(tmp_path):
                 os.unlink(path)
 
 
+def test_no_sweep_where_proc_is_another_pid_namespaces(monkeypatch):
+    """Under `unshare -pf` without a /proc of its own, /proc's pids are another namespace's:
+    every creator would be judged by the wrong process table, and a live job's segment could go
+    (review BO). There /proc/self is not this process's pid: no namespace is named and nothing
+    swept."""
+    name = f"nd-swpns-0-{shm._pid_namespace()}-{_dead_pid()}"
+    path = os.path.join(shm.SHM_DIR, name)
+    with open(path, "wb") as f:
+        f.write(b"x")
+    real = os.readlink
+    monkeypatch.setattr(shm.os, "readlink", lambda p, *a, **k: str(os.getpid() + 1) if p == "/proc/self" else real(p, *a, **k))
+    try:
+        assert shm._pid_namespace() == "0" and shm.sweep_orphans() == []
+        assert os.path.exists(path)
+        monkeypatch.setattr(shm.os, "readlink", real)
+        assert name in shm.sweep_orphans()  # (this /proc is this process's: the file goes)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_no_segment_survives_a_sigterm_while_peers_set_up(tmp_path):
     """A rank whose segment waits for a peer that never maps it gets SIGTERM (what torch's agent
     sends when another rank fails during start-up). Python's default SIGTERM skips atexit, so

@@ -292,6 +292,14 @@ def _clean_up(groups_dir: str | None, own_log_dir: str | None) -> None:
         shutil.rmtree(own_log_dir, ignore_errors=True)
 
 
+def _output_kept(own_log_dir: str | None, dest) -> bool:
+    """Whether neuronrun keeps its log directory at a job's end, and says where it is: some output
+    reached only its files (`_only_in_files`) and some file there holds any. One whose files are
+    all empty (ranks that wrote nothing under --redirects) goes (`_clean_up`): the line naming it
+    pointed at a directory already removed."""
+    return bool(own_log_dir) and _only_in_files(dest) and _holds_output(own_log_dir)
+
+
 def _holds_output(folder: str) -> bool:
     for where, _, files in os.walk(folder):
         for f in files:
@@ -398,14 +406,14 @@ def _run(cfg: RunConfig, config, own_log_dir: str | None) -> int:
         return 1
     except SignalException as sig:
         kept = ""
-        if own_log_dir and _only_in_files(config.logs_specs.last_dest):
+        if _output_kept(own_log_dir, config.logs_specs.last_dest):
             kept = f"; the output that went only to files is in {own_log_dir}"
-        elif own_log_dir:  # every line was also on the terminal: nothing the report points at
+        elif own_log_dir:  # every line was also on the terminal (or none written): nothing the report points at
             shutil.rmtree(own_log_dir, ignore_errors=True)
         print(f"neuronrun: received {signal.Signals(sig.sigval).name}, stopped every rank{kept}",
               file=sys.stderr, flush=True)
         return 128 + int(sig.sigval)
-    if own_log_dir and _only_in_files(config.logs_specs.last_dest):  # some output's only copy: kept, as torchrun does
+    if _output_kept(own_log_dir, config.logs_specs.last_dest):  # some output's only copy: kept, as torchrun does
         print(f"neuronrun: the output that went only to files is in {own_log_dir}", file=sys.stderr, flush=True)
     elif own_log_dir:  # success: nothing to look at; failures keep their logs for the report's paths
         shutil.rmtree(own_log_dir, ignore_errors=True)

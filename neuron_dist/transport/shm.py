@@ -217,11 +217,15 @@ def _wait_for(store, key: str, timeout: float, gone=None) -> None:
 def _pid_namespace() -> str:
     """This process's PID namespace (its inode number), which a segment's name carries beside its
     creator's pid: a pid names a process only within its namespace, and containers with PID
-    namespaces of their own may share one /dev/shm. "0" where /proc does not say (then
-    `sweep_orphans` judges no segment)."""
+    namespaces of their own may share one /dev/shm. "0" where /proc does not say, or where it is
+    another namespace's (`unshare -pf` without a /proc of its own: its pids are not this
+    process's, so no creator's death can be judged there); then `sweep_orphans` judges no
+    segment."""
     try:
+        if int(os.readlink("/proc/self")) != os.getpid():
+            return "0"
         return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
+    except (OSError, ValueError):
         return "0"
 
 

@@ -455,6 +455,20 @@ def test_ranks_that_failed_without_a_word_leave_no_log_directory(tmp_path):
             assert str(left[0]) in r.stderr, r.stderr[-3000:]  # where the report's lines come from
 
 
+def test_a_silent_job_under_redirects_names_no_removed_log_directory(tmp_path):
+    """Under --redirects 3 a job whose ranks wrote nothing ended with "the output that went only
+    to files is in neuronrun_...", a directory its cleanup had removed (its files all empty)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "quiet.py"
+    script.write_text("")
+    r = forked.run(["--nproc-per-node", "1", "--redirects", "3", str(script)], env=clean_env(TMPDIR=str(tmp)),
+                   timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [p for p in tmp.iterdir() if p.name.startswith("neuronrun_")] == [], r.stderr[-3000:]
+    assert "went only to files" not in r.stderr, r.stderr[-3000:]
+
+
 def test_ctrl_c_before_the_ranks_start_leaves_no_directories(tmp_path):
     """Ctrl-C as soon as neuronrun made its directories (it made them before importing torch,
     about a second, and outside its cleanup) left neuronrun_* and neuronrun_groups_* in $TMPDIR.
