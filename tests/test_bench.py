@@ -285,8 +285,12 @@ def test_a_sigkilled_tool_leaves_no_rank_running(tool):
     signal, ran the whole sweep on (100000 iterations here) after their tool was killed. They
     now ask for SIGKILL when their parent, the fork server, exits, which it does when the tool
     dies; so within seconds no process of the run is left."""
+    _sigkill_ends_the_session(_start_with_ranks(tool))
+
+
+def _sigkill_ends_the_session(p) -> None:
+    """SIGKILL to the tool `p`: within seconds no process of its run is left."""
     import signal
-    p = _start_with_ranks(tool)
     try:
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
@@ -301,7 +305,6 @@ def test_the_fork_server_ends_with_its_tool_at_once(tmp_path, monkeypatch):
     on a loaded 2-core host, its ranks training on meanwhile, and in CI's loaded runs some were
     still running 10 s after their tool's SIGKILL. Here a preloaded module's exit handler takes a minute: the fork
     server must end without it (bench.rank_context), and its ranks with it."""
-    import signal
     (tmp_path / "slow_exit_preload.py").write_text("import atexit, time\natexit.register(time.sleep, 60)\n")
     (tmp_path / "ranks_tool.py").write_text(textwrap.dedent("""
         import os, time
@@ -320,13 +323,7 @@ def test_the_fork_server_ends_with_its_tool_at_once(tmp_path, monkeypatch):
                 p.join()
     """))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
-    p = _start_with_ranks(["ranks_tool"])
-    try:
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-        _assert_session_ends(p)
-    finally:
-        _kill_session(p)
+    _sigkill_ends_the_session(_start_with_ranks(["ranks_tool"]))
 
 
 def test_a_rank_whose_tool_died_before_it_asked_exits():

@@ -69,6 +69,14 @@ def leftovers(job):
     return [f for f in os.listdir(shm.SHM_DIR) if f.startswith(f"nd-{job}-")]
 
 
+def _end_child(p, job) -> None:
+    """A test's clean-up: its child process killed if it still runs, and `job`'s segments gone."""
+    if p.poll() is None:
+        p.kill()
+    for f in leftovers(job):
+        os.unlink(os.path.join(shm.SHM_DIR, f))
+
+
 def test_frames_round_trip_and_nothing_left_in_dev_shm():
     a, b = pair("t1")
     try:
@@ -339,10 +347,7 @@ def test_the_next_set_up_unlinks_what_a_job_killed_in_its_set_up_left(tmp_path):
         a.close(), b.close()
         assert leftovers("killedall") == [] and leftovers("afterkill") == []
     finally:
-        if p.poll() is None:
-            p.kill()
-        for f in leftovers("killedall"):
-            os.unlink(os.path.join(shm.SHM_DIR, f))
+        _end_child(p, "killedall")
 
 
 def test_the_sweep_unlinks_only_this_users_segments_of_gone_creators(tmp_path):
@@ -470,25 +475,26 @@ def test_a_peer_killed_in_set_up_is_named_at_once_and_its_segment_goes(tmp_path)
     after publishing its segment and mapping rank 0's. Rank 0 waited out its whole time-out for
     rank 1's "mapped" record, saying only that a local peer never set up, and rank 1's segment
     stayed in /dev/shm; rank 0 now fails at once naming rank 1, and unlinks that segment."""
-    import time
     killed = CHILD.replace('job_id="crash"', 'job_id="killedsetup"').replace("t = shm.ShmTransport(ctx)", """
 shm.ShmTransport._probe_lending = lambda self: os.kill(os.getpid(), 9)
 t = shm.ShmTransport(ctx)""")
     p = subprocess.Popen([sys.executable, "-c", killed, "1", str(tmp_path / "store")])
     try:
-        c = ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "killedsetup")
-        t0 = time.monotonic()
-        with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
-                                                 rf"set-up"):
-            shm.ShmTransport(c)
-        assert time.monotonic() - t0 < 15  # not the 30 s time-out
-        assert p.wait(10) == -signal.SIGKILL
-        assert leftovers("killedsetup") == []
+        _fails_at_once_naming_the_killed_rank(ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "killedsetup"), p)
     finally:
-        if p.poll() is None:
-            p.kill()
-        for f in leftovers("killedsetup"):
-            os.unlink(os.path.join(shm.SHM_DIR, f))
+        _end_child(p, "killedsetup")
+
+
+def _fails_at_once_naming_the_killed_rank(c, p, more: str = "") -> None:
+    """Rank 0's set-up (`c`) fails within seconds, not at its 30 s time-out, naming rank 1 (the
+    SIGKILLed process `p`), and no segment of the job is left."""
+    t0 = time.monotonic()
+    with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
+                                             rf"set-up{re.escape(more)}"):
+        shm.ShmTransport(c)
+    assert time.monotonic() - t0 < 15
+    assert p.wait(10) == -signal.SIGKILL
+    assert leftovers(c.job_id) == []
 
 
 def test_a_peer_killed_before_it_publishes_its_segment_is_named_at_once_and_its_segment_goes(tmp_path):
@@ -498,7 +504,6 @@ def test_a_peer_killed_before_it_publishes_its_segment_is_named_at_once_and_its_
     peer never set up its shared memory"), and rank 1's segment stayed in /dev/shm until the
     host's next set-up. Rank 0 knows rank 1's pid from the meeting: it now fails at once naming
     rank 1, and unlinks that segment."""
-    import time
     stuck = CHILD.replace('job_id="crash"', 'job_id="unpublished"').replace("t = shm.ShmTransport(ctx)", """
 def stuck(fd, off, n):
     print("in fallocate", flush=True)
@@ -514,19 +519,10 @@ t = shm.ShmTransport(ctx)""")
         c = ctx(0, 2, dist.FileStore(str(tmp_path / "store"), 2), "unpublished")
         c.pids = [os.getpid(), p.pid]  # as the meeting fills them in
         killer.start()
-        t0 = time.monotonic()
-        with pytest.raises(TransportError, match=rf"rank 0: rank 1 \(pid {p.pid}\) exited during the shared-memory "
-                                                 rf"set-up, before it published its segment"):
-            shm.ShmTransport(c)
-        assert time.monotonic() - t0 < 15  # not the 30 s time-out
-        assert p.wait(10) == -signal.SIGKILL
-        assert leftovers("unpublished") == []
+        _fails_at_once_naming_the_killed_rank(c, p, ", before it published its segment")
     finally:
         killer.cancel()
-        if p.poll() is None:
-            p.kill()
-        for f in leftovers("unpublished"):
-            os.unlink(os.path.join(shm.SHM_DIR, f))
+        _end_child(p, "unpublished")
 
 
 def test_a_peer_killed_after_every_rank_mapped_it_leaves_no_segment(tmp_path):
@@ -544,10 +540,7 @@ t = shm.ShmTransport(ctx)""")
         assert leftovers("lateunlink") == []
         t.close()
     finally:
-        if p.poll() is None:
-            p.kill()
-        for f in leftovers("lateunlink"):
-            os.unlink(os.path.join(shm.SHM_DIR, f))
+        _end_child(p, "lateunlink")
 
 
 class _LostStore:
