@@ -266,7 +266,7 @@ class Group(GroupMeeting, HangDiagnosis):
             try:
                 key, generation = self._generation(store, attempt, members)
             except dist.DistNetworkError as e:
-                raise self._store_lost(e) from None
+                raise self._lost_store_error(e) from None
             try:
                 self._meet(dist.PrefixStore(f"gen-{attempt}.{generation}/", store), members, placement,
                            placement_error, forced, choice)
@@ -281,10 +281,10 @@ class Group(GroupMeeting, HangDiagnosis):
                     raise GroupError(f"[{self.who(rank)}] group {name!r} cannot be set up, out of descriptors: "
                                      f"{descriptor_advice()} ({type(e).__name__}: {e})") from None
                 if isinstance(e, dist.DistNetworkError):
-                    raise self._store_lost(e) from None
+                    raise self._lost_store_error(e) from None
                 raise
 
-    def _store_lost(self, e: BaseException) -> GroupError:
+    def _lost_store_error(self, e: BaseException) -> GroupError:
         """The members' store gone while they met (its host: rank 0's process under env://, a
         launcher's agent): torch's words alone ("DistNetworkError: Connection reset by peer")
         named no rank, group or step."""
