@@ -563,6 +563,17 @@ class _LostStore:
         return lost
 
 
+def test_only_a_lost_connection_is_a_lost_store():
+    """A live store's time-out (DistStoreError: a peer that never published) is not a lost store:
+    taken for one, the rank skipped telling the peers of the transports it never began why it
+    failed (review BO). Only a lost connection (DistNetworkError) is told as the store's loss."""
+    c = ctx(1, 2, dist.HashStore(), "storekind")
+    assert select._store_failed(c, dist.DistStoreError("wait timeout after 2000ms")) is None
+    assert select._store_failed(c, RuntimeError("other")) is None
+    assert select._store_failed(c, dist.DistNetworkError("Broken pipe")) == (
+        "rank 1: a store call failed during the transport set-up: DistNetworkError: Broken pipe")
+
+
 def test_a_store_lost_in_the_set_up_is_named_with_the_rank_that_took_it(monkeypatch):
     """Rank 0 hosts the store under env:// (torch's TCPStore in its process); SIGKILLed during a
     group's shared-memory set-up, it took the store along, and its peers failed at once but with

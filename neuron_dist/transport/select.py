@@ -83,8 +83,10 @@ def _store_failed(ctx: TransportContext, e: BaseException) -> str | None:
     """What to say when a store call fails during the set-up (its host gone: rank 0's process
     under env://, a launcher's agent), else None. torch's words alone ("DistNetworkError:
     Connection reset by peer") named neither this rank, nor the step, nor the local peer whose
-    death took the store with it (`TransportContext.pids`), whose segment this rank unlinks."""
-    if not isinstance(e, torch.distributed.DistError):  # DistNetworkError, DistStoreError
+    death took the store with it (`TransportContext.pids`), whose segment this rank unlinks.
+    Only a lost connection (DistNetworkError) counts: a DistStoreError is a live store's time-out
+    (a peer that never published), whose failure is still published for the peers (review BO)."""
+    if not isinstance(e, torch.distributed.DistNetworkError):
         return None
     from .shm import unlink_gone_peer
     gone = [(p, pid) for p, pid in enumerate(ctx.pids)
