@@ -41,7 +41,7 @@ from .collectives.schedule import Schedule
 from .collectives.scratch import Scratch, scratch_bytes_setting
 from .deathwatch import DeathWatch
 from .diagnosis import LIVE, HangDiagnosis, install_dump_signal
-from .errors import GroupError, exit_cause  # (GroupError re-exported: debug imports it from here)
+from .errors import GroupError, exit_cause, headline  # (GroupError re-exported: debug imports it from here)
 from . import meeting
 from .meeting import GroupMeeting
 from .mpi_env import finalizes_at_exit
@@ -290,7 +290,7 @@ class Group(GroupMeeting, HangDiagnosis):
         named no rank, group or step."""
         return GroupError(f"[{self.who(self.rank)}] group {self.name!r}: the store was lost while the members met "
                           f"(its host gone: rank 0's process under env://, a launcher's agent): "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                          f"{headline(e)}")
 
     def _start_engine(self, t0: float) -> None:
         """Once the members have met and the transport is up: the mailbox, the watch on same-host

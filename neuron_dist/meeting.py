@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from . import hosts
 from .config import env, env_int
-from .errors import GroupError
+from .errors import GroupError, headline
 from .mpi_env import adopted_note
 from .transport.base import TransportContext
 
@@ -201,7 +201,7 @@ class GroupMeeting:
         except Exception as e:  # noqa: BLE001 - the store's time-out (DistStoreError) or its loss
             raise GroupError(f"[rank {rank}] group {name!r}: the members met, but not every one published its "
                              f"set-up within {timeout.total_seconds():.0f}s (a member that died or left meanwhile): "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+                             f"{headline(e)}") from None
         # every member has read every member list (each publishes its set-up only after): an
         # unscoped one (a world's own, or a subgroup's of a world not on this backend) goes, lest a
         # later world on this store whose group has other members meet under the same generation

@@ -21,6 +21,7 @@ import torch
 
 from .. import mpi_env
 from ..config import env
+from ..errors import headline
 from .base import Transport, TransportContext, TransportError, process_dead
 
 log = logging.getLogger("neuron_dist.transport")
@@ -93,10 +94,9 @@ def _store_failed(ctx: TransportContext, e: BaseException) -> str | None:
             if p != ctx.rank and pid > 0 and ctx.hosts and ctx.hosts[p] == ctx.hostname and process_dead(pid)]
     for p, pid in gone:  # (its shared-memory segment, if it made one: nobody else is left to unlink it)
         unlink_gone_peer(ctx.job_id, p, pid)
-    text = str(e).splitlines()[0] if str(e) else ""
     named = "; ".join(f"rank {p} (pid {pid}) exited" for p, pid in gone)
     return (f"rank {ctx.rank}: a store call failed during the transport set-up"
-            f"{' (' + named + ')' if named else ''}: {type(e).__name__}: {text}")
+            f"{' (' + named + ')' if named else ''}: {headline(e)}")
 
 
 def publish_failure(store, rank: int, why: str, names=KNOWN) -> None:
