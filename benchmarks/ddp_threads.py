@@ -17,10 +17,9 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
-import neuron_dist  # noqa: F401  registers "neuron"
+from neuron_dist.bench_train import _model, _steps  # (importing the package registers "neuron")
 
 
 def _tasks() -> dict[int, tuple[int, int, int]]:
@@ -46,23 +45,14 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo" if a.backend == "none" else a.backend)
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    m = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(2500, 2500), nn.ReLU())])
+    model = argparse.Namespace(layers=4, width=2500, batch=32)  # bench_train's defaults
+    m = _model(model)
     if a.backend != "none":
         m = DistributedDataParallel(m, gradient_as_bucket_view=a.bucket_view)
-    opt = torch.optim.SGD(m.parameters(), lr=0.01)
-    x = torch.randn(32, 2500)
-
-    def step():
-        opt.zero_grad()
-        m(x).square().mean().backward()
-        opt.step()
-
-    for _ in range(a.warmup):
-        step()
+    if a.warmup:  # bench_train's step (_steps), untimed here
+        _steps(m, argparse.Namespace(**vars(model), warmup=0, steps=a.warmup), rank)
     before, t0 = _tasks(), time.perf_counter()
-    for _ in range(a.steps):
-        step()
+    _steps(m, argparse.Namespace(**vars(model), warmup=0, steps=a.steps), rank)
     t1, after = time.perf_counter(), _tasks()
     names = {t.native_id: t.name for t in threading.enumerate()}
     lines = [f"rank {rank} {a.backend}{' bucket-view' if a.bucket_view else ''}: step "
